@@ -1,0 +1,155 @@
+"""The context an attempt runs in, and its local twin for tests and local runs."""
+
+from __future__ import annotations
+
+import abc
+import io
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceHandle:
+    """A device granted to an attempt: a CUDA device, or a virtual GPU backed by the CPU."""
+
+    kind: str  # "cuda" or "virtual"
+    index: int
+    memory: int  # bytes the attempt may use on it
+    share: float = 1.0  # fraction of the device granted
+
+    @property
+    def virtual(self) -> bool:
+        return self.kind != "cuda"
+
+    @property
+    def torch_device(self) -> str:
+        return f"cuda:{self.index}" if self.kind == "cuda" else "cpu"
+
+
+@dataclass
+class Context(abc.ABC):
+    """What a component sees while it runs one attempt.
+
+    ``spec`` is the normalized spec of the job's kind; ``devices`` the devices granted to this worker;
+    ``rank``/``world_size`` place this worker in a gang. Reporting methods never raise on transport problems:
+    they buffer and retry, so a flaky network cannot kill a training run.
+    """
+
+    job_id: str
+    attempt_id: str
+    spec: dict[str, Any]
+    devices: list[DeviceHandle] = field(default_factory=list)
+    rank: int = 0
+    world_size: int = 1
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def torch_device(self) -> str:
+        """The torch device string for this worker's first device ("cuda:N" or "cpu")."""
+        return self.devices[0].torch_device if self.devices else "cpu"
+
+    # -- reporting -------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def log(self, message: str, level: str = "info") -> None:
+        """Append a log line to the job."""
+
+    @abc.abstractmethod
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        """Record several named metric values at ``step``."""
+
+    def metric(self, name: str, value: float, step: int) -> None:
+        self.metrics({name: value}, step)
+
+    @abc.abstractmethod
+    def artifact(self, path: str | Path, name: str | None = None) -> None:
+        """Store the file at ``path`` as a job artifact named ``name`` (default: its file name)."""
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _save_checkpoint_bytes(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def _load_checkpoint_bytes(self) -> bytes | None: ...
+
+    def checkpoint(self, state: dict[str, Any]) -> None:
+        """Persist ``state`` (tensors allowed) so a later attempt of this job can :meth:`restore` it."""
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self._save_checkpoint_bytes(buffer.getvalue())
+
+    def restore(self) -> dict[str, Any] | None:
+        """Return the job's latest checkpoint, or None when the job has none yet."""
+        data = self._load_checkpoint_bytes()
+        if data is None:
+            return None
+        import torch
+
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+    # -- stopping --------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def should_stop(self) -> bool:
+        """True once the attempt was cancelled or preempted: checkpoint and return."""
+        return self._stop.is_set()
+
+    def flush(self) -> None:
+        """Push buffered reports out; called by the runtime when ``run`` returns."""
+
+
+@dataclass
+class LocalContext(Context):
+    """The in-process twin of the node's remote context: keeps everything in memory and under ``workdir``.
+
+    Used by tests and by local runs; a checkpoint survives across LocalContexts sharing a ``workdir``.
+    """
+
+    workdir: Path = field(default_factory=lambda: Path("."))
+    logs: list[tuple[float, str, str]] = field(default_factory=list)
+    metric_points: list[tuple[str, float, int]] = field(default_factory=list)
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    echo: bool = False
+
+    def __post_init__(self):
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.logs.append((time.time(), level, message))
+        if self.echo:
+            print(f"[{level}] {message}", flush=True)
+
+    def metrics(self, values: dict[str, float], step: int) -> None:
+        for name, value in values.items():
+            self.metric_points.append((name, float(value), int(step)))
+        if self.echo:
+            print(f"step {step}: {json.dumps(values)}", flush=True)
+
+    def artifact(self, path: str | Path, name: str | None = None) -> None:
+        source = Path(path)
+        target = self.workdir / "artifacts" / (name or source.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        self.artifacts[target.name] = target
+
+    def _checkpoint_path(self) -> Path:
+        return self.workdir / "checkpoint.pt"
+
+    def _save_checkpoint_bytes(self, data: bytes) -> None:
+        temporary = self._checkpoint_path().with_suffix(".tmp")
+        temporary.write_bytes(data)
+        temporary.replace(self._checkpoint_path())
+
+    def _load_checkpoint_bytes(self) -> bytes | None:
+        path = self._checkpoint_path()
+        return path.read_bytes() if path.exists() else None

@@ -1,0 +1,95 @@
+"""Light job-kind specifications. Importable by the control plane: no torch, no hivemind here."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+
+class SpecError(ValueError):
+    """A spec failed validation. ``errors`` maps a dotted field path to a human message."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{field}: {message}" for field, message in self.errors.items()))
+
+
+class KindSpec(abc.ABC):
+    """Describes one job kind for the control plane.
+
+    Lifecycle: the registry instantiates each ``KindSpec`` once, lazily, on first use. The control plane calls
+    :meth:`validate` for every submitted job (API, web form, CLI) and stores the normalized dict it returns.
+    On a node, the runtime imports :attr:`component` (a ``"module:Class"`` path) only when an attempt of this
+    kind starts, so heavy imports stay on the nodes.
+    """
+
+    kind: ClassVar[str]
+    component: ClassVar[str]
+    description: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Return the normalized spec (defaults filled in) or raise :class:`SpecError` naming each bad field."""
+
+    @abc.abstractmethod
+    def json_schema(self) -> dict[str, Any]:
+        """A JSON Schema of the spec, used for docs and generated forms."""
+
+
+class Checker:
+    """Collects field errors while a spec is validated, so a user sees every bad field at once."""
+
+    def __init__(self, spec: Any, prefix: str = "spec"):
+        self.errors: dict[str, str] = {}
+        self.prefix = prefix
+        if not isinstance(spec, dict):
+            raise SpecError({prefix: "must be an object"})
+        self.spec = spec
+
+    def _path(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def unknown(self, allowed: set[str]) -> None:
+        for name in self.spec:
+            if name not in allowed:
+                self.errors[self._path(name)] = f"unknown field; allowed: {', '.join(sorted(allowed))}"
+
+    def number(self, name: str, default: Any, *, kind: type = float, minimum=None, maximum=None) -> Any:
+        value = self.spec.get(name, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            self.errors[self._path(name)] = f"must be a{'n integer' if kind is int else ' number'}"
+            return default
+        if kind is int and int(value) != value:
+            self.errors[self._path(name)] = "must be an integer"
+            return default
+        if minimum is not None and value < minimum:
+            self.errors[self._path(name)] = f"must be >= {minimum}"
+        if maximum is not None and value > maximum:
+            self.errors[self._path(name)] = f"must be <= {maximum}"
+        return kind(value)
+
+    def string(self, name: str, default: Any, *, choices=None, max_length: int = 512) -> Any:
+        value = self.spec.get(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.errors[self._path(name)] = "must be a string"
+            return default
+        if len(value) > max_length:
+            self.errors[self._path(name)] = f"must be at most {max_length} characters"
+        if choices is not None and value not in choices:
+            self.errors[self._path(name)] = f"must be one of: {', '.join(choices)}"
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.spec.get(name, default)
+        if not isinstance(value, bool):
+            self.errors[self._path(name)] = "must be true or false"
+            return default
+        return value
+
+    def raise_if_errors(self) -> None:
+        if self.errors:
+            raise SpecError(self.errors)

@@ -1,0 +1,63 @@
+"""Parsing of human-friendly quantities ("8GiB", "1.5h") shared by the control plane and the nodes."""
+
+from __future__ import annotations
+
+import re
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
+}
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Return a byte count from an int or a string such as ``"8GiB"``, ``"512MB"`` or ``"1024"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 8GiB, got a boolean")
+    if isinstance(value, int | float):
+        if value < 0 or value != value:  # NaN is the only value unequal to itself
+            raise ValueError("a size cannot be negative")
+        return int(value)
+    match = _QUANTITY.match(str(value))
+    if not match or match.group(2).lower() not in _BYTE_UNITS:
+        raise ValueError(f"invalid size {value!r}: use a number with an optional unit such as 512MiB or 8GiB")
+    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Return seconds from a number or a string such as ``"90s"``, ``"15m"`` or ``"2h"``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 15m, got a boolean")
+    if isinstance(value, int | float):
+        if value < 0 or value != value:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    match = _QUANTITY.match(str(value))
+    if not match or match.group(2).lower() not in _DURATION_UNITS:
+        raise ValueError(f"invalid duration {value!r}: use seconds or a unit such as 90s, 15m, 2h")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def format_bytes(count: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= size:
+            return f"{count / size:.1f}{unit}"
+    return f"{count}B"

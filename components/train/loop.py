@@ -1,0 +1,292 @@
+"""The training loop: drives one :class:`~components.train.workloads.Workload` through a job's Context.
+
+The loop is a state machine advanced by :meth:`TrainLoop.step`, one optimizer step per call, so that a
+runtime may interleave the steps of several jobs (e.g. on one shared GPU). :meth:`TrainLoop.run` is the
+plain single-job driver: start, step until done or stopped, finish.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components.runtime.context import Context
+from components.train.workloads import Workload, derive_seed
+
+CHECKPOINT_FORMAT = 1
+
+
+class TrainLoop:
+    """Steps a workload, reports metrics and logs, checkpoints and resumes through ``ctx``.
+
+    Lifecycle::
+
+        loop = TrainLoop(workload, spec, ctx)
+        loop.start()              # seed, workload.setup(), resume from ctx.restore()
+        while not loop.done:
+            loop.step()           # one optimizer step; reports, evaluates, checkpoints on schedule
+        loop.finish()             # final evaluation, model.pt and metrics.json artifacts
+
+    Step ``n`` (0-based, counted over the whole run) is batch ``n % steps_per_epoch`` of epoch
+    ``n // steps_per_epoch``, so the global step is all the position a checkpoint has to remember.
+
+    ``owns_process`` (default True) lets the loop seed and checkpoint the process-global RNGs (torch, numpy,
+    random), which user workloads may rely on. A runtime interleaving several jobs in one process passes
+    False: the built-in workloads use only their own generators and stay reproducible either way.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        spec: dict[str, Any],
+        ctx: Context,
+        *,
+        device: str | torch.device | None = None,
+        owns_process: bool = True,
+    ):
+        self.workload = workload
+        self.spec = spec
+        self.ctx = ctx
+        self.device = torch.device(device if device is not None else ctx.torch_device)
+        self.owns_process = owns_process
+        self.step_count = 0
+        self.resumed_from: int | None = None
+        self.started = False
+        self.last_eval: dict[str, float] = {}
+        self._eval_step: int | None = None
+        self._checkpoint_step: int | None = None
+        self._window = _Accumulator()
+        self._epoch = _Accumulator()
+        self._last_train: dict[str, float] = {}
+        self._samples = 0
+
+    # -- position ----------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.get("workload") or self.spec.get("entrypoint") or self.workload.name
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.step_count >= self.total_steps
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next step belongs to (0-based)."""
+        return self.step_count // self.steps_per_epoch
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Set up the workload and resume from the job's latest checkpoint, if any."""
+        if self.owns_process:
+            _seed_globals(self.spec["seed"])
+        self.workload.setup(self.spec, self.device)
+        self.steps_per_epoch = int(self.workload.steps_per_epoch())
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"workload {self.name} has no steps per epoch")
+        self.total_steps = self.spec["epochs"] * self.steps_per_epoch
+        if self.spec.get("max_steps"):
+            self.total_steps = min(self.total_steps, self.spec["max_steps"])
+        self.started = True
+
+        state = self.ctx.restore()
+        if state is not None:
+            self.load_state_dict(state)
+            self.resumed_from = self.step_count
+            self.ctx.log(
+                f"resumed {self.name} from the checkpoint at step {self.step_count}/{self.total_steps} "
+                f"(epoch {min(self.epoch + 1, self.spec['epochs'])}/{self.spec['epochs']})"
+            )
+        else:
+            self.ctx.log(
+                f"training {self.name} on {self.device}: {self.spec['epochs']} epochs x {self.steps_per_epoch} "
+                f"steps, {self.total_steps} steps in all; batch {self.spec['batch_size']}, "
+                f"{self.spec['optimizer']} lr {self.spec['lr']}, seed {self.spec['seed']}"
+            )
+        self._window.reset()
+        self._epoch.reset()
+
+    def step(self) -> dict[str, float] | None:
+        """Run one optimizer step; returns the metrics it reported, if this was a reporting step."""
+        if not self.started:
+            raise RuntimeError("call start() before step()")
+        if self.done:
+            raise RuntimeError(f"{self.name} already ran all {self.total_steps} steps")
+        epoch, index = divmod(self.step_count, self.steps_per_epoch)
+        values = dict(self.workload.train_step(self.workload.batch(epoch, index)))
+        samples = int(values.pop("samples", self.spec["batch_size"]))
+        self.step_count += 1
+        self._samples += samples
+        self._window.add(values, samples)
+        self._epoch.add(values, samples)
+
+        reported = None
+        end_of_epoch = index == self.steps_per_epoch - 1
+        if self.step_count % self.spec["log_every"] == 0 or self.done or end_of_epoch:
+            reported = self._window.means()  # reading the values synchronises the device: only here
+            reported["samples_per_s"] = self._window.samples / max(self._window.seconds, 1e-9)
+            self._last_train = {name: value for name, value in reported.items() if name != "samples_per_s"}
+            self.ctx.metrics(reported, self.step_count)
+        if end_of_epoch or self.done:
+            self._end_epoch(epoch)
+        if self.step_count % self.spec["checkpoint_every"] == 0 or self.done:
+            self.checkpoint()
+        if reported is not None:
+            self._window.reset()  # after evaluation and checkpoint: they do not count against throughput
+        return reported
+
+    def _end_epoch(self, epoch: int) -> None:
+        train = self._epoch.means()
+        seconds = self._epoch.seconds
+        self._epoch.reset()
+        self.last_eval = self.workload.evaluate()
+        self._eval_step = self.step_count
+        if self.last_eval:
+            self.ctx.metrics(self.last_eval, self.step_count)
+        summary = ", ".join(f"{name} {value:.4f}" for name, value in {**train, **self.last_eval}.items())
+        partial = "" if (epoch + 1) * self.steps_per_epoch <= self.step_count else " (partial)"
+        self.ctx.log(f"epoch {epoch + 1}/{self.spec['epochs']}{partial}: {summary} ({seconds:.1f}s)")
+
+    def checkpoint(self) -> None:
+        if self._checkpoint_step == self.step_count:
+            return
+        self.ctx.checkpoint(self.state_dict())
+        self._checkpoint_step = self.step_count
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "workload": self.name,
+            "step": self.step_count,
+            "epoch": self.epoch,
+            "samples": self._samples,
+            "state": self.workload.state_dict(),
+        }
+        if self.owns_process:
+            state["rng"] = _global_rng_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"unsupported checkpoint format {state.get('format')!r}")
+        if state.get("workload") != self.name:
+            raise ValueError(f"the checkpoint is of {state.get('workload')!r}, not of {self.name!r}")
+        self.workload.load_state_dict(state["state"])
+        self.step_count = int(state["step"])
+        self._samples = int(state.get("samples", 0))
+        self._checkpoint_step = self.step_count
+        if self.owns_process and "rng" in state:
+            _set_global_rng_state(state["rng"])
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate if needed, upload ``model.pt`` and ``metrics.json``; returns the summary."""
+        if self._eval_step != self.step_count:
+            self.last_eval = self.workload.evaluate()
+            self._eval_step = self.step_count
+            if self.last_eval:
+                self.ctx.metrics(self.last_eval, self.step_count)
+        summary = {
+            "workload": self.name,
+            "steps": self.step_count,
+            "total_steps": self.total_steps,
+            "epochs": round(self.step_count / self.steps_per_epoch, 4),
+            "samples": self._samples,
+            "resumed_from_step": self.resumed_from,
+            "device": str(self.device),
+            "train": self._last_train,
+            "eval": self.last_eval,
+        }
+        with tempfile.TemporaryDirectory(prefix="strata-train-") as directory:
+            model_path = Path(directory) / "model.pt"
+            weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
+            torch.save({"workload": self.name, "spec": self.spec, "state_dict": weights}, model_path)
+            self.ctx.artifact(model_path, "model.pt")
+            metrics_path = Path(directory) / "metrics.json"
+            metrics_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+            self.ctx.artifact(metrics_path, "metrics.json")
+        results = ", ".join(f"{name} {value:.4f}" for name, value in {**self._last_train, **self.last_eval}.items())
+        self.ctx.log(f"done: {self.name} ran {self.step_count} steps; {results}")
+        return summary
+
+    def run(self) -> bool:
+        """Train to the end (True) or until ``ctx.should_stop()`` (False, after a checkpoint)."""
+        if not self.started:
+            self.start()
+        while not self.done:
+            if self.ctx.should_stop():
+                self.checkpoint()
+                self.ctx.log(f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved")
+                return False
+            self.step()
+        self.finish()
+        return True
+
+
+class _Accumulator:
+    """Sums of step metrics (tensors stay on the device until read) weighted by batch size."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, Any] = {}
+        self.samples = 0
+        self.started = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    def add(self, values: dict[str, Any], samples: int) -> None:
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().float()
+            self.sums[name] = self.sums.get(name, 0.0) + value * samples
+        self.samples += samples
+
+    def means(self) -> dict[str, float]:
+        return {name: float(total) / max(self.samples, 1) for name, total in self.sums.items()}
+
+
+def _seed_globals(seed: int) -> None:
+    global_seed = derive_seed(seed, "global")
+    torch.manual_seed(global_seed)  # seeds CUDA devices too
+    random.seed(global_seed)
+    try:
+        import numpy
+
+        numpy.random.seed(global_seed % 2**32)
+    except ImportError:
+        pass
+
+
+def _global_rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_global_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        try:
+            import numpy
+
+            numpy.random.set_state(state["numpy"])
+        except ImportError:
+            pass

@@ -1,0 +1,246 @@
+"""The ``train`` job kind's spec. Light: imported by the control plane, so no torch, numpy or sklearn here."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, ClassVar
+
+from components.runtime.spec import Checker, KindSpec
+
+WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt")
+OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
+
+# "package.module:function" -- dotted identifiers, one colon, one identifier after it.
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+_ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
+
+DEFAULT_EPOCHS = 3
+# One tiny-gpt epoch (one pass over the corpus windows) is short; five make a model worth sampling from.
+WORKLOAD_EPOCHS = {"tiny-gpt": 5}
+DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}
+# "hidden" is the width of each model: MLP hidden units, CNN first-layer channels, transformer model width.
+DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64}
+TINY_GPT_HEADS = 4
+
+MAX_EPOCHS = 100_000
+MAX_STEPS = 10**9
+MAX_BATCH_SIZE = 65_536
+MAX_HIDDEN = 4096
+MAX_SEED = 2**32 - 1
+MAX_OPTIONS_BYTES = 65_536
+
+FIELDS = {
+    "workload",
+    "entrypoint",
+    "epochs",
+    "max_steps",
+    "batch_size",
+    "lr",
+    "seed",
+    "checkpoint_every",
+    "log_every",
+    "optimizer",
+    "hidden",
+    "options",
+}
+
+
+class TrainSpec(KindSpec):
+    """Train a model: one of the built-in workloads, or user code named by ``entrypoint``."""
+
+    kind: ClassVar[str] = "train"
+    component: ClassVar[str] = "components.train.component:TrainComponent"
+    description: ClassVar[str] = (
+        "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt) "
+        "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."
+    )
+
+    def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        check = Checker(spec)
+        check.unknown(FIELDS)
+
+        workload = check.string("workload", None, choices=WORKLOADS)
+        entrypoint = check.string("entrypoint", None, max_length=256)
+        if entrypoint is not None and "spec.entrypoint" not in check.errors:
+            if not _ENTRYPOINT.match(entrypoint):
+                check.errors["spec.entrypoint"] = "must look like 'package.module:function'"
+        if workload is not None and entrypoint is not None:
+            for name in ("spec.workload", "spec.entrypoint"):
+                both = "give either workload or entrypoint, not both"
+                check.errors[name] = f"{check.errors[name]}; {both}" if name in check.errors else both
+        elif workload is None and entrypoint is None and not {"spec.workload", "spec.entrypoint"} & set(check.errors):
+            check.errors["spec.workload"] = f"give a workload ({', '.join(WORKLOADS)}) or an entrypoint"
+        builtin = workload if workload in WORKLOADS and entrypoint is None else None
+
+        epochs = check.number(
+            "epochs", WORKLOAD_EPOCHS.get(builtin, DEFAULT_EPOCHS), kind=int, minimum=1, maximum=MAX_EPOCHS
+        )
+        if epochs is None:
+            epochs = WORKLOAD_EPOCHS.get(builtin, DEFAULT_EPOCHS)
+        max_steps = check.number("max_steps", None, kind=int, minimum=1, maximum=MAX_STEPS)
+        _not_null(check, "batch_size", "seed", "checkpoint_every", "log_every", "optimizer", "options")
+        batch_size = _required(check.number("batch_size", 64, kind=int, minimum=1, maximum=MAX_BATCH_SIZE), 64)
+        optimizer = _required(check.string("optimizer", "adam", choices=OPTIMIZERS), "adam")
+        lr = check.number("lr", None, kind=float)
+        if lr is None:
+            lr = DEFAULT_LR.get(optimizer, DEFAULT_LR["adam"])
+        elif "spec.lr" not in check.errors and not 0 < lr <= 10:
+            check.errors["spec.lr"] = "must be > 0 and <= 10"
+        seed = _required(check.number("seed", 0, kind=int, minimum=0, maximum=MAX_SEED), 0)
+        checkpoint_every = _required(
+            check.number("checkpoint_every", 50, kind=int, minimum=1, maximum=MAX_STEPS), 50
+        )
+        log_every = _required(check.number("log_every", 10, kind=int, minimum=1, maximum=MAX_STEPS), 10)
+
+        hidden = check.number("hidden", DEFAULT_HIDDEN.get(builtin), kind=int, minimum=1, maximum=MAX_HIDDEN)
+        if hidden is None and builtin is not None:
+            hidden = DEFAULT_HIDDEN[builtin]
+        if builtin == "tiny-gpt" and hidden is not None and "spec.hidden" not in check.errors:
+            if hidden % TINY_GPT_HEADS:
+                check.errors["spec.hidden"] = f"must be a multiple of {TINY_GPT_HEADS} for tiny-gpt"
+
+        options = spec.get("options", {})
+        if options is None:  # reported by _not_null
+            options = {}
+        elif not isinstance(options, dict):
+            check.errors["spec.options"] = "must be an object"
+            options = {}
+        elif options and workload is not None:
+            check.errors["spec.options"] = "is only used with an entrypoint"
+        else:
+            try:
+                encoded = json.dumps(options, allow_nan=False)
+            except (TypeError, ValueError):
+                check.errors["spec.options"] = "must hold JSON values only"
+            else:
+                if len(encoded) > MAX_OPTIONS_BYTES:
+                    check.errors["spec.options"] = f"must be at most {MAX_OPTIONS_BYTES} bytes as JSON"
+
+        check.raise_if_errors()
+        return {
+            "workload": workload,
+            "entrypoint": entrypoint,
+            "epochs": epochs,
+            "max_steps": max_steps,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "checkpoint_every": checkpoint_every,
+            "log_every": log_every,
+            "optimizer": optimizer,
+            "hidden": hidden,
+            "options": options,
+        }
+
+    def json_schema(self) -> dict[str, Any]:
+        step_count = {"type": "integer", "minimum": 1, "maximum": MAX_STEPS}
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "train",
+            "description": self.description,
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "workload": {
+                    "type": ["string", "null"],
+                    "enum": [*WORKLOADS, None],
+                    "description": "A built-in workload. Give this or entrypoint.",
+                },
+                "entrypoint": {
+                    "type": ["string", "null"],
+                    "pattern": ENTRYPOINT_PATTERN,
+                    "maxLength": 256,
+                    "description": (
+                        "Your code, importable on the node, as 'package.module:function'. The function gets "
+                        "the job context and either trains by itself (returns None) or returns a Workload "
+                        "that Strata drives step by step. Give this or workload."
+                    ),
+                },
+                "epochs": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_EPOCHS,
+                    "description": f"Passes over the training data. Default {DEFAULT_EPOCHS} (tiny-gpt: {WORKLOAD_EPOCHS['tiny-gpt']}).",
+                },
+                "max_steps": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_STEPS,
+                    "default": None,
+                    "description": "Stop after this many optimizer steps, even within an epoch.",
+                },
+                "batch_size": {"type": "integer", "minimum": 1, "maximum": MAX_BATCH_SIZE, "default": 64},
+                "lr": {
+                    "type": ["number", "null"],
+                    "exclusiveMinimum": 0,
+                    "maximum": 10,
+                    "description": "Learning rate. Default {} with adam, {} with sgd.".format(
+                        DEFAULT_LR["adam"], DEFAULT_LR["sgd"]
+                    ),
+                },
+                "seed": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_SEED,
+                    "default": 0,
+                    "description": "Seeds model initialisation, data generation and data order.",
+                },
+                "checkpoint_every": {
+                    **step_count,
+                    "default": 50,
+                    "description": "Checkpoint every this many steps (and when stopped).",
+                },
+                "log_every": {**step_count, "default": 10, "description": "Report metrics every this many steps."},
+                "optimizer": {
+                    "type": "string",
+                    "enum": list(OPTIMIZERS),
+                    "default": "adam",
+                    "description": "adam, or sgd with momentum 0.9.",
+                },
+                "hidden": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_HIDDEN,
+                    "description": "Model width: {}. A multiple of {} for tiny-gpt.".format(
+                        ", ".join(f"{name} {width}" for name, width in DEFAULT_HIDDEN.items()), TINY_GPT_HEADS
+                    ),
+                },
+                "options": {
+                    "type": "object",
+                    "default": {},
+                    "description": "Free-form settings for entrypoint code (ctx.spec['options']).",
+                },
+            },
+            "oneOf": [
+                {
+                    "required": ["workload"],
+                    "properties": {
+                        "workload": {"type": "string"},
+                        "entrypoint": {"type": "null"},
+                        "options": {"maxProperties": 0},
+                    },
+                },
+                {
+                    "required": ["entrypoint"],
+                    "properties": {"entrypoint": {"type": "string"}, "workload": {"type": "null"}},
+                },
+            ],
+            "allOf": [
+                {
+                    "if": {"required": ["workload", "hidden"], "properties": {"workload": {"const": "tiny-gpt"}}},
+                    "then": {"properties": {"hidden": {"multipleOf": TINY_GPT_HEADS}}},
+                }
+            ],
+        }
+
+
+def _not_null(check: Checker, *names: str) -> None:
+    for name in names:
+        if name in check.spec and check.spec[name] is None:
+            check.errors[f"spec.{name}"] = "must not be null"
+
+
+def _required(value: Any, default: Any) -> Any:
+    """The value of a field that cannot be null (a null was reported by ``_not_null``)."""
+    return default if value is None else value

@@ -1,0 +1,453 @@
+"""Training workloads: a model, its data and its optimizer, advanced one step at a time.
+
+A :class:`Workload` keeps all of its state in the object -- its own random generators included, never the
+process-global ones -- so that a runtime can interleave the steps of several jobs in one process (on one GPU)
+and still give each job exactly the results it would get alone. Data order is a pure function of
+``(seed, epoch)``, which makes a run resumed from a checkpoint bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CORPUS_PATH = Path(__file__).with_name("data") / "corpus.txt"
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A stable 63-bit seed for the random stream named by ``parts`` (e.g. ``("order", epoch)``)."""
+    digest = hashlib.blake2b(repr((int(seed), *parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def generator(seed: int, *parts: object) -> torch.Generator:
+    """A CPU generator seeded for the random stream named by ``parts``."""
+    return torch.Generator().manual_seed(derive_seed(seed, *parts))
+
+
+class Workload(abc.ABC):
+    """One job's training state, advanced one optimizer step at a time.
+
+    Lifecycle, driven by :class:`components.train.loop.TrainLoop`:
+
+    1. ``Workload()`` -- cheap; nothing is built yet.
+    2. :meth:`setup` once, with the normalized spec and the torch device: load or generate data, build the
+       model and optimizer. Use generators seeded from ``spec["seed"]`` (see :func:`generator`), not the global
+       RNG, so interleaved jobs do not disturb each other.
+    3. :meth:`load_state_dict` when resuming from a checkpoint.
+    4. Repeatedly ``train_step(batch(epoch, index))`` for ``index`` in ``range(steps_per_epoch())``;
+       :meth:`evaluate` at the end of each epoch and of the run.
+    5. :meth:`state_dict` whenever the loop checkpoints, :meth:`model_state` for the final model artifact.
+
+    ``batch(epoch, index)`` must depend only on ``(seed, epoch, index)``: that is what lets a resumed run pick
+    up exactly where the checkpoint left off.
+    """
+
+    name: ClassVar[str] = "custom"
+
+    @abc.abstractmethod
+    def setup(self, spec: dict[str, Any], device: torch.device) -> None:
+        """Build data, model and optimizer on ``device``."""
+
+    @abc.abstractmethod
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch (constant for the whole run)."""
+
+    @abc.abstractmethod
+    def batch(self, epoch: int, index: int) -> Any:
+        """The ``index``-th batch of ``epoch``, already on the device."""
+
+    @abc.abstractmethod
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """Run one optimizer step on ``batch``.
+
+        Returns metrics as floats or 0-dim tensors (tensors avoid a device sync on every step): ``loss``,
+        optionally ``accuracy``, and ``samples``, the number of examples in the batch.
+        """
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics (e.g. ``test_loss``, ``test_accuracy``). None by default."""
+        return {}
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: model and optimizer state, any other mutable state."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def model_state(self) -> dict[str, Any]:
+        """The trained weights saved as the ``model.pt`` artifact."""
+        model = getattr(self, "model", None)
+        return model.state_dict() if isinstance(model, nn.Module) else self.state_dict()
+
+
+def make_optimizer(parameters, spec: dict[str, Any]) -> torch.optim.Optimizer:
+    """The optimizer named by ``spec["optimizer"]``: Adam, or SGD with momentum 0.9."""
+    if spec["optimizer"] == "sgd":
+        return torch.optim.SGD(parameters, lr=spec["lr"], momentum=0.9)
+    if spec["optimizer"] == "adam":
+        return torch.optim.Adam(parameters, lr=spec["lr"])
+    raise ValueError(f"unknown optimizer {spec['optimizer']!r}")
+
+
+class TorchWorkload(Workload):
+    """A workload with one ``self.model`` and one ``self.optimizer``; subclasses build them in :meth:`setup`."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def init_model(self, spec: dict[str, Any], build) -> nn.Module:
+        """Call ``build()`` with the global RNG seeded from the spec, then restore the global RNG.
+
+        Initialising on the CPU and then moving makes the initial weights the same on every device.
+        """
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(spec["seed"], "init"))
+            model = build()
+        return model.to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class ClassificationWorkload(TorchWorkload):
+    """Supervised classification of in-memory tensors, shuffled per epoch from ``(seed, epoch)``.
+
+    Subclasses implement :meth:`load_data` and :meth:`build_model`.
+    """
+
+    eval_batch_size: ClassVar[int] = 1024
+
+    @abc.abstractmethod
+    def load_data(self, spec: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return ``(x_train, y_train, x_test, y_test)`` on the CPU, deterministically from the spec."""
+
+    @abc.abstractmethod
+    def build_model(self, spec: dict[str, Any], x_train: torch.Tensor, classes: int) -> nn.Module:
+        """Build the (CPU) model for inputs shaped like ``x_train[0]``."""
+
+    def setup(self, spec: dict[str, Any], device: torch.device) -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        x_train, y_train, x_test, y_test = self.load_data(spec)
+        classes = int(max(y_train.max(), y_test.max())) + 1
+        self.x_train, self.y_train = x_train.to(self.device), y_train.to(self.device)
+        self.x_test, self.y_test = x_test.to(self.device), y_test.to(self.device)
+        self.batch_size = spec["batch_size"]
+        self.model = self.init_model(spec, lambda: self.build_model(spec, x_train, classes))
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.x_train) / self.batch_size)
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            order = torch.randperm(len(self.x_train), generator=generator(self.spec["seed"], "order", epoch))
+            self._order = (epoch, order.to(self.device))
+        return self._order[1]
+
+    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._epoch_order(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
+        return self.x_train[rows], self.y_train[rows]
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        inputs, targets = batch
+        self.model.train()
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        accuracy = (logits.detach().argmax(dim=1) == targets).float().mean()
+        return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        for start in range(0, len(self.x_test), self.eval_batch_size):
+            inputs = self.x_test[start : start + self.eval_batch_size]
+            targets = self.y_test[start : start + self.eval_batch_size]
+            logits = self.model(inputs)
+            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
+            correct += (logits.argmax(dim=1) == targets).sum()
+        count = len(self.x_test)
+        return {"test_loss": float(loss_sum) / count, "test_accuracy": float(correct) / count}
+
+
+class MLPDigits(ClassificationWorkload):
+    """A two-hidden-layer MLP on scikit-learn's bundled 8x8 digits (1797 images), 20% held out."""
+
+    name: ClassVar[str] = "mlp-digits"
+    test_fraction: ClassVar[float] = 0.2
+
+    def load_data(self, spec):
+        from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+        digits = load_digits()
+        features = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+        labels = torch.tensor(digits.target, dtype=torch.long)
+        rows = torch.randperm(len(labels), generator=generator(spec["seed"], "split"))
+        test_count = int(len(labels) * self.test_fraction)
+        test, train = rows[:test_count], rows[test_count:]
+        return features[train], labels[train], features[test], labels[test]
+
+    def build_model(self, spec, x_train, classes):
+        hidden = spec["hidden"]
+        return nn.Sequential(
+            nn.Linear(x_train.shape[1], hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, classes),
+        )
+
+
+SHAPE_CLASSES: tuple[str, ...] = (
+    "horizontal-stripes",
+    "vertical-stripes",
+    "diagonal-stripes",
+    "disc",
+    "square",
+    "cross",
+)
+
+
+def synthetic_shapes(count: int, size: int, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` noisy ``size``x``size`` grey images of :data:`SHAPE_CLASSES`, and their labels.
+
+    Each image has a random frequency and phase (stripes) or centre and radius (shapes), a random contrast and
+    Gaussian noise; all drawn from ``rng``, so the set is a pure function of the generator's seed.
+    """
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        return low + (high - low) * torch.rand(count, 1, 1, generator=rng)
+
+    labels = torch.randint(0, len(SHAPE_CLASSES), (count,), generator=rng)
+    coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size
+    y, x = coords.view(1, size, 1), coords.view(1, 1, size)
+    frequency, phase = uniform(1.5, 4.0), uniform(0.0, 2 * math.pi)
+    cx, cy, radius = uniform(0.3, 0.7), uniform(0.3, 0.7), uniform(0.15, 0.3)
+    dx, dy = (x - cx).abs(), (y - cy).abs()
+    arm = radius / 3
+    candidates = torch.stack(
+        torch.broadcast_tensors(
+            torch.sin(2 * math.pi * frequency * y + phase) > 0,
+            torch.sin(2 * math.pi * frequency * x + phase) > 0,
+            torch.sin(2 * math.pi * frequency * (x + y) / math.sqrt(2) + phase) > 0,
+            dx**2 + dy**2 < radius**2,
+            torch.maximum(dx, dy) < radius * 0.85,
+            ((dx < arm) & (dy < radius)) | ((dy < arm) & (dx < radius)),
+        )
+    )  # (classes, count, size, size)
+    images = candidates[labels, torch.arange(count)].float()
+    images = images * uniform(0.6, 1.4) + 0.35 * torch.randn(count, size, size, generator=rng)
+    return images.unsqueeze(1), labels
+
+
+class CNNSynthetic(ClassificationWorkload):
+    """A small two-block CNN on procedurally drawn stripes and shapes (6 classes, 16x16, generated in memory)."""
+
+    name: ClassVar[str] = "cnn-synthetic"
+    image_size: ClassVar[int] = 16
+    train_count: ClassVar[int] = 4096
+    test_count: ClassVar[int] = 512
+
+    def load_data(self, spec):
+        x_train, y_train = synthetic_shapes(self.train_count, self.image_size, generator(spec["seed"], "train"))
+        x_test, y_test = synthetic_shapes(self.test_count, self.image_size, generator(spec["seed"], "test"))
+        return x_train, y_train, x_test, y_test
+
+    def build_model(self, spec, x_train, classes):
+        channels = spec["hidden"]
+        return nn.Sequential(
+            nn.Conv2d(x_train.shape[1], channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * channels * (x_train.shape[-1] // 4) ** 2, classes),
+        )
+
+
+# Characters of the tiny-gpt vocabulary: newline and printable ASCII. Anything else maps to "?".
+VOCABULARY = "\n" + "".join(chr(code) for code in range(32, 127))
+
+
+def encode(text: str) -> torch.Tensor:
+    index = {ch: i for i, ch in enumerate(VOCABULARY)}
+    unknown = index["?"]
+    return torch.tensor([index.get(ch, unknown) for ch in text], dtype=torch.long)
+
+
+def decode(tokens) -> str:
+    return "".join(VOCABULARY[int(token)] for token in tokens)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, width = x.shape
+        q, k, v = self.qkv(x).view(batch, time, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attended.transpose(1, 2).reshape(batch, time, width))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = CausalSelfAttention(width, heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(nn.Module):
+    """A GPT-style character model: token and position embeddings, pre-norm causal transformer blocks."""
+
+    def __init__(self, vocabulary: int, context: int, width: int, heads: int, layers: int):
+        super().__init__()
+        self.context = context
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Embedding(context, width)
+        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(layers)))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tokens(tokens) + self.positions(positions)
+        return self.head(self.norm(self.blocks(x)))
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, count: int, rng: torch.Generator | None = None) -> torch.Tensor:
+        """Sample ``count`` tokens after the 1-D ``prompt``."""
+        tokens = prompt.view(1, -1)
+        for _ in range(count):
+            logits = self(tokens[:, -self.context :])[0, -1]
+            probabilities = torch.softmax(logits.float().cpu(), dim=0)
+            following = torch.multinomial(probabilities, 1, generator=rng).to(tokens.device)
+            tokens = torch.cat([tokens, following.view(1, 1)], dim=1)
+        return tokens[0]
+
+
+class TinyGPTWorkload(TorchWorkload):
+    """Next-character prediction on ``data/corpus.txt`` (CPython docstrings), last 10% held out.
+
+    An epoch visits every non-overlapping ``context``-long window of the training text once, in an order and
+    with an offset drawn from ``(seed, epoch)``. ``accuracy`` is next-character accuracy.
+    """
+
+    name: ClassVar[str] = "tiny-gpt"
+    context: ClassVar[int] = 64
+    heads: ClassVar[int] = 4
+    layers: ClassVar[int] = 2
+    test_fraction: ClassVar[float] = 0.1
+    eval_windows: ClassVar[int] = 128
+
+    def setup(self, spec: dict[str, Any], device: torch.device) -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        tokens = encode(CORPUS_PATH.read_text(encoding="utf-8"))
+        split = int(len(tokens) * (1 - self.test_fraction))
+        self.train_tokens = tokens[:split].to(self.device)
+        self.test_tokens = tokens[split:].to(self.device)
+        # Every epoch has the same number of windows, whatever its random offset.
+        self.windows = (len(self.train_tokens) - 1) // self.context - 1
+        if self.windows < 1:
+            raise ValueError(f"corpus {CORPUS_PATH} is too short for a context of {self.context}")
+        self.batch_size = spec["batch_size"]
+        self.model = self.init_model(
+            spec, lambda: TinyGPT(len(VOCABULARY), self.context, spec["hidden"], self.heads, self.layers)
+        )
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self._starts: tuple[int, torch.Tensor] | None = None
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.windows / self.batch_size)
+
+    def _epoch_starts(self, epoch: int) -> torch.Tensor:
+        if self._starts is None or self._starts[0] != epoch:
+            rng = generator(self.spec["seed"], "order", epoch)
+            offset = int(torch.randint(0, self.context, (1,), generator=rng))
+            starts = offset + self.context * torch.randperm(self.windows, generator=rng)
+            self._starts = (epoch, starts.to(self.device))
+        return self._starts[1]
+
+    def _windows(self, text: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = starts.view(-1, 1) + torch.arange(self.context + 1, device=self.device)
+        chunk = text[rows]
+        return chunk[:, :-1], chunk[:, 1:]
+
+    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self._epoch_starts(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
+        return self._windows(self.train_tokens, starts)
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        inputs, targets = batch
+        self.model.train()
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        accuracy = (logits.detach().argmax(dim=-1) == targets).float().mean()
+        return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        available = (len(self.test_tokens) - 1) // self.context
+        starts = self.context * torch.arange(min(available, self.eval_windows), device=self.device)
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        for first in range(0, len(starts), self.batch_size):
+            inputs, targets = self._windows(self.test_tokens, starts[first : first + self.batch_size])
+            logits = self.model(inputs)
+            loss_sum += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+            correct += (logits.argmax(dim=-1) == targets).sum()
+        count = len(starts) * self.context
+        return {"test_loss": float(loss_sum) / count, "test_accuracy": float(correct) / count}
+
+    def sample(self, prompt: str, count: int = 200, seed: int = 0) -> str:
+        """Generate ``count`` characters after ``prompt`` (for a quick look at what the model learned)."""
+        tokens = self.model.generate(encode(prompt).to(self.device), count, torch.Generator().manual_seed(seed))
+        return decode(tokens)
+
+
+BUILTIN_WORKLOADS: dict[str, type[Workload]] = {
+    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload)
+}
+
+
+def builtin_workload(name: str) -> Workload:
+    try:
+        return BUILTIN_WORKLOADS[name]()
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; built-in: {', '.join(sorted(BUILTIN_WORKLOADS))}") from None

@@ -1,0 +1,3 @@
+"""Strata's control plane."""
+
+__version__ = "0.1.0"

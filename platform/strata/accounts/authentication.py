@@ -1,0 +1,41 @@
+"""Bearer-token authentication: hashed at rest, expiring, revocable, scoped to one team."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from strata.accounts.models import ApiToken, token_digest
+
+
+class BearerTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
+        try:
+            raw = header[1].decode()
+        except UnicodeError as error:
+            raise exceptions.AuthenticationFailed("Token is not valid text.") from error
+        token = ApiToken.objects.select_related("user", "team").filter(digest=token_digest(raw)).first()
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        if token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("Token has been revoked.")
+        now = timezone.now()
+        if token.expires_at <= now:
+            raise exceptions.AuthenticationFailed("Token has expired.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("User is inactive.")
+        if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request):
+        return self.keyword

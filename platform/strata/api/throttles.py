@@ -1,0 +1,5 @@
+from rest_framework.throttling import UserRateThrottle
+
+
+class SubmitThrottle(UserRateThrottle):
+    scope = "submit"

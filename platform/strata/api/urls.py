@@ -1,0 +1,31 @@
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from strata.accounts.api.views import TeamViewSet, TokenViewSet
+from strata.cluster.api import views as cluster
+from strata.jobs.api.views import JobViewSet
+from strata.quotas.api.views import QuotaViewSet
+
+router = DefaultRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("nodes", cluster.NodeViewSet, basename="node")
+router.register("devices", cluster.DeviceViewSet, basename="device")
+router.register("teams", TeamViewSet, basename="team")
+router.register("quotas", QuotaViewSet, basename="quota")
+router.register("tokens", TokenViewSet, basename="token")
+
+ATTEMPT = "node/attempts/<uuid:attempt_id>"
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("node/register/", cluster.RegisterView.as_view(), name="node-register"),
+    path("node/heartbeat/", cluster.HeartbeatView.as_view(), name="node-heartbeat"),
+    path(f"{ATTEMPT}/claim/", cluster.AttemptClaimView.as_view(), name="attempt-claim"),
+    path(f"{ATTEMPT}/report/", cluster.AttemptReportView.as_view(), name="attempt-report"),
+    path(f"{ATTEMPT}/finish/", cluster.AttemptFinishView.as_view(), name="attempt-finish"),
+    path(f"{ATTEMPT}/artifacts/<str:name>/", cluster.AttemptArtifactView.as_view(), name="attempt-artifact"),
+    path(f"{ATTEMPT}/checkpoint/", cluster.AttemptCheckpointView.as_view(), name="attempt-checkpoint"),
+    *router.urls,
+]

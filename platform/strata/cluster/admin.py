@@ -1,0 +1,14 @@
+from django.contrib import admin
+
+from strata.cluster.models import Device, Node
+
+
+class DeviceInline(admin.TabularInline):
+    model = Device
+    extra = 0
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "state", "address", "last_heartbeat", "lease_expires_at"]
+    inlines = [DeviceInline]

@@ -1,0 +1,155 @@
+"""Node-facing endpoints (node tokens only) and the read-only node and device listings for users."""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+from django.http import FileResponse, Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, viewsets
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from strata.api.permissions import IsNode, IsUser
+from strata.cluster import services
+from strata.cluster.api import serializers as s
+from strata.cluster.models import Device, Node
+from strata.jobs import services as job_services
+from strata.jobs.models import Artifact
+from strata.jobs.storage import get_storage
+
+ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    """Nodes of the cluster and their devices (cluster-wide, no team data)."""
+
+    permission_classes = [IsUser]
+    serializer_class = s.NodeSerializer
+    queryset = Node.objects.prefetch_related("devices__node")
+
+
+class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
+    permission_classes = [IsUser]
+    serializer_class = s.DeviceSerializer
+    queryset = Device.objects.select_related("node")
+
+
+def _node(data) -> Node:
+    node = Node.objects.filter(pk=data["node"]).first()
+    if node is None:
+        raise Http404("unknown node")
+    return node
+
+
+class NodeAPIView(APIView):
+    permission_classes = [IsNode]
+
+
+class RegisterView(NodeAPIView):
+    @extend_schema(request=s.RegisterSerializer, responses=dict)
+    def post(self, request):
+        serializer = s.RegisterSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = services.node_register(**serializer.validated_data)
+        return Response({
+            "node": str(node.id), "session": str(node.session), "queue": node.queue,
+            "broker_url": settings.STRATA_NODE_BROKER_URL,
+            "heartbeat_seconds": settings.STRATA_HEARTBEAT_SECONDS,
+            "lease_seconds": settings.STRATA_NODE_LEASE_SECONDS,
+        })
+
+
+class HeartbeatView(NodeAPIView):
+    @extend_schema(request=s.HeartbeatSerializer, responses=dict)
+    def post(self, request):
+        serializer = s.HeartbeatSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        answer = services.node_heartbeat(_node(data), str(data["session"]), data["samples"],
+                                         [str(a) for a in data["attempts"]])
+        return Response(answer)
+
+
+class AttemptClaimView(NodeAPIView):
+    @extend_schema(request=s.AttemptCallSerializer, responses=dict)
+    def post(self, request, attempt_id):
+        serializer = s.AttemptCallSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = _node(serializer.validated_data)
+        attempt = job_services.attempt_claim(attempt_id, serializer.validated_data["token"], node)
+        job = attempt.job
+        workers = [
+            {"rank": a.rank, "node": str(a.device.node_id), "device": {"kind": a.device.kind, "index": a.device.index,
+                                                                       "memory": a.memory, "share": a.share}}
+            for a in attempt.allocations.select_related("device").order_by("rank", "device__index")
+        ]
+        return Response({
+            "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
+            "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
+            "world_size": int(job.resources.get("workers", 1)), "allocations": workers,
+            "stop": job_services.attempt_stop_requested(attempt),
+        })
+
+
+class AttemptReportView(NodeAPIView):
+    @extend_schema(request=s.ReportSerializer, responses=dict)
+    def post(self, request, attempt_id):
+        serializer = s.ReportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        attempt = job_services.attempt_for_node(attempt_id, data["token"], _node(data))
+        job_services.attempt_report(attempt, logs=data["logs"], metrics=data["metrics"])
+        return Response({"stop": job_services.attempt_stop_requested(attempt)})
+
+
+class AttemptFinishView(NodeAPIView):
+    @extend_schema(request=s.FinishSerializer, responses=dict)
+    def post(self, request, attempt_id):
+        serializer = s.FinishSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        job = job_services.attempt_finish(attempt_id, data["token"], _node(data), data["outcome"], data["reason"])
+        return Response({"job_state": job.state})
+
+
+def _attempt_from_query(request, attempt_id):
+    node_id, token = request.query_params.get("node"), request.query_params.get("token")
+    if not node_id or not token:
+        raise serializers.ValidationError({"node": ["node and token query parameters are required"]})
+    try:
+        node = _node({"node": node_id})
+    except Exception as error:
+        raise Http404("unknown node") from error
+    return job_services.attempt_for_node(attempt_id, token, node)
+
+
+class AttemptArtifactView(NodeAPIView):
+    """PUT the raw bytes of an artifact (or, with ?kind=checkpoint, the job's checkpoint)."""
+
+    @extend_schema(request={"application/octet-stream": bytes}, responses=dict)
+    def put(self, request, attempt_id, name):
+        if not ARTIFACT_NAME.match(name) or ".." in name:
+            raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
+        kind = request.query_params.get("kind", Artifact.Kind.ARTIFACT)
+        if kind not in Artifact.Kind.values:
+            raise serializers.ValidationError({"kind": [f"one of {', '.join(Artifact.Kind.values)}"]})
+        attempt = _attempt_from_query(request, attempt_id)
+        try:
+            artifact = job_services.artifact_store(attempt, name, request.stream, kind)
+        except ValueError as error:
+            return Response({"detail": str(error)}, status=413)
+        return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
+
+
+class AttemptCheckpointView(NodeAPIView):
+    """GET the job's latest checkpoint (from any earlier attempt), 404 when it has none."""
+
+    def get(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        checkpoint = Artifact.objects.filter(job_id=attempt.job_id, kind=Artifact.Kind.CHECKPOINT).order_by(
+            "-created_at").first()
+        if checkpoint is None:
+            raise Http404("no checkpoint")
+        return FileResponse(get_storage().open(checkpoint.storage_key), content_type="application/octet-stream")

@@ -1,0 +1,68 @@
+"""Nodes, their devices and node leases."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils import timezone
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        UP = "up"
+        DOWN = "down"
+        DRAINING = "draining"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=200, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    address = models.CharField(max_length=255, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.UP)
+    # A new session starts at each registration; attempts dispatched to an older session died with it.
+    session = models.UUIDField(default=uuid.uuid4)
+    registered_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+    lease_expires_at = models.DateTimeField(default=timezone.now, db_index=True)
+    info = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        return f"node.{self.id}"
+
+    @property
+    def lease_valid(self) -> bool:
+        return self.state == self.State.UP and self.lease_expires_at > timezone.now()
+
+
+class Device(models.Model):
+    class Kind(models.TextChoices):
+        CUDA = "cuda"
+        VIRTUAL = "virtual"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    name = models.CharField(max_length=200, blank=True)
+    memory_total = models.BigIntegerField()
+    utilization = models.FloatField(default=0.0)
+    memory_used = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="one_device_per_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.kind}:{self.index}"
+
+    @property
+    def virtual(self) -> bool:
+        return self.kind == self.Kind.VIRTUAL

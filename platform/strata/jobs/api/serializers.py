@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from django.conf import settings
+from rest_framework import serializers
+
+from components.runtime.registry import UnknownKind, get_kind, kinds
+from components.runtime.spec import SpecError
+from components.runtime.units import parse_bytes, parse_duration
+from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
+
+SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
+RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
+
+
+def normalize_resources(value) -> dict:
+    """Validate a resource request; errors are keyed ``resources.<field>``."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise serializers.ValidationError({"resources": ["must be an object"]})
+    errors = {}
+    for name in value:
+        if name not in RESOURCE_FIELDS:
+            errors[f"resources.{name}"] = [f"unknown field; allowed: {', '.join(sorted(RESOURCE_FIELDS))}"]
+    memory = None
+    if value.get("gpu_memory") is not None:
+        try:
+            memory = parse_bytes(value["gpu_memory"])
+            if memory <= 0:
+                raise ValueError("must be positive")
+        except ValueError as error:
+            errors["resources.gpu_memory"] = [str(error)]
+    default_gpus = 0.0 if memory else 1.0
+    gpus = value.get("gpus", default_gpus)
+    if isinstance(gpus, bool) or not isinstance(gpus, int | float) or gpus != gpus:
+        errors["resources.gpus"] = ["must be a number"]
+        gpus = 0.0
+    elif gpus < 0 or gpus > 64:
+        errors["resources.gpus"] = ["must be between 0 and 64"]
+    elif gpus > 1 and int(gpus) != gpus:
+        errors["resources.gpus"] = ["above 1 must be a whole number of GPUs"]
+    workers = value.get("workers", 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
+        errors["resources.workers"] = ["must be an integer between 1 and 256"]
+    labels = value.get("node_labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str | int) for k, v in labels.items()):
+        errors["resources.node_labels"] = ["must be an object of label: value"]
+    if errors:
+        raise serializers.ValidationError(errors)
+    result = {"gpus": float(gpus), "gpu_memory": memory, "workers": int(workers)}
+    if labels:
+        result["node_labels"] = {k: str(v) for k, v in labels.items()}
+    return result
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    kind = serializers.CharField(max_length=64)
+    team = serializers.SlugField(max_length=64, required=False)
+    priority = serializers.IntegerField(min_value=-100, max_value=100, default=0)
+    max_attempts = serializers.IntegerField(min_value=1, max_value=20, default=3)
+    time_limit = serializers.JSONField(required=False)
+    resources = serializers.JSONField(required=False)
+    spec = serializers.JSONField(required=False)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
+        unknown = sorted(set(data) - SUBMIT_FIELDS)
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown or read-only field"] for name in unknown})
+        return super().to_internal_value(data)
+
+    def validate_kind(self, value):
+        try:
+            get_kind(value)
+        except UnknownKind as error:
+            raise serializers.ValidationError(f"unknown kind {value!r}; known kinds: {', '.join(error.known)}") from None
+        return value
+
+    def validate_time_limit(self, value):
+        if value is None:
+            return 3600
+        try:
+            seconds = parse_duration(value)
+        except ValueError as error:
+            raise serializers.ValidationError(str(error)) from None
+        if not 1 <= seconds <= settings.STRATA_MAX_TIME_LIMIT_SECONDS:
+            raise serializers.ValidationError(f"must be between 1 s and {settings.STRATA_MAX_TIME_LIMIT_SECONDS} s")
+        return int(seconds)
+
+    def validate(self, attrs):
+        attrs["resources"] = normalize_resources(attrs.get("resources"))
+        attrs.setdefault("time_limit", 3600)
+        try:
+            attrs["spec"] = get_kind(attrs["kind"]).validate(attrs.get("spec") or {})
+        except SpecError as error:
+            raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None
+        attrs.setdefault("name", f"{attrs['kind']}-job")
+        return attrs
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="device.node.name", read_only=True)
+    device_index = serializers.IntegerField(source="device.index", read_only=True)
+    device_kind = serializers.CharField(source="device.kind", read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = ["rank", "node", "device_index", "device_kind", "share", "memory", "active"]
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", default=None, read_only=True)
+    allocations = AllocationSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Attempt
+        fields = ["id", "number", "node", "gpu_share", "dispatched_at", "started_at", "ended_at", "outcome",
+                  "exit_reason", "allocations"]
+        read_only_fields = fields
+
+
+class JobSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    attempts = AttemptSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
+                  "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
+                  "finished_at", "attempts"]
+        read_only_fields = fields
+
+
+class JobListSerializer(JobSerializer):
+    class Meta(JobSerializer.Meta):
+        fields = [f for f in JobSerializer.Meta.fields if f != "attempts"]
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "time", "kind", "message", "data"]
+        read_only_fields = fields
+
+
+class LogLineSerializer(serializers.ModelSerializer):
+    attempt = serializers.UUIDField(source="attempt_id", read_only=True)
+
+    class Meta:
+        model = LogLine
+        fields = ["id", "time", "level", "message", "attempt"]
+        read_only_fields = fields
+
+
+class MetricPointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MetricPoint
+        fields = ["id", "name", "step", "value", "time"]
+        read_only_fields = fields
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Artifact
+        fields = ["id", "name", "kind", "size", "sha256", "created_at"]
+        read_only_fields = fields
+
+
+def known_kinds() -> list[str]:
+    return sorted(kinds())

@@ -1,0 +1,157 @@
+"""Thin REST adapters over jobs.services and jobs.selectors."""
+
+from __future__ import annotations
+
+from django.http import FileResponse, Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from strata.accounts.models import Team
+from strata.accounts.selectors import request_token, visible_team_ids
+from strata.api.permissions import IsUser
+from strata.api.throttles import SubmitThrottle
+from strata.jobs import services
+from strata.jobs.api.serializers import (
+    ArtifactSerializer,
+    JobEventSerializer,
+    JobListSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    LogLineSerializer,
+    MetricPointSerializer,
+)
+from strata.jobs.models import Artifact, JobState
+from strata.jobs.selectors import jobs_visible, jobs_with_attempts
+from strata.jobs.storage import get_storage
+
+MAX_STREAM_ITEMS = 1000
+
+
+def _after(request) -> int:
+    try:
+        return max(0, int(request.query_params.get("after", 0)))
+    except ValueError:
+        raise serializers.ValidationError({"after": ["must be an integer id"]}) from None
+
+
+class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Submit, list, inspect and cancel jobs of the caller's teams."""
+
+    permission_classes = [IsUser]
+    lookup_value_regex = "[0-9a-f-]{36}"
+
+    def get_queryset(self):
+        queryset = jobs_visible(visible_team_ids(self.request))
+        params = self.request.query_params
+        if state := params.get("state"):
+            states = [s.strip().upper() for s in state.split(",")]
+            bad = [s for s in states if s not in JobState.values]
+            if bad:
+                raise serializers.ValidationError({"state": [f"unknown state(s): {', '.join(bad)}"]})
+            queryset = queryset.filter(state__in=states)
+        if kind := params.get("kind"):
+            queryset = queryset.filter(kind=kind)
+        if team := params.get("team"):
+            queryset = queryset.filter(team__slug=team)
+        if owner := params.get("owner"):
+            queryset = queryset.filter(owner__username=owner)
+        if self.action == "retrieve":
+            queryset = jobs_with_attempts(queryset)
+        return queryset
+
+    def get_serializer_class(self):
+        if self.action == "create":
+            return JobSubmitSerializer
+        if self.action == "list":
+            return JobListSerializer
+        return JobSerializer
+
+    def get_throttles(self):
+        return [SubmitThrottle()] if self.action == "create" else super().get_throttles()
+
+    @extend_schema(
+        request=JobSubmitSerializer,
+        responses={201: JobSerializer, 200: JobSerializer},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+    )
+    def create(self, request, *args, **kwargs):
+        serializer = JobSubmitSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        team = self._submit_team(data.pop("team", None))
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not 1 <= len(key) <= 200:
+            raise serializers.ValidationError({"Idempotency-Key": ["must be 1 to 200 characters"]})
+        job, created = services.job_submit(user=request.user, team=team, data=data, idempotency_key=key)
+        job = jobs_with_attempts(jobs_visible([team.pk])).get(pk=job.pk)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    def _submit_team(self, slug: str | None) -> Team:
+        token = request_token(self.request)
+        team_ids = visible_team_ids(self.request)
+        if token is not None and slug is None:
+            return token.team
+        if slug is None:
+            if len(team_ids) == 1:
+                return Team.objects.get(pk=team_ids[0])
+            raise serializers.ValidationError({"team": ["required: you belong to several teams"]})
+        team = Team.objects.filter(slug=slug, id__in=team_ids).first()
+        if team is None:
+            raise serializers.ValidationError({"team": [f"unknown team {slug!r}"]})
+        return team
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = services.job_cancel(self.get_object(), reason=f"cancelled by {request.user.username}")
+        return Response(JobSerializer(jobs_with_attempts(self.get_queryset()).get(pk=job.pk)).data)
+
+    @extend_schema(request=None, responses={201: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def resubmit(self, request, pk=None):
+        new_job = services.job_resubmit(self.get_object(), user=request.user)
+        return Response(JobSerializer(jobs_with_attempts(self.get_queryset()).get(pk=new_job.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=JobEventSerializer(many=True),
+                   parameters=[OpenApiParameter("after", int, description="Only ids greater than this")])
+    @action(detail=True, methods=["get"])
+    def events(self, request, pk=None):
+        job = self.get_object()
+        items = job.events.filter(id__gt=_after(request)).order_by("id")[:MAX_STREAM_ITEMS]
+        return Response(JobEventSerializer(items, many=True).data)
+
+    @extend_schema(responses=LogLineSerializer(many=True),
+                   parameters=[OpenApiParameter("after", int, description="Only ids greater than this")])
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        job = self.get_object()
+        items = job.log_lines.filter(id__gt=_after(request)).order_by("id")[:MAX_STREAM_ITEMS]
+        return Response(LogLineSerializer(items, many=True).data)
+
+    @extend_schema(responses=MetricPointSerializer(many=True),
+                   parameters=[OpenApiParameter("name", str), OpenApiParameter("after", int)])
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        job = self.get_object()
+        items = job.metric_points.filter(id__gt=_after(request))
+        if name := request.query_params.get("name"):
+            items = items.filter(name=name)
+        return Response(MetricPointSerializer(items.order_by("id")[:10 * MAX_STREAM_ITEMS], many=True).data)
+
+    @extend_schema(responses=ArtifactSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request, pk=None):
+        job = self.get_object()
+        return Response(ArtifactSerializer(job.artifacts.filter(kind=Artifact.Kind.ARTIFACT), many=True).data)
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
+    @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<artifact_id>[0-9a-f-]{36})/download")
+    def download(self, request, pk=None, artifact_id=None):
+        job = self.get_object()
+        artifact = job.artifacts.filter(pk=artifact_id, kind=Artifact.Kind.ARTIFACT).first()
+        if artifact is None:
+            raise Http404
+        return FileResponse(get_storage().open(artifact.storage_key), as_attachment=True, filename=artifact.name)

@@ -1,0 +1,184 @@
+"""Jobs, their attempts, allocations, events, logs, metrics and artifacts."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from strata.accounts.models import Team
+from strata.cluster.models import Device, Node
+
+
+class JobState(models.TextChoices):
+    PENDING = "PENDING"
+    QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+# States that hold (or are about to hold) quota: admitted and not finished.
+ADMITTED_STATES = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTED})
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    kind = models.CharField(max_length=64)
+    name = models.CharField(max_length=200)
+    spec = models.JSONField(default=dict)
+    # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}
+    resources = models.JSONField(default=dict)
+    priority = models.IntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    time_limit = models.PositiveIntegerField(help_text="Seconds an attempt may run.", default=3600)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    reason = models.CharField(max_length=500, blank=True)
+    failures = models.PositiveIntegerField(default=0, help_text="Attempts that failed (preemption and node loss excluded).")
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    request_digest = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="one_job_per_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["team", "state"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    @property
+    def gpus(self) -> float:
+        return float(self.resources.get("gpus", 0)) * int(self.resources.get("workers", 1))
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Attempt(models.Model):
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        PREEMPTED = "preempted"
+        NODE_LOST = "node_lost"
+        TIME_LIMIT = "time_limit"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, null=True, on_delete=models.SET_NULL, related_name="attempts")
+    node_session = models.UUIDField(null=True)
+    fencing_token = models.CharField(max_length=64)
+    gpu_share = models.FloatField(default=0.0, help_text="GPUs held by this attempt, summed over its devices.")
+    created_at = models.DateTimeField(default=timezone.now)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True, help_text="Last time the dispatch was sent.")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    exit_reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="one_attempt_number_per_job")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.job_id}"
+
+    @property
+    def active(self) -> bool:
+        return self.ended_at is None
+
+    def billed_seconds(self, now=None) -> float:
+        """GPU-seconds: time held from dispatch to end, times the share held."""
+        if self.dispatched_at is None:
+            return 0.0
+        end = self.ended_at or now or timezone.now()
+        return max(0.0, (end - self.dispatched_at).total_seconds()) * self.gpu_share
+
+
+class Allocation(models.Model):
+    """A share of one device held by one worker of an attempt, from dispatch until the attempt ends."""
+
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="allocations")
+    rank = models.PositiveIntegerField(default=0)
+    share = models.FloatField()
+    memory = models.BigIntegerField()
+    active = models.BooleanField(default=True, db_index=True)
+
+
+class JobEvent(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.CASCADE)
+    time = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=32)  # "state", "scheduling", "attempt", ...
+    message = models.CharField(max_length=1000)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+
+class LogLine(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_lines")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.CASCADE)
+    time = models.DateTimeField(default=timezone.now)
+    level = models.CharField(max_length=16, default="info")
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["id"]
+
+
+class MetricPoint(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.CASCADE)
+    name = models.CharField(max_length=100)
+    step = models.BigIntegerField()
+    value = models.FloatField()
+    time = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "name", "step"])]
+
+
+class Artifact(models.Model):
+    class Kind(models.TextChoices):
+        ARTIFACT = "artifact"
+        CHECKPOINT = "checkpoint"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.SET_NULL)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.ARTIFACT)
+    name = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=500)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["job", "kind", "name"], name="one_artifact_per_name")]

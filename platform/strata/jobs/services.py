@@ -1,0 +1,235 @@
+"""Writes on jobs and attempts: submit, cancel, and the node-side attempt protocol.
+
+Every attempt call from a node carries the attempt id and its fencing token; a call for an attempt that
+has ended or whose token does not match raises :class:`StaleAttempt` (HTTP 409), so a zombie cannot write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import BinaryIO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from strata.jobs.models import ADMITTED_STATES, Allocation, Artifact, Attempt, Job, JobEvent, JobState, LogLine, MetricPoint
+from strata.jobs.states import InvalidTransition, transition
+from strata.jobs.storage import get_storage
+
+S = JobState
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different request body."""
+
+
+class QuotaRejected(Exception):
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(message)
+
+
+class StaleAttempt(Exception):
+    """A report for an attempt that ended or whose fencing token does not match."""
+
+
+def request_digest(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def job_event(job_id, kind: str, message: str, attempt=None, **data) -> None:
+    JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, message=message[:1000], data=data)
+
+
+def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Record a validated job and admit it under the team's quota. Returns (job, created)."""
+    from strata.quotas.models import Quota
+    from strata.quotas.services import admit_pending, never_fits
+    from strata.scheduling.tasks import request_pass
+
+    digest = request_digest({**data, "team": team.slug})
+    if idempotency_key:
+        existing = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            if existing.request_digest != digest:
+                raise IdempotencyConflict(idempotency_key)
+            return existing, False
+    job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, **data)
+    quota = Quota.objects.filter(team=team).first()
+    if quota is not None and (reason := never_fits(quota, job)):
+        raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
+    try:
+        with transaction.atomic():
+            job.save()
+            job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
+    except IntegrityError:
+        if idempotency_key:
+            existing = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                if existing.request_digest != digest:
+                    raise IdempotencyConflict(idempotency_key) from None
+                return existing, False
+        raise
+    admit_pending(team.pk)
+    job.refresh_from_db()
+    transaction.on_commit(request_pass)
+    return job, True
+
+
+def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
+    """Cancel a job. A running attempt keeps its devices until its node confirms the child is gone."""
+    from strata.scheduling.tasks import request_pass
+
+    if job.terminal:
+        return job
+    with transaction.atomic():
+        try:
+            transition(job, [S.PENDING, S.QUEUED, S.SCHEDULED, S.RUNNING, S.PREEMPTED], S.CANCELLED, reason)
+        except InvalidTransition:
+            job.refresh_from_db()
+            return job
+        # An attempt no node has claimed yet is released at once; a claimed one keeps its devices until
+        # its node confirms the child process is gone.
+        for attempt in Attempt.objects.filter(job=job, ended_at__isnull=True, started_at__isnull=True):
+            _release(attempt, Attempt.Outcome.CANCELLED, "cancelled before it started")
+    transaction.on_commit(request_pass)
+    return job
+
+
+def job_resubmit(job: Job, *, user) -> Job:
+    data = {field: getattr(job, field) for field in
+            ("kind", "name", "spec", "resources", "priority", "max_attempts", "time_limit")}
+    new_job, _ = job_submit(user=user, team=job.team, data=data)
+    return new_job
+
+
+# --- the node-side attempt protocol ------------------------------------------------------------------------
+
+def attempt_for_node(attempt_id, fencing_token: str, node=None, *, lock: bool = False) -> Attempt:
+    queryset = Attempt.objects.select_related("job")
+    if lock:
+        queryset = queryset.select_for_update()
+    attempt = queryset.filter(pk=attempt_id).first()
+    if attempt is None or attempt.fencing_token != fencing_token:
+        raise StaleAttempt("unknown attempt or fencing token mismatch")
+    if node is not None and attempt.node_id != node.pk:
+        raise StaleAttempt("attempt belongs to another node")
+    if attempt.ended_at is not None:
+        raise StaleAttempt(f"attempt already ended ({attempt.outcome})")
+    return attempt
+
+
+def attempt_stop_requested(attempt: Attempt) -> bool:
+    return attempt.ended_at is not None or attempt.job.state in {S.CANCELLED, S.PREEMPTED} or \
+        attempt.job.state in {S.SUCCEEDED, S.FAILED}
+
+
+@transaction.atomic
+def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
+    """The node starts the attempt: SCHEDULED -> RUNNING. Claiming twice (a redelivered message) is fine."""
+    attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
+    if attempt.started_at is None:
+        attempt.started_at = timezone.now()
+        attempt.save(update_fields=["started_at"])
+    if attempt.job.state == S.SCHEDULED:
+        fields = {} if attempt.job.started_at else {"started_at": attempt.started_at}
+        transition(attempt.job, S.SCHEDULED, S.RUNNING, f"attempt {attempt.number} started on {node.name}", **fields)
+    return attempt
+
+
+def attempt_report(attempt: Attempt, *, logs=(), metrics=()) -> None:
+    """Append log lines and metric points sent by a running attempt."""
+    now = timezone.now()
+    limit = settings.STRATA_MAX_LOG_LINES_PER_JOB
+    if logs:
+        room = limit - LogLine.objects.filter(job_id=attempt.job_id).count()
+        lines = [LogLine(job_id=attempt.job_id, attempt=attempt, level=str(item.get("level", "info"))[:16],
+                         message=str(item.get("message", ""))[:10000], time=item.get("time") or now)
+                 for item in logs[: max(room, 0)]]
+        LogLine.objects.bulk_create(lines)
+    if metrics:
+        MetricPoint.objects.bulk_create([
+            MetricPoint(job_id=attempt.job_id, attempt=attempt, name=str(item["name"])[:100], step=int(item["step"]),
+                        value=float(item["value"]), time=item.get("time") or now)
+            for item in metrics
+        ])
+
+
+def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
+    """End an attempt and free its devices. False if it had already ended (someone else won)."""
+    ended = Attempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
+        ended_at=timezone.now(), outcome=outcome, exit_reason=reason[:500])
+    if ended:
+        Allocation.objects.filter(attempt=attempt).update(active=False)
+        job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
+                  attempt=attempt, outcome=outcome)
+    return bool(ended)
+
+
+def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: str = "") -> Job:
+    """The node reports that an attempt's child exited. Decides the job's next state."""
+    from strata.scheduling.tasks import request_pass
+
+    with transaction.atomic():
+        attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
+        job = attempt.job
+        job.refresh_from_db()
+        if job.state == S.CANCELLED:
+            outcome = Attempt.Outcome.CANCELLED
+        elif job.state == S.PREEMPTED:
+            outcome = Attempt.Outcome.PREEMPTED
+        _release(attempt, outcome, reason)
+        _after_attempt(job, attempt, outcome, reason)
+    transaction.on_commit(request_pass)
+    job.refresh_from_db()
+    return job
+
+
+def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str) -> None:
+    """Move the job on after its attempt ended with ``outcome``."""
+    O = Attempt.Outcome
+    if job.state == S.PREEMPTED:
+        transition(job, S.PREEMPTED, S.QUEUED, f"requeued after preemption ({reason or 'preempted'})")
+    elif job.state in {S.RUNNING, S.SCHEDULED}:
+        if outcome == O.SUCCEEDED:
+            transition(job, job.state, S.SUCCEEDED, "all steps finished")
+        elif outcome == O.NODE_LOST:
+            transition(job, job.state, S.QUEUED, f"requeued: {reason or 'node lost'}")
+        else:
+            failures = job.failures + 1
+            if failures < job.max_attempts and outcome != O.TIME_LIMIT:
+                transition(job, job.state, S.QUEUED,
+                           f"attempt {attempt.number} failed ({reason}); retrying ({failures}/{job.max_attempts})",
+                           failures=failures)
+            else:
+                transition(job, job.state, S.FAILED,
+                           f"attempt {attempt.number} failed ({reason}); {failures}/{job.max_attempts} attempts used",
+                           failures=failures)
+
+
+def attempt_lost(attempt: Attempt, reason: str) -> None:
+    """The node running ``attempt`` is gone: end it without counting a failure and requeue the job."""
+    with transaction.atomic():
+        if not _release(attempt, Attempt.Outcome.NODE_LOST, reason):
+            return
+        job = Job.objects.get(pk=attempt.job_id)
+        _after_attempt(job, attempt, Attempt.Outcome.NODE_LOST, reason)
+
+
+def artifact_store(attempt: Attempt, name: str, source: BinaryIO, kind: str = Artifact.Kind.ARTIFACT) -> Artifact:
+    storage = get_storage()
+    key = f"{attempt.job_id}/{kind}/{name}"
+    size, sha = storage.save(key, source, settings.STRATA_MAX_UPLOAD_BYTES)
+    artifact, _ = Artifact.objects.update_or_create(
+        job_id=attempt.job_id, kind=kind, name=name,
+        defaults={"attempt": attempt, "size": size, "sha256": sha, "storage_key": key, "created_at": timezone.now()},
+    )
+    if kind == Artifact.Kind.ARTIFACT:
+        job_event(attempt.job_id, "artifact", f"artifact {name} stored ({size} bytes)", attempt=attempt)
+    return artifact
+
+
+def job_holds_quota(job: Job) -> bool:
+    return job.state in ADMITTED_STATES

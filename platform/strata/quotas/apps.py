@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class QuotasConfig(AppConfig):
+    name = "strata.quotas"
+    label = "quotas"

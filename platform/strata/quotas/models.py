@@ -1,0 +1,21 @@
+"""Per-team limits. A null limit means unlimited."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from strata.accounts.models import Team
+
+
+class Quota(models.Model):
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
+    max_gpus = models.FloatField(null=True, blank=True, help_text="GPUs held at once (fractional).")
+    max_gpu_memory = models.BigIntegerField(null=True, blank=True, help_text="GPU memory held at once, bytes.")
+    max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
+    gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per rolling window.")
+    window_hours = models.FloatField(default=168.0, help_text="Length of the rolling GPU-hours window.")
+    priority = models.IntegerField(default=0, help_text="Added to the priority of the team's jobs.")
+    weight = models.FloatField(default=1.0, help_text="Fair-share weight across teams.")
+
+    def __str__(self) -> str:
+        return f"quota of {self.team}"

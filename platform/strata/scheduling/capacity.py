@@ -1,0 +1,154 @@
+"""An in-memory index of free device capacity, built once per scheduling pass.
+
+Shares are kept in thousandths so free capacity can be bucketed exactly; lookups are best-fit and cost
+O(distinct free levels) instead of a scan over every device, which keeps a pass over thousands of devices
+well under a second.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+FULL = 1000  # one whole device, in thousandths
+
+
+@dataclass
+class DeviceSlot:
+    id: int
+    node_id: object
+    index: int
+    memory_total: int
+    free: int = FULL  # thousandths of the device still free
+    free_memory: int = 0
+
+
+@dataclass
+class NodeSlot:
+    id: object
+    name: str
+    labels: dict
+    devices: list[DeviceSlot] = field(default_factory=list)
+
+
+def share_to_milli(share: float) -> int:
+    return max(1, min(FULL, round(share * FULL)))
+
+
+class CapacityIndex:
+    def __init__(self, nodes: list[NodeSlot]):
+        self.nodes = {node.id: node for node in nodes}
+        self.devices: dict[int, DeviceSlot] = {}
+        self._by_free: dict[int, set[int]] = defaultdict(set)  # free milli -> device ids
+        self._levels: list[int] = []  # sorted distinct free levels with devices in them
+        self._whole_free: dict[object, set[int]] = defaultdict(set)  # node -> fully free device ids
+        self._nodes_by_whole: dict[int, set[object]] = defaultdict(set)  # count -> nodes
+        for node in nodes:
+            for device in node.devices:
+                self.devices[device.id] = device
+                self._insert(device)
+            self._nodes_by_whole[len(self._whole_free[node.id])].add(node.id)
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def _insert(self, device: DeviceSlot) -> None:
+        if device.free <= 0:
+            return
+        bucket = self._by_free[device.free]
+        if not bucket:
+            bisect.insort(self._levels, device.free)
+        bucket.add(device.id)
+        if device.free == FULL:
+            self._whole_free[device.node_id].add(device.id)
+
+    def _remove(self, device: DeviceSlot) -> None:
+        if device.free <= 0:
+            return
+        bucket = self._by_free[device.free]
+        bucket.discard(device.id)
+        if not bucket:
+            position = bisect.bisect_left(self._levels, device.free)
+            if position < len(self._levels) and self._levels[position] == device.free:
+                self._levels.pop(position)
+        if device.free == FULL:
+            self._whole_free[device.node_id].discard(device.id)
+
+    def _adjust(self, device: DeviceSlot, delta_milli: int, delta_memory: int) -> None:
+        node_whole_before = len(self._whole_free[device.node_id])
+        self._remove(device)
+        device.free += delta_milli
+        device.free_memory += delta_memory
+        self._insert(device)
+        node_whole_after = len(self._whole_free[device.node_id])
+        if node_whole_before != node_whole_after:
+            self._nodes_by_whole[node_whole_before].discard(device.node_id)
+            self._nodes_by_whole[node_whole_after].add(device.node_id)
+
+    def take(self, device_id: int, milli: int, memory: int) -> None:
+        self._adjust(self.devices[device_id], -milli, -memory)
+
+    def give(self, device_id: int, milli: int, memory: int) -> None:
+        self._adjust(self.devices[device_id], milli, memory)
+
+    # -- lookups ----------------------------------------------------------------------------------------
+    def _node_ok(self, node_id, selector: dict | None, exclude) -> bool:
+        if exclude and node_id in exclude:
+            return False
+        if not selector:
+            return True
+        labels = self.nodes[node_id].labels
+        return all(str(labels.get(key)) == str(value) for key, value in selector.items())
+
+    def find_fraction(self, share: float, memory: int | None, selector=None, exclude=None):
+        """Best fit for one worker needing ``share`` (<= 1) of a device: (device, milli, memory) or None."""
+        milli = share_to_milli(share) if share > 0 else 0
+        start = bisect.bisect_left(self._levels, max(milli, 1))
+        for level in self._levels[start:]:
+            for device_id in self._by_free[level]:
+                device = self.devices[device_id]
+                need_milli = milli or share_to_milli((memory or 0) / max(device.memory_total, 1))
+                if need_milli > device.free:
+                    continue
+                need_memory = memory if memory is not None else device.memory_total * need_milli // FULL
+                if need_memory <= device.free_memory and self._node_ok(device.node_id, selector, exclude):
+                    return device, need_milli, need_memory
+        return None
+
+    def find_whole(self, count: int, memory: int | None, selector=None, exclude=None):
+        """Best fit for one worker needing ``count`` whole devices on one node: [(device, milli, memory)]."""
+        most = max((k for k, nodes in self._nodes_by_whole.items() if nodes), default=0)
+        for available in range(count, most + 1):
+            for node_id in self._nodes_by_whole.get(available, ()):
+                if not self._node_ok(node_id, selector, exclude):
+                    continue
+                chosen = []
+                for device_id in sorted(self._whole_free[node_id]):
+                    device = self.devices[device_id]
+                    need_memory = memory if memory is not None else device.memory_total
+                    if need_memory <= device.free_memory:
+                        chosen.append((device, FULL, need_memory))
+                    if len(chosen) == count:
+                        return chosen
+        return None
+
+    def place(self, resources: dict, selector=None):
+        """Gang placement: every worker gets devices, or nothing is taken. Returns [(rank, device, milli,
+        memory)] or None."""
+        gpus = float(resources.get("gpus", 0))
+        memory = resources.get("gpu_memory")
+        workers = int(resources.get("workers", 1))
+        taken: list[tuple[int, DeviceSlot, int, int]] = []
+        for rank in range(workers):
+            if gpus > 1:
+                found = self.find_whole(int(round(gpus)), memory, selector)
+            else:
+                one = self.find_fraction(gpus, memory, selector)
+                found = [one] if one else None
+            if not found:
+                for _, device, milli, used in taken:
+                    self.give(device.id, milli, used)
+                return None
+            for device, milli, used in found:
+                self.take(device.id, milli, used)
+                taken.append((rank, device, milli, used))
+        return taken

@@ -1,0 +1,309 @@
+"""The scheduler: admission, fair-share ordering, placement, preemption, dispatch, reaping, reconciling.
+
+One pass runs under a cluster-wide lock (a PostgreSQL advisory lock; SQLite's IMMEDIATE write lock),
+so passes triggered by submits and by the beat tick never interleave.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import secrets
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from strata.cluster.models import Device, Node
+from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
+from strata.jobs.services import attempt_lost
+from strata.jobs.states import InvalidTransition, transition
+from strata.quotas.models import Quota
+from strata.quotas.services import admit_pending, teams_with_pending
+from strata.scheduling.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot
+
+log = logging.getLogger(__name__)
+S = JobState
+_LOCK_KEY = 0x5757A7A
+
+
+@dataclass
+class PassResult:
+    admitted: int = 0
+    placed: int = 0
+    preempted: int = 0
+    waiting: int = 0
+    seconds: float = 0.0
+    dispatches: list[tuple[str, str, str]] = field(default_factory=list)  # (queue, attempt id, token)
+
+
+def _lock() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+
+
+def load_capacity(now=None) -> CapacityIndex:
+    now = now or timezone.now()
+    nodes = {
+        node.id: NodeSlot(id=node.id, name=node.name, labels=node.labels or {})
+        for node in Node.objects.filter(state=Node.State.UP, lease_expires_at__gt=now).only("id", "name", "labels")
+    }
+    devices = {}
+    for device_id, node_id, index, memory_total in Device.objects.filter(node_id__in=list(nodes)).values_list(
+        "id", "node_id", "index", "memory_total"
+    ):
+        slot = DeviceSlot(id=device_id, node_id=node_id, index=index, memory_total=memory_total,
+                          free_memory=memory_total)
+        devices[device_id] = slot
+        nodes[node_id].devices.append(slot)
+    for device_id, share, memory in Allocation.objects.filter(active=True, device_id__in=list(devices)).values_list(
+        "device_id", "share", "memory"
+    ):
+        slot = devices[device_id]
+        slot.free -= round(share * FULL)
+        slot.free_memory -= memory
+    return CapacityIndex(list(nodes.values()))
+
+
+def _queue_by_team(quotas: dict[int, Quota]) -> dict[int, deque]:
+    queues: dict[int, list] = defaultdict(list)
+    rows = Job.objects.filter(state=S.QUEUED).values_list("id", "team_id", "priority", "queued_at", "resources", "reason")
+    for job_id, team_id, priority, queued_at, resources, reason in rows:
+        boost = quotas[team_id].priority if team_id in quotas else 0
+        queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason))
+    return {team: deque(sorted(items, key=lambda item: (item[0], item[1]))) for team, items in queues.items()}
+
+
+def _held_by_team() -> dict[int, float]:
+    held: dict[int, float] = defaultdict(float)
+    for team_id, share in Attempt.objects.filter(ended_at__isnull=True).values_list("job__team_id", "gpu_share"):
+        held[team_id] += share
+    return held
+
+
+def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassResult:
+    """Admit pending jobs, then place queued jobs in priority and weighted fair-share order."""
+    started = time.perf_counter()
+    result = PassResult()
+    for team_id in teams_with_pending():
+        result.admitted += len(admit_pending(team_id))
+    with transaction.atomic():
+        _lock()
+        now = timezone.now()
+        quotas = {quota.team_id: quota for quota in Quota.objects.all()}
+        queues = _queue_by_team(quotas)
+        if not queues:
+            result.seconds = time.perf_counter() - started
+            return result
+        capacity = load_capacity(now)
+        held = _held_by_team()
+        weight = {team: max(quotas[team].weight if team in quotas else 1.0, 1e-6) for team in queues}
+        # Teams take turns: highest head priority first, then the lowest held share per unit of weight.
+        heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items()]
+        heapq.heapify(heap)
+        placements, waiting = [], {}
+        failed_shapes: list[tuple[float, int, int, str]] = []
+        preemption_budget = max_preemptions
+        while heap:
+            _, _, team = heapq.heappop(heap)
+            queue = queues[team]
+            neg_priority, _, job_id, resources, reason = queue.popleft()
+            gpus = float(resources.get("gpus", 0))
+            memory = int(resources.get("gpu_memory") or 0)
+            workers = int(resources.get("workers", 1))
+            selector = resources.get("node_labels") or None
+            key = repr(sorted(selector.items())) if selector else ""
+            # A request at least as large as one that already failed in this pass cannot fit either.
+            doomed = any(gpus >= g and memory >= m and workers >= w and key == k for g, m, w, k in failed_shapes)
+            taken = None if doomed else capacity.place(resources, selector)
+            if taken:
+                share = sum(milli for _, _, milli, _ in taken) / FULL
+                placements.append((job_id, taken, share))
+                held[team] += share
+            else:
+                if not doomed:
+                    failed_shapes.append((gpus, memory, workers, key))
+                why = "waiting: no node has free devices that fit"
+                if preemption_budget > 0 and workers == 1:
+                    preemption_budget -= 1
+                    victims = _preempt_for(job_id, -neg_priority, resources, selector, capacity, quotas)
+                    if victims:
+                        result.preempted += victims
+                        why = f"waiting: preempting {victims} lower-priority job(s)"
+                if reason != why:
+                    waiting[job_id] = why
+            if queue:
+                heapq.heappush(heap, (queue[0][0], held[team] / weight[team], team))
+        result.placed = len(placements)
+        result.waiting = len(waiting)
+        for job_id, why in waiting.items():
+            Job.objects.filter(pk=job_id, state=S.QUEUED).update(reason=why)
+        result.dispatches = _create_attempts(placements, now)
+        if dispatch and result.dispatches:
+            from strata.scheduling.dispatch import publish_all
+
+            batch = list(result.dispatches)
+            transaction.on_commit(lambda: publish_all(batch))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _create_attempts(placements, now) -> list[tuple[str, str, str]]:
+    if not placements:
+        return []
+    job_ids = [job_id for job_id, _, _ in placements]
+    numbers = dict(Attempt.objects.filter(job_id__in=job_ids).values("job_id").annotate(n=Max("number"))
+                   .values_list("job_id", "n"))
+    node_ids = {slot.node_id for _, taken, _ in placements for _, slot, _, _ in taken}
+    sessions = dict(Node.objects.filter(id__in=node_ids).values_list("id", "session"))
+    attempts, allocations, events, dispatches = [], [], [], []
+    for job_id, taken, share in placements:
+        primary = taken[0][1].node_id
+        attempt = Attempt(job_id=job_id, number=numbers.get(job_id, 0) + 1, node_id=primary,
+                          node_session=sessions[primary], fencing_token=secrets.token_hex(16), gpu_share=share,
+                          dispatched_at=now, published_at=now)
+        attempts.append(attempt)
+        for rank, slot, milli, memory in taken:
+            allocations.append(Allocation(attempt=attempt, device_id=slot.id, rank=rank, share=milli / FULL,
+                                          memory=memory))
+        where = ", ".join(sorted({f"{slot.index}" for _, slot, _, _ in taken}))
+        events.append(JobEvent(job_id=job_id, attempt=attempt, kind="state", data={"state": S.SCHEDULED},
+                               message=f"SCHEDULED: attempt {attempt.number} placed on devices {where} "
+                                       f"({share:g} GPU)"))
+        for node_id in dict.fromkeys(slot.node_id for _, slot, _, _ in taken):
+            dispatches.append((f"node.{node_id}", str(attempt.id), attempt.fencing_token))
+    changed = Job.objects.filter(pk__in=job_ids, state=S.QUEUED).update(
+        state=S.SCHEDULED, reason="placed; waiting for the node to start it", updated_at=now)
+    if changed != len(job_ids):  # cannot happen under the pass lock; refuse to double-book if it does
+        raise RuntimeError(f"scheduling race: {changed} of {len(job_ids)} jobs were still QUEUED")
+    Attempt.objects.bulk_create(attempts)
+    Allocation.objects.bulk_create(allocations)
+    JobEvent.objects.bulk_create(events)
+    return dispatches
+
+
+def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
+    """Preempt the fewest lower-priority attempts on one node so that ``job_id`` fits there. Attempts that
+    are already stopping (cancelled or preempted) count as free at no cost. Returns how many were preempted."""
+    active = (Allocation.objects.filter(active=True, device__node_id__in=list(capacity.nodes))
+              .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
+                           "attempt__job__state", "attempt__started_at", "device_id", "share", "memory"))
+    by_node: dict[object, dict] = defaultdict(dict)
+    for attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory in active:
+        effective = victim_priority + (quotas[team_id].priority if team_id in quotas else 0)
+        stopping = state in {S.CANCELLED, S.PREEMPTED}
+        if not stopping and effective >= priority:
+            continue
+        node_id = capacity.devices[device_id].node_id
+        entry = by_node[node_id].setdefault(attempt_id, {"job": victim_job, "stopping": stopping,
+                                                         "order": (not stopping, effective, -(started.timestamp() if started else 0)),
+                                                         "allocs": []})
+        entry["allocs"].append((device_id, round(share * FULL), memory))
+    best = None
+    for node_id, candidates in by_node.items():
+        ordered = sorted(candidates.values(), key=lambda c: c["order"])
+        freed, chosen = [], []
+        for candidate in ordered:
+            for device_id, milli, memory in candidate["allocs"]:
+                capacity.give(device_id, milli, memory)
+                freed.append((device_id, milli, memory))
+            chosen.append(candidate)
+            others = set(capacity.nodes) - {node_id}
+            if resources_fit(capacity, resources, selector, others):
+                cost = sum(1 for c in chosen if not c["stopping"])
+                if best is None or cost < best[0]:
+                    best = (cost, [c["job"] for c in chosen if not c["stopping"]])
+                break
+        for device_id, milli, memory in freed:
+            capacity.take(device_id, milli, memory)
+    if not best or not best[1]:
+        return 0
+    count = 0
+    for victim in best[1]:
+        try:
+            transition(victim, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"preempted by higher-priority job {job_id}")
+            count += 1
+        except InvalidTransition:
+            continue
+    return count
+
+
+def resources_fit(capacity: CapacityIndex, resources: dict, selector, exclude) -> bool:
+    gpus = float(resources.get("gpus", 0))
+    memory = resources.get("gpu_memory")
+    if gpus > 1:
+        return capacity.find_whole(int(round(gpus)), memory, selector, exclude) is not None
+    return capacity.find_fraction(gpus, memory, selector, exclude) is not None
+
+
+# --- reaper and reconciler ----------------------------------------------------------------------------------
+
+def reap(now=None) -> dict:
+    """Requeue the attempts of nodes whose lease expired (not counted as failures), and fail attempts that
+    overran their job's time limit by more than the grace period."""
+    now = now or timezone.now()
+    lost_nodes = list(Node.objects.filter(state=Node.State.UP, lease_expires_at__lte=now))
+    requeued = 0
+    for node in lost_nodes:
+        if Node.objects.filter(pk=node.pk, state=Node.State.UP, lease_expires_at__lte=now).update(
+                state=Node.State.DOWN):
+            log.warning("node %s missed its lease; requeueing its attempts", node.name)
+        requeued += release_node_attempts(node, "node lease expired")
+    overdue = 0
+    grace = timedelta(seconds=60)
+    for attempt in Attempt.objects.filter(ended_at__isnull=True, started_at__isnull=False).select_related("job"):
+        if attempt.started_at + timedelta(seconds=attempt.job.time_limit) + grace < now:
+            from strata.jobs.services import _after_attempt, _release
+
+            with transaction.atomic():
+                if _release(attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded (reaped)"):
+                    job = Job.objects.get(pk=attempt.job_id)
+                    _after_attempt(job, attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded")
+                    overdue += 1
+    return {"lost_nodes": len(lost_nodes), "requeued": requeued, "overdue": overdue}
+
+
+def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:
+    """End every active attempt that has a device on ``node`` (except those of session ``keep_session``)."""
+    attempts = Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node).distinct()
+    if keep_session is not None:
+        attempts = attempts.exclude(node_session=keep_session)
+    count = 0
+    for attempt in attempts:
+        attempt_lost(attempt, reason)
+        count += 1
+    return count
+
+
+def reconcile(now=None) -> int:
+    """Republish dispatches of attempts no node has claimed in a while: the broker may have lost them.
+    Duplicates are harmless because a claim is idempotent and fenced."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.STRATA_DISPATCH_REPUBLISH_SECONDS)
+    stale = list(Attempt.objects.filter(ended_at__isnull=True, started_at__isnull=True, published_at__lt=cutoff)
+                 .prefetch_related("allocations__device"))
+    dispatches = []
+    for attempt in stale:
+        for node_id in dict.fromkeys(a.device.node_id for a in attempt.allocations.all()):
+            dispatches.append((f"node.{node_id}", str(attempt.id), attempt.fencing_token))
+        Attempt.objects.filter(pk=attempt.pk).update(published_at=now)
+    if dispatches:
+        from strata.scheduling.dispatch import publish_all
+
+        publish_all(dispatches)
+        log.info("reconciler republished %d dispatches", len(dispatches))
+    return len(dispatches)
+
+
+def tick() -> dict:
+    """The beat: reap, reconcile, then a scheduling pass."""
+    reaped = reap()
+    republished = reconcile()
+    result = schedule_pass()
+    return {**reaped, "republished": republished, "placed": result.placed, "admitted": result.admitted}

@@ -1,0 +1,187 @@
+"""Django settings for the Strata control plane. Everything tunable comes from STRATA_* variables."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from components.runtime.broker import celery_broker_options
+from strata.conf import env_bool, env_float, env_int, env_list, env_str, strata_home
+
+HOME = strata_home()
+BASE_DIR = Path(__file__).resolve().parent
+
+
+def _secret_key() -> str:
+    configured = env_str("STRATA_SECRET_KEY")
+    if configured:
+        return configured
+    # Embedded deployments keep a generated key in the state directory so sessions survive restarts.
+    key_file = HOME / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(64))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("STRATA_DEBUG", False)
+ALLOWED_HOSTS = env_list("STRATA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("STRATA_CSRF_TRUSTED_ORIGINS", [])
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = env_bool("STRATA_SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "strata.accounts",
+    "strata.cluster",
+    "strata.quotas",
+    "strata.jobs",
+    "strata.scheduling",
+    "strata.telemetry",
+    "strata.api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "strata.api.middleware.BodySizeLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "strata.urls"
+WSGI_APPLICATION = "strata.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# --- database: SQLite in STRATA_HOME by default, STRATA_DATABASE_URL for PostgreSQL ----------------------
+DATABASE_URL = env_str("STRATA_DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(HOME / "strata.sqlite3"),
+            "OPTIONS": {
+                # IMMEDIATE takes the write lock at BEGIN, so concurrent admissions serialize instead of
+                # failing with "database is locked" on lock upgrade; WAL lets readers run alongside.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = str(HOME / "static")
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+LOGIN_URL = "/admin/login/"
+
+# --- request limits -----------------------------------------------------------------------------------
+STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024)
+STRATA_MAX_UPLOAD_BYTES = env_int("STRATA_MAX_UPLOAD_BYTES", 512 * 2**20, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
+
+# --- REST framework -------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "strata.accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "strata.api.pagination.StrataPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env_str("STRATA_THROTTLE_USER", "20000/hour"),
+        "submit": env_str("STRATA_THROTTLE_SUBMIT", "600/min"),
+    },
+    "EXCEPTION_HANDLER": "strata.api.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["strata.api.parsers.StrictJSONParser", "rest_framework.parsers.FormParser", "rest_framework.parsers.MultiPartParser"],
+    "NUM_PROXIES": env_int("STRATA_NUM_PROXIES", 0, minimum=0),
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Strata API",
+    "DESCRIPTION": "Submit and watch jobs, manage nodes, teams and quotas.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if env_str("STRATA_CACHE_URL"):
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": env_str("STRATA_CACHE_URL")}}
+
+# --- Celery ---------------------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("STRATA_BROKER_URL") or f"filesystem://{HOME / 'broker'}"
+CELERY_BROKER_OPTIONS = celery_broker_options(CELERY_BROKER_URL)
+# What nodes are told to connect to (the control plane may see the broker under another address).
+STRATA_NODE_BROKER_URL = env_str("STRATA_NODE_BROKER_URL") or CELERY_BROKER_URL
+
+# --- cluster behaviour ----------------------------------------------------------------------------------
+STRATA_NODE_LEASE_SECONDS = env_float("STRATA_NODE_LEASE_SECONDS", 15.0, minimum=1.0)
+STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.1)
+STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
+STRATA_DISPATCH_REPUBLISH_SECONDS = env_float("STRATA_DISPATCH_REPUBLISH_SECONDS", 30.0, minimum=1.0)
+STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
+STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifacts")))
+STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
+STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
+STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
+STRATA_PUBLIC_URL = env_str("STRATA_PUBLIC_URL", "http://127.0.0.1:8000")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("STRATA_LOG_LEVEL", "INFO")},
+    "loggers": {"django.server": {"level": "WARNING"}, "waitress.queue": {"level": "ERROR"}},
+}
+STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
+STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)
