@@ -49,6 +49,8 @@ def celery_broker_options(url: str) -> dict:
             "broker_url": url,
             "broker_transport_options": {"visibility_timeout": 8 * 86400, "polling_interval": 0.05},
         }
+    if parsed.scheme == "memory":  # in-process only: unit tests, and importing the worker module unconfigured
+        return {"broker_url": url, "broker_transport_options": {}}
     if parsed.scheme in {"amqp", "amqps", "pyamqp"}:
         return {"broker_url": url, "broker_transport_options": {}}
     raise ValueError(f"unsupported broker URL scheme {parsed.scheme!r}: use filesystem://, redis:// or amqp://")

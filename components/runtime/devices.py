@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_VIRTUAL_GPU_MEMORY = 8 * 2**30
 CUDA_PROBE_TIMEOUT_S = 120
+# CPU times advance in clock ticks (10 ms): shorter intervals between samples give noise, not information.
+MIN_SAMPLE_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -94,12 +96,12 @@ print(json.dumps(found))
 def _probe_cuda() -> list[DeviceInfo]:
     """CUDA devices as torch sees them, probed in a subprocess so that this process stays fork-safe."""
     try:
-        import torch  # noqa: F401 -- only to know whether probing can find anything
+        import torch
     except ImportError:
         return []
-    import torch
-
-    if torch.cuda.is_initialized():  # CUDA is already up here: no fork-safety to preserve
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return []  # a CPU-only build of torch: nothing to probe
+    if torch.cuda.is_initialized():  # CUDA is already up here: no fork-safety left to preserve
         return _cuda_devices_in_process()
     try:
         completed = subprocess.run(
@@ -113,7 +115,12 @@ def _probe_cuda() -> list[DeviceInfo]:
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as error:
         log.warning("probing CUDA in a subprocess failed (%s); probing in process", error)
         return _cuda_devices_in_process()
-    return [DeviceInfo("cuda", index, name, memory, uuid) for index, name, memory, uuid in found]
+    return [DeviceInfo("cuda", index, name, memory, _nvml_uuid(uuid)) for index, name, memory, uuid in found]
+
+
+def _nvml_uuid(uuid: str) -> str:
+    """torch prints a device UUID bare; NVML wants it as "GPU-<uuid>"."""
+    return uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
 
 
 def _cuda_devices_in_process() -> list[DeviceInfo]:
@@ -124,7 +131,7 @@ def _cuda_devices_in_process() -> list[DeviceInfo]:
     devices = []
     for index in range(torch.cuda.device_count()):
         properties = torch.cuda.get_device_properties(index)
-        uuid = str(getattr(properties, "uuid", ""))
+        uuid = _nvml_uuid(str(getattr(properties, "uuid", "")))
         devices.append(DeviceInfo("cuda", index, properties.name, int(properties.total_memory), uuid))
     return devices
 
@@ -135,7 +142,7 @@ _lock = threading.Lock()
 # psutil.Process objects by pid, and the CPU time each had at the previous sample. psutil's Process checks
 # its creation time, so a reused pid shows up as a different process and is replaced.
 _processes: dict[int, Any] = {}
-_cpu_seen: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, monotonic time)
+_cpu_seen: dict[int, tuple[float, float, float]] = {}  # pid -> (cpu seconds, monotonic time, percent)
 _nvml: Any = None  # the pynvml module once initialised, False when unavailable
 
 
@@ -178,12 +185,15 @@ def _sample_virtual(device: DeviceInfo, pids: list[int], now: float, tracked: se
                 rss += process.memory_info().rss
                 previous = _cpu_seen.get(pid)
                 if previous is None:
-                    # Average over the process's life so a first sample is meaningful.
-                    elapsed = max(time.time() - process.create_time(), 1e-3)
-                    cpu_percent += 100.0 * cpu / elapsed
+                    # Average over the process's life so that a first sample is meaningful.
+                    percent = 100.0 * cpu / max(time.time() - process.create_time(), 1e-3)
+                    _cpu_seen[pid] = (cpu, now, percent)
+                elif now - previous[1] < MIN_SAMPLE_INTERVAL_S:
+                    percent = previous[2]  # too soon for the clock-tick granularity of CPU times
                 else:
-                    cpu_percent += 100.0 * max(cpu - previous[0], 0.0) / max(now - previous[1], 1e-3)
-                _cpu_seen[pid] = (cpu, now)
+                    percent = 100.0 * max(cpu - previous[0], 0.0) / (now - previous[1])
+                    _cpu_seen[pid] = (cpu, now, percent)
+                cpu_percent += percent
                 tracked.add(pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -238,11 +248,7 @@ def _sample_cuda(device: DeviceInfo) -> dict[str, Any]:
     nvml = _nvml_module()
     if nvml:
         try:
-            handle = (
-                nvml.nvmlDeviceGetHandleByUUID(device.uuid)
-                if device.uuid.startswith("GPU-")
-                else nvml.nvmlDeviceGetHandleByIndex(device.index)
-            )
+            handle = _nvml_handle(nvml, device)
             sample["utilization"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             sample["memory_used"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
             return sample
@@ -255,6 +261,16 @@ def _sample_cuda(device: DeviceInfo) -> dict[str, Any]:
             free, total = torch.cuda.mem_get_info(device.index)
             sample["memory_used"] = int(total - free)
     return sample
+
+
+def _nvml_handle(nvml, device: DeviceInfo):
+    # NVML numbers all GPUs while CUDA numbers the visible ones: the UUID is the reliable key.
+    if device.uuid:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(device.uuid)
+        except nvml.NVMLError:
+            pass
+    return nvml.nvmlDeviceGetHandleByIndex(device.index)
 
 
 def _nvml_module():

@@ -93,7 +93,8 @@ def fit_line(ctx: Context) -> None:
         ctx.log(f"resumed at step {step}")
 
     def save() -> None:
-        ctx.checkpoint({"weight": weight.detach(), "bias": bias.detach(), "optimizer": optimizer.state_dict(), "step": step})
+        state = {"weight": weight.detach(), "bias": bias.detach(), "optimizer": optimizer.state_dict()}
+        ctx.checkpoint({**state, "step": step})
 
     while step < steps:
         if ctx.should_stop():
@@ -105,7 +106,7 @@ def fit_line(ctx: Context) -> None:
         optimizer.step()
         step += 1
         if step % spec["log_every"] == 0 or step == steps:
-            ctx.metrics({"loss": float(loss)}, step)
+            ctx.metrics({"loss": float(loss.detach())}, step)
         if step % spec["checkpoint_every"] == 0:
             save()
-    ctx.log(f"fit y = {float(weight):.3f} x + {float(bias):.3f} in {steps} steps")
+    ctx.log(f"fit y = {weight.item():.3f} x + {bias.item():.3f} in {steps} steps")

@@ -114,6 +114,7 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = str(HOME / "static")
+(HOME / "static").mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/admin/login/"
@@ -181,7 +182,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("STRATA_LOG_LEVEL", "INFO")},
-    "loggers": {"django.server": {"level": "WARNING"}, "waitress.queue": {"level": "ERROR"}},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "waitress.queue": {"level": "ERROR"},
+        "kombu.connection": {"level": "ERROR"},  # the embedded broker has no host name to announce
+    },
 }
 STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)

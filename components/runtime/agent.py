@@ -1,0 +1,167 @@
+"""The node agent behind ``strata node``: registers the node, heartbeats, and supervises the node's Celery
+worker (and, later, long-lived component services).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.runtime.client import ApiError, ControlPlaneClient
+
+log = logging.getLogger("strata.node")
+
+
+@dataclass
+class NodeOptions:
+    server: str
+    token: str
+    name: str = field(default_factory=socket.gethostname)
+    virtual_gpus: int | None = None
+    virtual_gpu_memory: int = 8 * 2**30
+    labels: dict = field(default_factory=dict)
+    state_dir: Path = field(default_factory=lambda: Path.home() / ".strata" / "node")
+    slots: int | None = None
+    broker_url: str | None = None
+    address: str = "127.0.0.1"
+
+
+class NodeAgent:
+    def __init__(self, options: NodeOptions):
+        self.options = options
+        self.client = ControlPlaneClient(options.server, options.token, retries=2, timeout=15)
+        self.state_dir = Path(options.state_dir).expanduser().resolve()
+        (self.state_dir / "running").mkdir(parents=True, exist_ok=True)
+        self.worker: subprocess.Popen | None = None
+        self.registration: dict = {}
+        self.stopping = False
+        from components.runtime.devices import detect_devices
+
+        self.devices = detect_devices(options.virtual_gpus, options.virtual_gpu_memory)
+
+    # -- registration --------------------------------------------------------------------------------------
+    def register(self, wait: float = 120.0) -> dict:
+        body = {
+            "name": self.options.name, "hostname": socket.gethostname(), "address": self.options.address,
+            "labels": {k: str(v) for k, v in self.options.labels.items()},
+            "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_total": d.memory_total}
+                        for d in self.devices],
+            "info": {"python": sys.version.split()[0], "pid": os.getpid()},
+        }
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.registration = self.client.post("node/register/", body)
+                break
+            except ApiError as error:
+                if error.status not in (0, 502, 503, 504) or time.monotonic() > deadline:
+                    raise
+                log.info("control plane not reachable yet (%s); retrying", error.message)
+                time.sleep(1.0)
+        log.info("registered node %s (%s) with %d %s device(s)", self.options.name, self.registration["node"],
+                 len(self.devices), "virtual" if all(d.virtual for d in self.devices) else "CUDA")
+        return self.registration
+
+    # -- the Celery worker ---------------------------------------------------------------------------------
+    def _worker_config(self) -> Path:
+        path = self.state_dir / "worker.json"
+        config = {"server": self.options.server, "node_token": self.options.token,
+                  "node": self.registration["node"], "state_dir": str(self.state_dir),
+                  "broker_url": self.options.broker_url or self.registration["broker_url"]}
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    def start_worker(self) -> None:
+        for stale in (self.state_dir / "running").glob("*.json"):
+            stale.unlink(missing_ok=True)
+        slots = self.options.slots or max(2, 2 * len(self.devices))
+        env = {**os.environ, "STRATA_NODE_CONFIG": str(self._worker_config())}
+        command = [sys.executable, "-m", "celery", "-A", "components.runtime.worker", "worker",
+                   "-Q", self.registration["queue"], "-n", f"{self.options.name}@%h", "--concurrency", str(slots),
+                   "--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                   "--loglevel", "WARNING"]
+        from components.runtime.worker import _set_parent_death_signal
+
+        self.worker = subprocess.Popen(command, env=env, preexec_fn=_set_parent_death_signal)
+        log.info("worker started on queue %s with %d slots (pid %d)", self.registration["queue"], slots,
+                 self.worker.pid)
+
+    def stop_worker(self) -> None:
+        if self.worker is None or self.worker.poll() is not None:
+            return
+        self.worker.send_signal(signal.SIGQUIT)  # cold shutdown: unacked messages go back to the broker
+        try:
+            self.worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait()
+
+    # -- heartbeats ----------------------------------------------------------------------------------------
+    def running(self) -> dict[str, dict[int, list[int]]]:
+        running = {}
+        for path in (self.state_dir / "running").glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            running[data["attempt"]] = {int(k): v for k, v in data.get("pids", {}).items()}
+        return running
+
+    def heartbeat(self) -> dict:
+        from components.runtime.devices import sample_devices
+
+        running = self.running()
+        pids: dict[int, list[int]] = {}
+        for by_device in running.values():
+            for index, device_pids in by_device.items():
+                pids.setdefault(index, []).extend(device_pids)
+        samples = sample_devices(self.devices, pids)
+        return self.client.post("node/heartbeat/", {
+            "node": self.registration["node"], "session": self.registration["session"],
+            "samples": [{"index": s["index"], "utilization": s["utilization"], "memory_used": s["memory_used"]}
+                        for s in samples],
+            "attempts": list(running),
+        })
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.register()
+        self.start_worker()
+        interval = float(self.registration.get("heartbeat_seconds", 3.0))
+        try:
+            while not self.stopping:
+                try:
+                    self.heartbeat()
+                except ApiError as error:
+                    if error.status == 409:  # our session was replaced or expired: start a new one
+                        log.warning("%s; registering again", error.message)
+                        self.stop_worker()
+                        self.register()
+                        self.start_worker()
+                    else:
+                        log.warning("heartbeat failed: %s", error.message)
+                if self.worker is not None and self.worker.poll() is not None and not self.stopping:
+                    log.error("worker exited with %s; restarting it", self.worker.returncode)
+                    self.start_worker()
+                self._sleep(interval)
+        finally:
+            self.stop_worker()
+        return 0
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.2, seconds))
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True

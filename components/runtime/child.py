@@ -1,0 +1,80 @@
+"""Entry point of an attempt's child process: ``python -m components.runtime.child`` with a JSON payload on
+stdin. Runs one worker (rank) of one attempt through the component registry.
+
+Exit codes: 0 the component returned; 1 it raised; 3 it stopped early because it was asked to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 3
+
+
+def _watch_parent(context) -> None:
+    """Exit when the worker that started us dies, so no orphan keeps a device busy."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            context.request_stop()
+            time.sleep(5.0)
+            os._exit(EXIT_STOPPED)
+
+
+def _limit_cuda_memory(payload: dict) -> None:
+    device = payload["device"]
+    if device and device["kind"] == "cuda" and device["share"] < 1.0:
+        import torch
+
+        # Real enforcement on a shared GPU: the caching allocator refuses to grow past the share.
+        torch.cuda.set_per_process_memory_fraction(device["share"], 0)
+
+
+def main() -> int:
+    payload = json.loads(sys.stdin.read())
+    from components.runtime.client import ControlPlaneClient
+    from components.runtime.context import DeviceHandle
+    from components.runtime.registry import load_component
+    from components.runtime.remote import RemoteContext
+
+    device = payload["device"]
+    devices = []
+    if device:
+        # CUDA_VISIBLE_DEVICES was narrowed to the granted device, so it is cuda:0 in here.
+        devices = [DeviceHandle(kind=device["kind"], index=0 if device["kind"] == "cuda" else device["index"],
+                                memory=int(device["memory"]), share=float(device["share"]))]
+    client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
+    context = RemoteContext(job_id=payload["job"], attempt_id=payload["attempt"], spec=payload["spec"],
+                            devices=devices, rank=payload["rank"], world_size=payload["world_size"],
+                            client=client, node_id=payload["node"], token=payload["fencing_token"])
+    signal.signal(signal.SIGTERM, lambda *_: context.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: context.request_stop())
+    threading.Thread(target=_watch_parent, args=(context,), daemon=True).start()
+    context.start()
+    code = EXIT_OK
+    try:
+        _limit_cuda_memory(payload)
+        component = load_component(payload["kind"])
+        context.log(f"attempt {payload['number']} rank {payload['rank']} starting on "
+                    f"{devices[0].kind + ':' + str(device['index']) if devices else 'cpu'}")
+        component.run(context)
+        if context.should_stop():
+            code = EXIT_STOPPED
+    except BaseException as error:  # report every failure, including KeyboardInterrupt/SystemExit from user code
+        context.log("".join(traceback.format_exception(error)).rstrip(), level="error")
+        print(f"{error.__class__.__name__}: {error}", file=sys.stderr, flush=True)
+        code = EXIT_FAILED
+    finally:
+        context.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

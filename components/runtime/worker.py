@@ -1,0 +1,205 @@
+"""The node's Celery worker: runs each dispatched attempt in child processes it can stop and kill.
+
+Started by the node agent (``strata node``) with ``STRATA_NODE_CONFIG`` pointing at a JSON file holding
+the control-plane URL, the node token, the node id and the broker URL. Consumes only the node's own queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from celery import Celery
+
+from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
+from components.runtime.client import ApiError, ControlPlaneClient
+
+log = logging.getLogger("strata.node.worker")
+STOP_GRACE_SECONDS = float(os.environ.get("STRATA_STOP_GRACE_SECONDS", "10"))
+POLL_SECONDS = float(os.environ.get("STRATA_ATTEMPT_POLL_SECONDS", "1.0"))
+
+
+def load_config() -> dict:
+    path = os.environ.get("STRATA_NODE_CONFIG")
+    if not path:
+        return {}
+    return json.loads(Path(path).read_text())
+
+
+CONFIG = load_config()
+app = Celery("strata-node")
+app.conf.update(**COMMON_CELERY_SETTINGS, **celery_broker_options(CONFIG.get("broker_url", "memory://")))
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGKILL this child if the worker process that started it dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class AttemptRunner:
+    """Runs the ranks of one attempt that live on this node, and reports how they ended."""
+
+    def __init__(self, config: dict, attempt_id: str, token: str):
+        self.config = config
+        self.attempt_id = attempt_id
+        self.token = token
+        self.client = ControlPlaneClient(config["server"], config["node_token"], retries=5)
+        self.children: list[tuple[dict, subprocess.Popen]] = []
+        self.tail: deque[str] = deque(maxlen=20)
+        self.pending_logs: list[dict] = []
+        self.logs_lock = threading.Lock()
+        self.running_file = Path(config["state_dir"]) / "running" / f"{attempt_id}.json"
+
+    def _auth(self) -> dict:
+        return {"node": self.config["node"], "token": self.token}
+
+    def _path(self, suffix: str) -> str:
+        return f"node/attempts/{self.attempt_id}/{suffix}"
+
+    def claim(self) -> dict | None:
+        try:
+            return self.client.post(self._path("claim/"), self._auth())
+        except ApiError as error:
+            if error.status in (404, 409):
+                log.info("attempt %s is no longer runnable: %s", self.attempt_id, error)
+                return None
+            raise
+
+    def _pump(self, stream, rank: int) -> None:
+        for line in iter(stream.readline, ""):
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            with self.logs_lock:
+                self.pending_logs.append({"level": "stdout", "message": f"[rank {rank}] {line}"})
+        stream.close()
+
+    def start(self, claim: dict) -> None:
+        mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
+        ranks = sorted({a["rank"] for a in mine}) or [0]
+        for rank in ranks:
+            devices = [a["device"] for a in mine if a["rank"] == rank]
+            device = devices[0] if devices else None
+            env = dict(os.environ)
+            env.pop("STRATA_NODE_CONFIG", None)
+            env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + int(self.attempt_id[:4], 16) % 20000)})
+            cuda = [str(d["index"]) for d in devices if d["kind"] == "cuda"]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda) if cuda else ""
+            payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
+                       "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device}
+            child = subprocess.Popen([sys.executable, "-m", "components.runtime.child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=_set_parent_death_signal)
+            child.stdin.write(json.dumps(payload))
+            child.stdin.close()
+            threading.Thread(target=self._pump, args=(child.stdout, rank), daemon=True).start()
+            self.children.append((device, child))
+        self.running_file.parent.mkdir(parents=True, exist_ok=True)
+        pids: dict[str, list[int]] = {}
+        for device, child in self.children:
+            if device is not None:
+                pids.setdefault(str(device["index"]), []).append(child.pid)
+        self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "pids": pids}))
+
+    def _poll(self) -> bool:
+        """Send buffered output; return True if the control plane wants the attempt stopped."""
+        with self.logs_lock:
+            logs, self.pending_logs = self.pending_logs, []
+        try:
+            answer = self.client.post(self._path("report/"), {**self._auth(), "logs": logs}, retries=1)
+        except ApiError as error:
+            if error.status == 409:
+                return True
+            with self.logs_lock:
+                self.pending_logs[:0] = logs
+            return False
+        return bool(answer and answer.get("stop"))
+
+    def _signal_all(self, sig: int) -> None:
+        for _, child in self.children:
+            if child.poll() is None:
+                try:
+                    os.kill(child.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def supervise(self, time_limit: float) -> tuple[str, str]:
+        """Wait for the children; stop them on request or at the time limit. Returns (outcome, reason)."""
+        started = time.monotonic()
+        stop_sent_at = None
+        stop_reason = ""
+        next_poll = 0.0
+        while any(child.poll() is None for _, child in self.children):
+            now = time.monotonic()
+            if stop_sent_at is None:
+                if now - started > time_limit:
+                    stop_reason = "time_limit"
+                elif now >= next_poll:
+                    next_poll = now + POLL_SECONDS
+                    if self._poll():
+                        stop_reason = "stopped"
+                if stop_reason:
+                    self._signal_all(signal.SIGTERM)
+                    stop_sent_at = now
+            elif now - stop_sent_at > STOP_GRACE_SECONDS:
+                self._signal_all(signal.SIGKILL)
+            time.sleep(0.05)
+        self._poll()
+        codes = [child.returncode for _, child in self.children]
+        if stop_reason == "time_limit":
+            return "time_limit", f"time limit of {time_limit:g} s exceeded"
+        if stop_reason:
+            return "failed", "stopped at the control plane's request"
+        if all(code == 0 for code in codes):
+            return "succeeded", ""
+        bad = next(code for code in codes if code != 0)
+        detail = next((line for line in reversed(self.tail) if line.strip()), "")
+        if bad < 0:
+            return "failed", f"killed by signal {-bad}. {detail}"[:500]
+        return "failed", f"exit code {bad}: {detail}"[:500]
+
+    def finish(self, outcome: str, reason: str) -> None:
+        try:
+            self.client.post(self._path("finish/"), {**self._auth(), "outcome": outcome, "reason": reason})
+        except ApiError as error:
+            # Not retried from here: the lease reaper settles an attempt whose end could not be reported.
+            log.warning("finish of %s not recorded: %s", self.attempt_id, error)
+        finally:
+            self.running_file.unlink(missing_ok=True)
+
+    def kill_all(self) -> None:
+        self._signal_all(signal.SIGKILL)
+        self.running_file.unlink(missing_ok=True)
+
+
+@app.task(name="strata.node.run_attempt", acks_late=True, reject_on_worker_lost=True)
+def run_attempt(attempt_id: str, token: str) -> str:
+    runner = AttemptRunner(CONFIG, attempt_id, token)
+    claim = runner.claim()
+    if claim is None:
+        return "stale"
+    if claim["stop"]:
+        runner.finish("failed", "stopped before it started")
+        return "stopped"
+    try:
+        runner.start(claim)
+        outcome, reason = runner.supervise(float(claim["time_limit"]))
+    except BaseException:
+        runner.kill_all()
+        raise
+    runner.finish(outcome, reason)
+    log.info("attempt %s ended: %s %s", attempt_id, outcome, reason)
+    return outcome

@@ -1,0 +1,150 @@
+"""CLI commands that talk to the control plane over REST: submit, jobs, logs, cancel, quota, token."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from components.runtime.client import ApiError, ControlPlaneClient
+from strata.cli.config import client_settings
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def _client(args) -> ControlPlaneClient:
+    url, token = client_settings(getattr(args, "url", None), getattr(args, "token", None))
+    return ControlPlaneClient(url, token, retries=3)
+
+
+def load_job_file(path: str) -> dict:
+    source = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        data = yaml.safe_load(source)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML or JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping with at least 'kind' and 'spec'")
+    return data
+
+
+def submit(args) -> int:
+    client = _client(args)
+    body = load_job_file(args.file)
+    if args.team:
+        body["team"] = args.team
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+    job = client.post("jobs/", body, headers=headers)
+    print(f"submitted job {job['id']} ({job['name']}): {job['state']}", flush=True)
+    if not args.wait:
+        return 0
+    return wait_for_job(client, job["id"], timeout=args.timeout)
+
+
+def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None = None) -> int:
+    started = time.monotonic()
+    last_state, last_step, after = None, None, 0
+    while True:
+        job = client.get(f"jobs/{job_id}/")
+        if job["state"] != last_state:
+            reason = f" ({job['reason']})" if job["reason"] else ""
+            print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
+            last_state = job["state"]
+        points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
+        if points:
+            after = points[-1]["id"]
+            step = max(p["step"] for p in points)
+            if step != last_step:
+                latest = {p["name"]: p["value"] for p in points if p["step"] == step}
+                shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(latest.items()))
+                print(f"[{time.monotonic() - started:6.1f}s]   step {step}: {shown}", flush=True)
+                last_step = step
+        if job["state"] in TERMINAL:
+            return 0 if job["state"] == "SUCCEEDED" else 1
+        if timeout and time.monotonic() - started > timeout:
+            print(f"strata: error: job {job_id} did not finish within {timeout:g} s (still {job['state']})",
+                  file=sys.stderr)
+            return 1
+        time.sleep(1.0)
+
+
+def jobs(args) -> int:
+    params = {k: v for k, v in {"state": args.state, "kind": args.kind, "team": args.team}.items() if v}
+    page = _client(args).get("jobs/", params={**params, "page_size": args.limit})
+    if args.json:
+        print(json.dumps(page["results"], indent=2))
+        return 0
+    print(f"{'ID':36}  {'NAME':24} {'KIND':8} {'TEAM':12} {'STATE':10} REASON")
+    for job in page["results"]:
+        print(f"{job['id']:36}  {job['name'][:24]:24} {job['kind'][:8]:8} {job['team'][:12]:12} "
+              f"{job['state']:10} {job['reason'][:60]}")
+    return 0
+
+
+def logs(args) -> int:
+    client = _client(args)
+    after = 0
+    while True:
+        lines = client.get(f"jobs/{args.job}/logs/", params={"after": after})
+        for line in lines:
+            print(line["message"], flush=True)
+        if lines:
+            after = lines[-1]["id"]
+            continue
+        if not args.follow or client.get(f"jobs/{args.job}/")["state"] in TERMINAL:
+            return 0
+        time.sleep(1.0)
+
+
+def cancel(args) -> int:
+    job = _client(args).post(f"jobs/{args.job}/cancel/")
+    print(f"job {job['id']}: {job['state']}")
+    return 0
+
+
+def _parse_assignments(pairs: list[str]) -> dict:
+    changes = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects field=value, got {pair!r}")
+        changes[name] = None if value.lower() in {"", "none", "null", "unlimited"} else yaml.safe_load(value)
+    return changes
+
+
+def quota(args) -> int:
+    client = _client(args)
+    if args.set:
+        if not args.team:
+            raise ValueError("--set needs a team: strata quota TEAM --set max_gpus=4")
+        client.request("PATCH", f"quotas/{args.team}/", json=_parse_assignments(args.set))
+    teams = [args.team] if args.team else [q["team"] for q in client.get("quotas/")["results"]]
+    for team in teams:
+        answer = client.get(f"quotas/{team}/usage/")
+        quota, usage = answer["quota"], answer["usage"]
+        print(f"team {team}")
+        for field, used in (("max_concurrent_jobs", usage["jobs"]), ("max_gpus", usage["gpus"]),
+                            ("max_gpu_memory", usage["gpu_memory"]), ("gpu_hours", usage["gpu_hours_window"])):
+            limit = quota[field]
+            print(f"  {field:20} {used:>10.4g} / {'unlimited' if limit is None else limit}")
+        print(f"  {'priority':20} {quota['priority']:>10}   weight {quota['weight']:g}   pending {usage['pending']}")
+    return 0
+
+
+def token_create(args) -> int:
+    body = {"name": args.name or "", "kind": args.kind}
+    if args.team:
+        body["team"] = args.team
+    if args.ttl_days:
+        body["ttl_days"] = args.ttl_days
+    answer = _client(args).post("tokens/", body)
+    print(answer["token"])
+    print(f"({answer['kind']} token {answer['prefix']}, expires {answer['expires_at']}; shown only once)",
+          file=sys.stderr)
+    return 0
+
+
+__all__ = ["ApiError", "submit", "jobs", "logs", "cancel", "quota", "token_create", "wait_for_job"]

@@ -1,0 +1,116 @@
+"""The ``strata`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description="Strata: a deep-learning cluster platform.")
+    parser.add_argument("--url", help="control plane URL (default: STRATA_URL or the config file)")
+    parser.add_argument("--token", help="API token (default: STRATA_TOKEN or the config file)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="run everything on this machine (control plane, scheduler, a node)")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--home", help="state directory (default: STRATA_HOME or ~/.strata)")
+    up.add_argument("--virtual-gpus", type=int, default=2, help="virtual GPUs on the local node (0: no node)")
+    up.add_argument("--virtual-gpu-memory", default="8GiB")
+    up.add_argument("--node-name", default="local")
+
+    server = commands.add_parser("server", help="run the API and web server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--threads", type=int, default=16)
+
+    scheduler = commands.add_parser("scheduler", help="run the scheduler (Celery worker with beat)")
+    scheduler.add_argument("--loglevel", default="WARNING")
+
+    node = commands.add_parser("node", help="run a node agent on this machine")
+    node.add_argument("--server", required=True, help="control plane URL")
+    node.add_argument("--token", dest="token", help="node token (or STRATA_NODE_TOKEN)")
+    node.add_argument("--name", help="node name (default: the host name)")
+    node.add_argument("--virtual-gpus", type=int, help="expose N virtual GPUs instead of CUDA devices")
+    node.add_argument("--virtual-gpu-memory", default="8GiB")
+    node.add_argument("--label", action="append", help="node label key=value (repeatable)")
+    node.add_argument("--state-dir")
+    node.add_argument("--slots", type=int, help="concurrent attempts (default: 2 per device)")
+    node.add_argument("--broker", help="broker URL (default: the one the control plane announces)")
+
+    token = commands.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
+    create = token.add_parser("create", help="create a token (printed once)")
+    create.add_argument("--team")
+    create.add_argument("--name")
+    create.add_argument("--kind", choices=["user", "node"], default="user")
+    create.add_argument("--ttl-days", type=float)
+    create.add_argument("--local", action="store_true", help="write to the local database instead of the API")
+    create.add_argument("--user", default="admin", help="with --local: the token's user")
+
+    submit = commands.add_parser("submit", help="submit a job from a YAML or JSON file ('-' for stdin)")
+    submit.add_argument("file")
+    submit.add_argument("--wait", action="store_true", help="wait and exit 0 only if the job SUCCEEDED")
+    submit.add_argument("--team")
+    submit.add_argument("--idempotency-key")
+    submit.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+
+    jobs = commands.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--state")
+    jobs.add_argument("--kind")
+    jobs.add_argument("--team")
+    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--json", action="store_true")
+
+    logs = commands.add_parser("logs", help="print a job's logs")
+    logs.add_argument("job")
+    logs.add_argument("-f", "--follow", action="store_true")
+
+    cancel = commands.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job")
+
+    quota = commands.add_parser("quota", help="show quotas and usage; admins: --set field=value")
+    quota.add_argument("team", nargs="?")
+    quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
+
+    bench = commands.add_parser("bench", help="run a benchmark")
+    bench.add_argument("component", help="what to measure, e.g. control-plane")
+    bench.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
+    bench.add_argument("--output", help="also write the results as JSON here")
+    return parser
+
+
+def dispatch(args) -> int:
+    from strata.cli import client_commands as client
+    from strata.cli import server_commands as local
+
+    if args.command == "token":
+        return local.token_create_local(args) if args.local else client.token_create(args)
+    if args.command == "bench":
+        from strata.bench import run_benchmark
+
+        return run_benchmark(args.component, quick=args.quick, output=args.output)
+    handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
+                "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
+                "quota": client.quota}
+    return handlers[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from django.core.exceptions import ImproperlyConfigured
+
+    from components.runtime.client import ApiError
+    from strata.cli.config import ConfigError
+
+    try:
+        return dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ApiError, ConfigError, ImproperlyConfigured, ValueError, FileNotFoundError, PermissionError,
+            RuntimeError) as error:
+        print(f"strata: error: {error}", file=sys.stderr)
+        return 2 if not isinstance(error, ApiError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""CLI commands that run parts of the platform: up, server, scheduler, node, and local token creation."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+
+def _django():
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
+    import django
+
+    django.setup()
+
+
+def migrate(quiet: bool = True) -> None:
+    _django()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+
+
+def server(args) -> int:
+    migrate()
+    from waitress import serve
+
+    from strata.wsgi import application
+
+    print(f"strata server listening on http://{args.host}:{args.port}", flush=True)
+    serve(application, host=args.host, port=args.port, threads=args.threads, ident="strata",
+          channel_timeout=120, max_request_body_size=2**31, _quiet=True)
+    return 0
+
+
+def scheduler(args) -> int:
+    migrate()
+    from django.conf import settings
+
+    from strata.celery import app
+
+    schedule_file = str(Path(settings.HOME) / "celerybeat-schedule")
+    app.worker_main(["worker", "-Q", "control", "-B", "-s", schedule_file, "--pool", "solo", "--concurrency", "1",
+                     "-n", "scheduler@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                     "--loglevel", args.loglevel])
+    return 0
+
+
+def node(args) -> int:
+    from components.runtime.agent import NodeAgent, NodeOptions
+    from components.runtime.units import parse_bytes
+
+    token = args.token or os.environ.get("STRATA_NODE_TOKEN")
+    if not token:
+        raise ValueError("a node token is required: --token or STRATA_NODE_TOKEN (strata token create --kind node)")
+    labels = {}
+    for item in args.label or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--label expects key=value, got {item!r}")
+        labels[key] = value
+    options = NodeOptions(server=args.server, token=token, virtual_gpus=args.virtual_gpus,
+                          virtual_gpu_memory=parse_bytes(args.virtual_gpu_memory), labels=labels,
+                          slots=args.slots, broker_url=args.broker)
+    if args.name:
+        options.name = args.name
+    if args.state_dir:
+        options.state_dir = Path(args.state_dir)
+    return NodeAgent(options).run()
+
+
+def bootstrap(home: Path, url: str) -> dict:
+    """First start: an admin, a demo team with its token, a node token. Saved to HOME/credentials.json."""
+    path = home / "credentials.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from strata.accounts import services
+    from strata.accounts.models import ApiToken, Membership
+
+    password = secrets.token_urlsafe(12)
+    admin = services.user_create("admin", password, admin=True)
+    team = services.team_create("demo", "Demo team")
+    services.membership_set(admin, team, Membership.Role.TEAM_ADMIN)
+    _, user_token = services.token_create(admin, team=team, name="strata up", ttl_days=365)
+    _, node_token = services.token_create(admin, kind=ApiToken.Kind.NODE, name="local node", ttl_days=365)
+    credentials = {"url": url, "username": "admin", "password": password, "team": "demo",
+                   "token": user_token, "node_token": node_token}
+    path.write_text(json.dumps(credentials, indent=2))
+    path.chmod(0o600)
+    return credentials
+
+
+def _wait_healthy(url: str, processes: list, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode} during start-up")
+        try:
+            if requests.get(f"{url}/healthz", timeout=1).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server did not answer at {url} within {timeout:g} s")
+
+
+def up(args) -> int:
+    home = Path(args.home or os.environ.get("STRATA_HOME") or Path.home() / ".strata").expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["STRATA_HOME"] = str(home)
+    url = f"http://127.0.0.1:{args.port}"
+    os.environ.setdefault("STRATA_PUBLIC_URL", url)
+    print(f"strata up: state in {home}", flush=True)
+    migrate()
+    credentials = bootstrap(home, url)
+    credentials["url"] = url
+    from strata.cli.config import write_client_config
+
+    write_client_config(home / "client.yaml", url, credentials["token"])
+    env = {**os.environ, "STRATA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    strata = [sys.executable, "-m", "strata.cli.main"]
+    specs = [("server", strata + ["server", "--port", str(args.port)], {}),
+             ("scheduler", strata + ["scheduler"], {})]
+    if args.virtual_gpus != 0:
+        specs.append(("node", strata + ["node", "--server", url, "--name", args.node_name, "--virtual-gpus",
+                                        str(args.virtual_gpus), "--virtual-gpu-memory", args.virtual_gpu_memory,
+                                        "--state-dir", str(home / "node")],
+                      {"STRATA_NODE_TOKEN": credentials["node_token"]}))
+    logs_dir = home / "logs"
+    logs_dir.mkdir(exist_ok=True)
+    processes = []
+    for name, command, extra in specs:
+        log_file = (logs_dir / f"{name}.log").open("ab")
+        processes.append((name, subprocess.Popen(command, env={**env, **extra}, stdout=log_file,
+                                                 stderr=subprocess.STDOUT)))
+    stopping = []
+    restarts: dict[str, list[float]] = {name: [] for name, _, _ in specs}
+
+    def stop(*_):
+        stopping.append(True)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        _wait_healthy(url, processes)
+        print(f"""
+Strata is running at {url}
+  API docs:     {url}/api/v1/docs/
+  Admin:        {url}/admin/   (user admin; password in {home / 'credentials.json'})
+  Credentials:  {home / 'credentials.json'}
+  CLI:          export STRATA_CONFIG={home / 'client.yaml'}
+                strata submit examples/jobs/digits.yaml --wait
+  Logs:         {logs_dir}/
+Press Ctrl+C to stop.""", flush=True)
+        while not stopping:
+            for index, (name, process) in enumerate(processes):
+                if process.poll() is not None and not stopping:
+                    recent = [t for t in restarts[name] if time.monotonic() - t < 60] + [time.monotonic()]
+                    restarts[name] = recent
+                    if len(recent) > 5:
+                        raise RuntimeError(f"{name} keeps exiting (code {process.returncode}); "
+                                           f"see {logs_dir / (name + '.log')}")
+                    print(f"strata up: {name} exited with {process.returncode}; restarting it "
+                          f"(see {logs_dir / (name + '.log')})", flush=True)
+                    command, extra = specs[index][1], specs[index][2]
+                    log_file = (logs_dir / f"{name}.log").open("ab")
+                    processes[index] = (name, subprocess.Popen(command, env={**env, **extra}, stdout=log_file,
+                                                               stderr=subprocess.STDOUT))
+            time.sleep(0.5)
+    finally:
+        for _, process in reversed(processes):
+            if process.poll() is None:
+                process.terminate()
+        for _, process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        print("strata up: stopped", flush=True)
+    return 0
+
+
+def token_create_local(args) -> int:
+    """Create a token straight in the database (for the head node's operator, before any token exists)."""
+    migrate()
+    from django.contrib.auth import get_user_model
+
+    from strata.accounts import services
+    from strata.accounts.models import Team
+
+    user = get_user_model().objects.filter(username=args.user).first()
+    if user is None:
+        raise ValueError(f"no user {args.user!r}")
+    team = Team.objects.filter(slug=args.team).first() if args.team else None
+    if args.kind == "user" and team is None:
+        raise ValueError("a user token needs --team")
+    _, raw = services.token_create(user, team=team, kind=args.kind, name=args.name or "", ttl_days=args.ttl_days)
+    print(raw)
+    return 0
