@@ -75,7 +75,8 @@ class NodeAgent:
         path = self.state_dir / "worker.json"
         config = {"server": self.options.server, "node_token": self.options.token,
                   "node": self.registration["node"], "state_dir": str(self.state_dir),
-                  "broker_url": self.options.broker_url or self.registration["broker_url"]}
+                  "broker_url": self.options.broker_url or self.registration["broker_url"],
+                  "broker_prefix": self.registration.get("broker_prefix")}
         path.write_text(json.dumps(config))
         path.chmod(0o600)
         return path

@@ -25,8 +25,9 @@ COMMON_CELERY_SETTINGS = {
 }
 
 
-def celery_broker_options(url: str) -> dict:
-    """Return Celery settings (``broker_url`` and transport options) for ``url``."""
+def celery_broker_options(url: str, prefix: str | None = None) -> dict:
+    """Return Celery settings (``broker_url`` and transport options) for ``url``. ``prefix`` namespaces every
+    Redis key, so several deployments (or test runs) can share one Redis server."""
     parsed = urlparse(url)
     if parsed.scheme == "filesystem":
         spool = Path(parsed.path or ".").expanduser().resolve()
@@ -47,7 +48,8 @@ def celery_broker_options(url: str) -> dict:
         # lost nodes are handled by the lease reaper instead.
         return {
             "broker_url": url,
-            "broker_transport_options": {"visibility_timeout": 8 * 86400, "polling_interval": 0.05},
+            "broker_transport_options": {"visibility_timeout": 8 * 86400, "polling_interval": 0.05,
+                                         **({"global_keyprefix": prefix} if prefix else {})},
         }
     if parsed.scheme == "memory":  # in-process only: unit tests, and importing the worker module unconfigured
         return {"broker_url": url, "broker_transport_options": {}}

@@ -103,7 +103,7 @@ class Context(abc.ABC):
         """True once the attempt was cancelled or preempted: checkpoint and return."""
         return self._stop.is_set()
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
         """Push buffered reports out; called by the runtime when ``run`` returns."""
 
 

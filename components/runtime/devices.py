@@ -244,7 +244,12 @@ def _process(pid: int, candidate: Any = None):
 
 
 def _sample_cuda(device: DeviceInfo) -> dict[str, Any]:
-    sample = {"index": device.index, "utilization": 0.0, "memory_used": 0, "memory_total": device.memory_total}
+    sample = {
+        "index": device.index,
+        "utilization": 0.0,
+        "memory_used": 0,
+        "memory_total": device.memory_total,
+    }
     nvml = _nvml_module()
     if nvml:
         try:

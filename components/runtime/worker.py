@@ -36,7 +36,7 @@ def load_config() -> dict:
 
 CONFIG = load_config()
 app = Celery("strata-node")
-app.conf.update(**COMMON_CELERY_SETTINGS, **celery_broker_options(CONFIG.get("broker_url", "memory://")))
+app.conf.update(**COMMON_CELERY_SETTINGS, **celery_broker_options(CONFIG.get("broker_url", "memory://"), CONFIG.get("broker_prefix")))
 
 
 def _set_parent_death_signal() -> None:

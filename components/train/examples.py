@@ -68,7 +68,9 @@ class LinearRegression(TorchWorkload):
 def linear_workload(ctx: Context) -> LinearRegression:
     """Entrypoint returning a Workload; ``options.features`` / ``options.samples`` size the problem."""
     options = ctx.spec.get("options") or {}
-    return LinearRegression(features=int(options.get("features", 8)), samples=int(options.get("samples", 1024)))
+    return LinearRegression(
+        features=int(options.get("features", 8)), samples=int(options.get("samples", 1024))
+    )
 
 
 def fit_line(ctx: Context) -> None:

@@ -209,7 +209,9 @@ class TrainLoop:
             metrics_path = Path(directory) / "metrics.json"
             metrics_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
             self.ctx.artifact(metrics_path, "metrics.json")
-        results = ", ".join(f"{name} {value:.4f}" for name, value in {**self._last_train, **self.last_eval}.items())
+        results = ", ".join(
+            f"{name} {value:.4f}" for name, value in {**self._last_train, **self.last_eval}.items()
+        )
         self.ctx.log(f"done: {self.name} ran {self.step_count} steps; {results}")
         return summary
 
@@ -220,7 +222,9 @@ class TrainLoop:
         while not self.done:
             if self.ctx.should_stop():
                 self.checkpoint()
-                self.ctx.log(f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved")
+                self.ctx.log(
+                    f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved"
+                )
                 return False
             self.step()
         self.finish()

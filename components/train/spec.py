@@ -69,7 +69,11 @@ class TrainSpec(KindSpec):
             for name in ("spec.workload", "spec.entrypoint"):
                 both = "give either workload or entrypoint, not both"
                 check.errors[name] = f"{check.errors[name]}; {both}" if name in check.errors else both
-        elif workload is None and entrypoint is None and not {"spec.workload", "spec.entrypoint"} & set(check.errors):
+        elif (
+            workload is None
+            and entrypoint is None
+            and not {"spec.workload", "spec.entrypoint"} & set(check.errors)
+        ):
             check.errors["spec.workload"] = f"give a workload ({', '.join(WORKLOADS)}) or an entrypoint"
         builtin = workload if workload in WORKLOADS and entrypoint is None else None
 
@@ -80,7 +84,9 @@ class TrainSpec(KindSpec):
             epochs = WORKLOAD_EPOCHS.get(builtin, DEFAULT_EPOCHS)
         max_steps = check.number("max_steps", None, kind=int, minimum=1, maximum=MAX_STEPS)
         _not_null(check, "batch_size", "seed", "checkpoint_every", "log_every", "optimizer", "options")
-        batch_size = _required(check.number("batch_size", 64, kind=int, minimum=1, maximum=MAX_BATCH_SIZE), 64)
+        batch_size = _required(
+            check.number("batch_size", 64, kind=int, minimum=1, maximum=MAX_BATCH_SIZE), 64
+        )
         optimizer = _required(check.string("optimizer", "adam", choices=OPTIMIZERS), "adam")
         lr = check.number("lr", None, kind=float)
         if lr is None:
@@ -191,7 +197,11 @@ class TrainSpec(KindSpec):
                     "default": 50,
                     "description": "Checkpoint every this many steps (and when stopped).",
                 },
-                "log_every": {**step_count, "default": 10, "description": "Report metrics every this many steps."},
+                "log_every": {
+                    **step_count,
+                    "default": 10,
+                    "description": "Report metrics every this many steps.",
+                },
                 "optimizer": {
                     "type": "string",
                     "enum": list(OPTIMIZERS),
@@ -228,7 +238,10 @@ class TrainSpec(KindSpec):
             ],
             "allOf": [
                 {
-                    "if": {"required": ["workload", "hidden"], "properties": {"workload": {"const": "tiny-gpt"}}},
+                    "if": {
+                        "required": ["workload", "hidden"],
+                        "properties": {"workload": {"const": "tiny-gpt"}},
+                    },
                     "then": {"properties": {"hidden": {"multipleOf": TINY_GPT_HEADS}}},
                 }
             ],

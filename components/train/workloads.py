@@ -132,7 +132,9 @@ class ClassificationWorkload(TorchWorkload):
     eval_batch_size: ClassVar[int] = 1024
 
     @abc.abstractmethod
-    def load_data(self, spec: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def load_data(
+        self, spec: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return ``(x_train, y_train, x_test, y_test)`` on the CPU, deterministically from the spec."""
 
     @abc.abstractmethod
@@ -269,7 +271,9 @@ class CNNSynthetic(ClassificationWorkload):
     test_count: ClassVar[int] = 512
 
     def load_data(self, spec):
-        x_train, y_train = synthetic_shapes(self.train_count, self.image_size, generator(spec["seed"], "train"))
+        x_train, y_train = synthetic_shapes(
+            self.train_count, self.image_size, generator(spec["seed"], "train")
+        )
         x_test, y_test = synthetic_shapes(self.test_count, self.image_size, generator(spec["seed"], "test"))
         return x_train, y_train, x_test, y_test
 
@@ -430,14 +434,18 @@ class TinyGPTWorkload(TorchWorkload):
         for first in range(0, len(starts), self.batch_size):
             inputs, targets = self._windows(self.test_tokens, starts[first : first + self.batch_size])
             logits = self.model(inputs)
-            loss_sum += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+            loss_sum += F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+            )
             correct += (logits.argmax(dim=-1) == targets).sum()
         count = len(starts) * self.context
         return {"test_loss": float(loss_sum) / count, "test_accuracy": float(correct) / count}
 
     def sample(self, prompt: str, count: int = 200, seed: int = 0) -> str:
         """Generate ``count`` characters after ``prompt`` (for a quick look at what the model learned)."""
-        tokens = self.model.generate(encode(prompt).to(self.device), count, torch.Generator().manual_seed(seed))
+        tokens = self.model.generate(
+            encode(prompt).to(self.device), count, torch.Generator().manual_seed(seed)
+        )
         return decode(tokens)
 
 
@@ -450,4 +458,6 @@ def builtin_workload(name: str) -> Workload:
     try:
         return BUILTIN_WORKLOADS[name]()
     except KeyError:
-        raise ValueError(f"unknown workload {name!r}; built-in: {', '.join(sorted(BUILTIN_WORKLOADS))}") from None
+        raise ValueError(
+            f"unknown workload {name!r}; built-in: {', '.join(sorted(BUILTIN_WORKLOADS))}"
+        ) from None

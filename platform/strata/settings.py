@@ -160,7 +160,8 @@ if env_str("STRATA_CACHE_URL"):
 
 # --- Celery ---------------------------------------------------------------------------------------------
 CELERY_BROKER_URL = env_str("STRATA_BROKER_URL") or f"filesystem://{HOME / 'broker'}"
-CELERY_BROKER_OPTIONS = celery_broker_options(CELERY_BROKER_URL)
+STRATA_BROKER_PREFIX = env_str("STRATA_BROKER_PREFIX")
+CELERY_BROKER_OPTIONS = celery_broker_options(CELERY_BROKER_URL, STRATA_BROKER_PREFIX)
 # What nodes are told to connect to (the control plane may see the broker under another address).
 STRATA_NODE_BROKER_URL = env_str("STRATA_NODE_BROKER_URL") or CELERY_BROKER_URL
 

@@ -11,15 +11,14 @@ import inspect
 import string
 from pathlib import Path
 
-MODULES = [
-    "textwrap", "string", "collections", "itertools", "functools", "json", "re", "pathlib", "os",
-    "shutil", "datetime", "calendar", "heapq", "bisect", "random", "statistics", "fractions", "decimal",
-    "argparse", "logging", "subprocess", "threading", "queue", "contextlib", "dataclasses", "enum",
-    "typing", "inspect", "difflib", "csv", "zipfile", "tarfile", "urllib.parse", "abc", "copy",
-    "tempfile", "glob", "fnmatch", "operator", "sched", "base64", "hashlib", "hmac", "secrets",
-    "uuid", "weakref", "pprint", "reprlib", "shlex", "getopt", "configparser", "gettext", "locale",
-    "codecs", "io", "struct", "array", "selectors", "socket", "ssl", "email.message", "http.client",
-]
+MODULES = """
+    textwrap string collections itertools functools json re pathlib os shutil datetime calendar
+    heapq bisect random statistics fractions decimal argparse logging subprocess threading queue
+    contextlib dataclasses enum typing inspect difflib csv zipfile tarfile urllib.parse abc copy
+    tempfile glob fnmatch operator sched base64 hashlib hmac secrets uuid weakref pprint reprlib
+    shlex getopt configparser gettext locale codecs io struct array selectors socket ssl
+    email.message http.client
+""".split()
 TARGET_BYTES = 200_000
 ALLOWED = set(string.printable) - {"\t", "\r", "\x0b", "\x0c"}
 

@@ -11,7 +11,9 @@ from components.runtime import devices
 from components.runtime.devices import DeviceInfo, detect_devices, sample_devices
 
 MiB = 2**20
-BUSY = "import time\nballast = bytearray({mib} * 2**20)\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+BUSY = (
+    "import time\nballast = bytearray({mib} * 2**20)\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+)
 # A parent that idles while its child burns CPU: a device's load includes the children of its processes.
 PARENT = (
     "import subprocess, sys, time\n"
@@ -79,7 +81,9 @@ def test_bad_virtual_gpu_requests_are_refused():
 
 def test_without_cuda_a_node_gets_one_virtual_gpu(monkeypatch):
     monkeypatch.setattr(devices, "_probe_cuda", lambda: [])
-    assert detect_devices(virtual_gpu_memory=4 * 2**30) == [DeviceInfo("virtual", 0, "Virtual GPU 0 (CPU)", 4 * 2**30)]
+    assert detect_devices(virtual_gpu_memory=4 * 2**30) == [
+        DeviceInfo("virtual", 0, "Virtual GPU 0 (CPU)", 4 * 2**30)
+    ]
     assert detect_devices(virtual_gpus=0) == [DeviceInfo("virtual", 0, "Virtual GPU 0 (CPU)", 8 * 2**30)]
 
 
@@ -153,7 +157,9 @@ def test_cuda_devices_are_sampled_through_nvml(monkeypatch):
         NVMLError=NVMLError,
         nvmlDeviceGetHandleByUUID=by_uuid,
         nvmlDeviceGetHandleByIndex=lambda index: handles[index],
-        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=37 if handle == "handle-by-uuid" else 5),
+        nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(
+            gpu=37 if handle == "handle-by-uuid" else 5
+        ),
         nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30),
     )
     monkeypatch.setattr(devices, "_nvml", fake)

@@ -101,7 +101,9 @@ def test_each_bad_field_is_named(field, value):
 
 
 def test_every_bad_field_is_reported_at_once():
-    errors = errors_of({"workload": "tiny-gpt", "hidden": 10, "epochs": 0, "optimizer": "lion", "colour": "red"})
+    errors = errors_of(
+        {"workload": "tiny-gpt", "hidden": 10, "epochs": 0, "optimizer": "lion", "colour": "red"}
+    )
     assert set(errors) == {"spec.hidden", "spec.epochs", "spec.optimizer", "spec.colour"}
     assert "multiple of 4" in errors["spec.hidden"]
     assert "unknown field" in errors["spec.colour"]

@@ -67,7 +67,11 @@ def test_mlp_digits_learns_and_uploads_artifacts(tmp_path):
     assert saved["workload"] == "mlp-digits"
     assert saved["spec"] == TrainSpec().validate({"workload": "mlp-digits"})
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 10),
     )
     model.load_state_dict(saved["state_dict"])  # strict: every weight is there, with the right shape
 
@@ -106,7 +110,10 @@ def test_builtin_workloads_train(tmp_path, spec, first_loss_at_least):
     [
         ({"workload": "mlp-digits", "checkpoint_every": 25}, 30),  # resumes inside epoch 2
         ({"workload": "cnn-synthetic", "max_steps": 20, "checkpoint_every": 7}, 10),
-        ({"workload": "tiny-gpt", "max_steps": 8, "batch_size": 16, "log_every": 3, "checkpoint_every": 2}, 3),
+        (
+            {"workload": "tiny-gpt", "max_steps": 8, "batch_size": 16, "log_every": 3, "checkpoint_every": 2},
+            3,
+        ),
         ({"workload": "mlp-digits", "optimizer": "sgd", "max_steps": 30, "log_every": 5}, 15),
     ],
 )
@@ -123,7 +130,9 @@ def test_resume_after_stop_is_bit_identical(tmp_path, spec, stop_step):
     assert max(step for _, _, step in stopped.metric_points) == stop_step
 
     resumed = run(tmp_path / "interrupted", spec)
-    assert resumed.logs[0][2].startswith(f"resumed {spec['workload']} from the checkpoint at step {stop_step}/")
+    assert resumed.logs[0][2].startswith(
+        f"resumed {spec['workload']} from the checkpoint at step {stop_step}/"
+    )
     assert min(step for _, _, step in resumed.metric_points) > stop_step
     expected, actual = final_weights(uninterrupted), final_weights(resumed)
     assert expected.keys() == actual.keys()
@@ -131,7 +140,9 @@ def test_resume_after_stop_is_bit_identical(tmp_path, spec, stop_step):
         assert torch.equal(expected[name], actual[name]), name
     assert json.loads(resumed.artifacts["metrics.json"].read_text())["resumed_from_step"] == stop_step
     # The resumed run reports exactly what the uninterrupted run reported for the same steps.
-    later = [point for point in uninterrupted.metric_points if point[2] > stop_step and point[0] != "samples_per_s"]
+    later = [
+        point for point in uninterrupted.metric_points if point[2] > stop_step and point[0] != "samples_per_s"
+    ]
     again = [point for point in resumed.metric_points if point[0] != "samples_per_s"]
     assert later == again
 

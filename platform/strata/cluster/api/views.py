@@ -55,7 +55,7 @@ class RegisterView(NodeAPIView):
         node = services.node_register(**serializer.validated_data)
         return Response({
             "node": str(node.id), "session": str(node.session), "queue": node.queue,
-            "broker_url": settings.STRATA_NODE_BROKER_URL,
+            "broker_url": settings.STRATA_NODE_BROKER_URL, "broker_prefix": settings.STRATA_BROKER_PREFIX,
             "heartbeat_seconds": settings.STRATA_HEARTBEAT_SECONDS,
             "lease_seconds": settings.STRATA_NODE_LEASE_SECONDS,
         })

@@ -1,0 +1,81 @@
+"""Factories for control-plane tests."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def make_team(db):
+    from strata.accounts import services
+
+    def make(slug: str = "alpha", **quota):
+        team = services.team_create(slug)
+        if quota:
+            from strata.quotas.models import Quota
+
+            Quota.objects.filter(team=team).update(**quota)
+        return team
+
+    return make
+
+
+@pytest.fixture
+def make_user(db):
+    from strata.accounts import services
+
+    def make(username: str = "alice", team=None, role: str = "member", admin: bool = False):
+        user = services.user_create(username, "pw-" + username, admin=admin)
+        if team is not None:
+            services.membership_set(user, team, role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def make_token(db):
+    from strata.accounts import services
+
+    def make(user, team=None, kind: str = "user", ttl_days: float | None = None) -> str:
+        _, raw = services.token_create(user, team=team, kind=kind, ttl_days=ttl_days)
+        return raw
+
+    return make
+
+
+@pytest.fixture
+def api(db):
+    """An API client factory: ``api(token)`` sends ``Authorization: Bearer token`` on every request."""
+    from rest_framework.test import APIClient
+
+    def make(token: str | None = None) -> APIClient:
+        client = APIClient()
+        if token:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def make_node(db):
+    """Register a node with ``gpus`` virtual devices of ``memory`` bytes each, as a node agent would."""
+    from strata.cluster.services import node_register
+
+    def make(name: str = "node-1", gpus: int = 2, memory: int = 8 * 2**30, labels=None):
+        return node_register(name=name, labels=labels or {}, devices=[
+            {"index": i, "kind": "virtual", "name": f"virtual GPU {i}", "memory_total": memory} for i in range(gpus)
+        ])
+
+    return make
+
+
+TRAIN_JOB = {"name": "digits", "kind": "train", "spec": {"workload": "mlp-digits", "epochs": 1}}
+
+
+@pytest.fixture
+def job_body():
+    import copy
+
+    return lambda **overrides: {**copy.deepcopy(TRAIN_JOB), **overrides}
