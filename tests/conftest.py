@@ -13,7 +13,10 @@ os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-test-home-"
 os.environ.setdefault("STRATA_SCHEDULE_INLINE", "1")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
 
+import django  # noqa: E402
 import pytest  # noqa: E402
+
+django.setup()
 
 
 def pytest_collection_modifyitems(config, items):

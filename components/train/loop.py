@@ -110,6 +110,7 @@ class TrainLoop:
             )
         self._window.reset()
         self._epoch.reset()
+        self._attempt_began = (time.perf_counter(), self._samples)
 
     def step(self) -> dict[str, float] | None:
         """Run one optimizer step; returns the metrics it reported, if this was a reporting step."""
@@ -190,6 +191,7 @@ class TrainLoop:
             self._eval_step = self.step_count
             if self.last_eval:
                 self.ctx.metrics(self.last_eval, self.step_count)
+        seconds = time.perf_counter() - self._attempt_began[0]
         summary = {
             "workload": self.name,
             "steps": self.step_count,
@@ -198,6 +200,9 @@ class TrainLoop:
             "samples": self._samples,
             "resumed_from_step": self.resumed_from,
             "device": str(self.device),
+            # This attempt's wall time and throughput, evaluation and checkpoints included.
+            "duration_s": round(seconds, 3),
+            "samples_per_s": round((self._samples - self._attempt_began[1]) / max(seconds, 1e-9), 2),
             "train": self._last_train,
             "eval": self.last_eval,
         }

@@ -14,7 +14,16 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from strata.jobs.models import ADMITTED_STATES, Allocation, Artifact, Attempt, Job, JobEvent, JobState, LogLine, MetricPoint
+from strata.jobs.models import (
+    Allocation,
+    Artifact,
+    Attempt,
+    Job,
+    JobEvent,
+    JobState,
+    LogLine,
+    MetricPoint,
+)
 from strata.jobs.states import InvalidTransition, transition
 from strata.jobs.storage import get_storage
 
@@ -189,17 +198,17 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
 
 def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str) -> None:
     """Move the job on after its attempt ended with ``outcome``."""
-    O = Attempt.Outcome
+    Outcome = Attempt.Outcome
     if job.state == S.PREEMPTED:
         transition(job, S.PREEMPTED, S.QUEUED, f"requeued after preemption ({reason or 'preempted'})")
     elif job.state in {S.RUNNING, S.SCHEDULED}:
-        if outcome == O.SUCCEEDED:
+        if outcome == Outcome.SUCCEEDED:
             transition(job, job.state, S.SUCCEEDED, "all steps finished")
-        elif outcome == O.NODE_LOST:
+        elif outcome == Outcome.NODE_LOST:
             transition(job, job.state, S.QUEUED, f"requeued: {reason or 'node lost'}")
         else:
             failures = job.failures + 1
-            if failures < job.max_attempts and outcome != O.TIME_LIMIT:
+            if failures < job.max_attempts and outcome != Outcome.TIME_LIMIT:
                 transition(job, job.state, S.QUEUED,
                            f"attempt {attempt.number} failed ({reason}); retrying ({failures}/{job.max_attempts})",
                            failures=failures)
@@ -229,7 +238,3 @@ def artifact_store(attempt: Attempt, name: str, source: BinaryIO, kind: str = Ar
     if kind == Artifact.Kind.ARTIFACT:
         job_event(attempt.job_id, "artifact", f"artifact {name} stored ({size} bytes)", attempt=attempt)
     return artifact
-
-
-def job_holds_quota(job: Job) -> bool:
-    return job.state in ADMITTED_STATES

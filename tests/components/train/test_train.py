@@ -81,6 +81,7 @@ def test_mlp_digits_learns_and_uploads_artifacts(tmp_path):
     assert summary["samples"] == 3 * 1438
     assert summary["eval"]["test_accuracy"] == pytest.approx(test_accuracy[-1][1])
     assert summary["resumed_from_step"] is None
+    assert summary["duration_s"] > 0 and summary["samples_per_s"] > 0
 
 
 @pytest.mark.parametrize(
