@@ -79,3 +79,45 @@ def job_body():
     import copy
 
     return lambda **overrides: {**copy.deepcopy(TRAIN_JOB), **overrides}
+
+
+@pytest.fixture(autouse=True)
+def published(monkeypatch):
+    """Record dispatches instead of sending them to the broker: a list of batches of (queue, attempt, token)."""
+    from strata.scheduling import dispatch
+
+    calls: list[list[tuple[str, str, str]]] = []
+    monkeypatch.setattr(dispatch, "publish_all", lambda batch: calls.append(list(batch)))
+    return calls
+
+
+@pytest.fixture
+def submit(db):
+    """Submit a normalized job through the service layer (no scheduling pass is run)."""
+    from strata.jobs.services import job_submit
+
+    def make(user, team, *, gpus: float = 1.0, memory: int | None = None, workers: int = 1, priority: int = 0,
+             max_attempts: int = 3, name: str = "job", node_labels=None):
+        resources = {"gpus": float(gpus), "gpu_memory": memory, "workers": workers}
+        if node_labels:
+            resources["node_labels"] = node_labels
+        data = {"kind": "train", "name": name, "spec": {"workload": "mlp-digits", "epochs": 1},
+                "resources": resources, "priority": priority, "max_attempts": max_attempts, "time_limit": 3600}
+        job, _ = job_submit(user=user, team=team, data=data)
+        return job
+
+    return make
+
+
+@pytest.fixture
+def node_token(make_user, make_token):
+    """A node-agent token, created by a cluster admin."""
+    admin = make_user("node-admin", admin=True)
+    return make_token(admin, kind="node")
+
+
+@pytest.fixture
+def run_pass(db):
+    from strata.scheduling.services import schedule_pass
+
+    return lambda: schedule_pass(dispatch=False)

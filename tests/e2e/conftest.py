@@ -1,0 +1,226 @@
+"""Fixtures for the multi-process end-to-end tests: a real ``strata up`` (and, where needed, a separate
+``strata node``) in their own process groups, on the embedded defaults (SQLite and the filesystem broker),
+in a temporary home. Every process group started here is killed in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+# Variables the in-process tests (tests/conftest.py) or a CI job may set that must not reach the e2e processes.
+SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", "STRATA_SCHEDULE_INLINE",
+            "STRATA_HOME", "STRATA_CONFIG", "STRATA_URL", "STRATA_TOKEN", "STRATA_NODE_TOKEN", "STRATA_PUBLIC_URL")
+FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
+        "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def strata_command() -> list[str]:
+    script = Path(sys.executable).with_name("strata")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "strata.cli.main"]
+
+
+def e2e_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env.update(FAST)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.3, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
+        time.sleep(interval)
+
+
+def group_processes(pgid: int) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return found
+
+
+def kill_group(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the process group, wait a little, then SIGKILL whatever is left of it."""
+    pgid = process.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)
+    wait_for(lambda: not group_processes(pgid), 10, message=f"process group {pgid} to exit")
+
+
+class Cluster:
+    """A running ``strata up`` in ``home``, with REST and CLI helpers."""
+
+    def __init__(self, home: Path, virtual_gpus: int = 1):
+        self.home = home
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.virtual_gpus = virtual_gpus
+        self.process: subprocess.Popen | None = None
+        self.nodes: list[subprocess.Popen] = []
+        self.credentials: dict = {}
+        self.session = requests.Session()
+
+    # -- processes -------------------------------------------------------------------------------------
+    def start(self, timeout: float = 90.0) -> Cluster:
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = (self.home / "up.out").open("ab")
+        self.process = subprocess.Popen(
+            [*strata_command(), "up", "--home", str(self.home), "--port", str(self.port),
+             "--virtual-gpus", str(self.virtual_gpus)],
+            env=e2e_env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+        def healthy():
+            if self.process.poll() is not None:
+                raise AssertionError(f"strata up exited with {self.process.returncode}:\n{self.output()}")
+            if not (self.home / "credentials.json").exists():
+                return False
+            try:
+                return requests.get(f"{self.url}/healthz", timeout=1).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(healthy, timeout, message="strata up to answer /healthz")
+        self.credentials = json.loads((self.home / "credentials.json").read_text())
+        self.session.headers["Authorization"] = f"Bearer {self.credentials['token']}"
+        return self
+
+    def start_node(self, name: str, virtual_gpus: int = 1) -> subprocess.Popen:
+        log = (self.home / f"node-{name}.out").open("ab")
+        node = subprocess.Popen(
+            [*strata_command(), "node", "--server", self.url, "--name", name, "--virtual-gpus", str(virtual_gpus),
+             "--state-dir", str(self.home / f"node-{name}")],
+            env=e2e_env(STRATA_NODE_TOKEN=self.credentials["node_token"]), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.nodes.append(node)
+        return node
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            kill_group(node)
+        if self.process is not None:
+            kill_group(self.process, grace=25.0)
+        self.session.close()
+
+    def output(self) -> str:
+        parts = []
+        for path in [self.home / "up.out", *sorted((self.home / "logs").glob("*.log")),
+                     *sorted(self.home.glob("node-*.out"))]:
+            if path.exists():
+                parts.append(f"--- {path.name} ---\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    # -- REST ------------------------------------------------------------------------------------------
+    def api(self, method: str, path: str, **kwargs):
+        response = self.session.request(method, f"{self.url}/api/v1/{path}", timeout=30, **kwargs)
+        response.raise_for_status()
+        return response.json() if response.content else None
+
+    def get(self, path: str, **params):
+        return self.api("GET", path, params=params)
+
+    def job(self, job_id: str) -> dict:
+        return self.get(f"jobs/{job_id}/")
+
+    def submit(self, body: dict) -> dict:
+        return self.api("POST", "jobs/", json=body)
+
+    def metrics(self, job_id: str) -> list[dict]:
+        points, after = [], 0
+        while True:
+            page = self.get(f"jobs/{job_id}/metrics/", after=after)
+            if not page:
+                return points
+            points.extend(page)
+            after = page[-1]["id"]
+
+    def logs(self, job_id: str) -> list[str]:
+        lines, after = [], 0
+        while True:
+            page = self.get(f"jobs/{job_id}/logs/", after=after)
+            if not page:
+                return lines
+            lines.extend(line["message"] for line in page)
+            after = page[-1]["id"]
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float) -> dict:
+        return wait_for(lambda: (job := self.job(job_id))["state"] in states and job, timeout,
+                        message=f"job {job_id} to reach {sorted(states)}")
+
+    # -- CLI -------------------------------------------------------------------------------------------
+    def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return subprocess.run([*strata_command(), *args], env=e2e_env(STRATA_CONFIG=str(self.home / "client.yaml")),
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              cwd=self.home)
+
+
+def training_children(pgid: int) -> list[psutil.Process]:
+    """Attempt child processes (``python -m components.runtime.child``) in a process group."""
+    found = []
+    for process in group_processes(pgid):
+        try:
+            if "components.runtime.child" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """``strata up`` with one local virtual GPU, shared by a module's tests."""
+    running = Cluster(tmp_path_factory.mktemp("strata-e2e-home"), virtual_gpus=1)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def bare_cluster(tmp_path):
+    """``strata up --virtual-gpus 0``: a control plane and scheduler without a node; tests start nodes."""
+    running = Cluster(tmp_path / "home", virtual_gpus=0)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
