@@ -31,7 +31,7 @@ def celery_broker_options(url: str, prefix: str | None = None) -> dict:
     parsed = urlparse(url)
     if parsed.scheme == "filesystem":
         spool = Path(parsed.path or ".").expanduser().resolve()
-        for folder in ("queue", "processed"):
+        for folder in ("queue", "processed", "control"):
             (spool / folder).mkdir(parents=True, exist_ok=True)
         return {
             "broker_url": "filesystem://",
@@ -39,6 +39,7 @@ def celery_broker_options(url: str, prefix: str | None = None) -> dict:
                 "data_folder_in": str(spool / "queue"),
                 "data_folder_out": str(spool / "queue"),
                 "processed_folder": str(spool / "processed"),
+                "control_folder": str(spool / "control"),  # exchange bindings; kombu's default is the cwd
                 "store_processed": False,
                 "polling_interval": 0.02,
             },
