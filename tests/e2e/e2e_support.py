@@ -1,4 +1,4 @@
-"""Fixtures for the multi-process end-to-end tests: a real ``strata up`` (and, where needed, a separate
+"""Helpers and fixtures for the multi-process end-to-end tests: a real ``strata up`` (and, where needed, a separate
 ``strata node``) in their own process groups, on the embedded defaults (SQLite and the filesystem broker),
 in a temporary home. Every process group started here is killed in teardown.
 """
@@ -66,11 +66,11 @@ def group_processes(pgid: int) -> list[psutil.Process]:
     return found
 
 
-def kill_group(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group, wait a little, then SIGKILL whatever is left of it."""
+def kill_group(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the group's leader, wait a little, then SIGKILL whatever is left of its process group."""
     pgid = process.pid
     try:
-        os.killpg(pgid, signal.SIGTERM)
+        os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     try:
@@ -135,9 +135,9 @@ class Cluster:
 
     def stop(self) -> None:
         for node in self.nodes:
-            kill_group(node)
+            kill_group(node, grace=3.0)
         if self.process is not None:
-            kill_group(self.process, grace=25.0)
+            kill_group(self.process)
         self.session.close()
 
     def output(self) -> str:

@@ -121,3 +121,8 @@ def run_pass(db):
     from strata.scheduling.services import schedule_pass
 
     return lambda: schedule_pass(dispatch=False)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

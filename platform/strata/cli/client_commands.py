@@ -25,7 +25,11 @@ def load_job_file(path: str) -> dict:
     try:
         data = yaml.safe_load(source)
     except yaml.YAMLError as error:
-        raise ValueError(f"{path} is not valid YAML or JSON: {error}") from None
+        # One line: PyYAML's own message spans several, with a source excerpt.
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
+        raise ValueError(f"{path} is not valid YAML or JSON: {problem}{where}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping with at least 'kind' and 'spec'")
     return data

@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     except KeyboardInterrupt:
         return 130
-    except (ApiError, ConfigError, ImproperlyConfigured, ValueError, FileNotFoundError, PermissionError,
-            RuntimeError) as error:
+    except (ApiError, ConfigError, ImproperlyConfigured, ValueError, OSError, RuntimeError) as error:
         print(f"strata: error: {error}", file=sys.stderr)
         return 2 if not isinstance(error, ApiError) else 1
 

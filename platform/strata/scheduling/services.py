@@ -30,6 +30,7 @@ from strata.scheduling.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot
 log = logging.getLogger(__name__)
 S = JobState
 _LOCK_KEY = 0x5757A7A
+_CHUNK = 500  # ids per IN (...) list: well under SQLite's bound-parameter limit
 
 
 @dataclass
@@ -142,8 +143,7 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
                 heapq.heappush(heap, (queue[0][0], held[team] / weight[team], team))
         result.placed = len(placements)
         result.waiting = len(waiting)
-        for job_id, why in waiting.items():
-            Job.objects.filter(pk=job_id, state=S.QUEUED).update(reason=why)
+        _set_reasons(waiting)
         result.dispatches = _create_attempts(placements, now)
         if dispatch and result.dispatches:
             from strata.scheduling.dispatch import publish_all
@@ -152,6 +152,16 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
             transaction.on_commit(lambda: publish_all(batch))
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _set_reasons(waiting: dict) -> None:
+    """Record why jobs wait: one UPDATE per distinct reason (in chunks), not one per job."""
+    by_reason: dict[str, list] = defaultdict(list)
+    for job_id, why in waiting.items():
+        by_reason[why].append(job_id)
+    for why, job_ids in by_reason.items():
+        for start in range(0, len(job_ids), _CHUNK):
+            Job.objects.filter(pk__in=job_ids[start:start + _CHUNK], state=S.QUEUED).update(reason=why)
 
 
 def _create_attempts(placements, now) -> list[tuple[str, str, str]]:
@@ -191,11 +201,14 @@ def _create_attempts(placements, now) -> list[tuple[str, str, str]]:
 def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
     """Preempt the fewest lower-priority attempts on one node so that ``job_id`` fits there. Attempts that
     are already stopping (cancelled or preempted) count as free at no cost. Returns how many were preempted."""
-    active = (Allocation.objects.filter(active=True, device__node_id__in=list(capacity.nodes))
+    # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.
+    active = (Allocation.objects.filter(active=True)
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
                            "attempt__job__state", "attempt__started_at", "device_id", "share", "memory"))
     by_node: dict[object, dict] = defaultdict(dict)
     for attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory in active:
+        if device_id not in capacity.devices:
+            continue
         effective = victim_priority + (quotas[team_id].priority if team_id in quotas else 0)
         stopping = state in {S.CANCELLED, S.PREEMPTED}
         if not stopping and effective >= priority:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from strata.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
 from strata.jobs.states import TRANSITIONS, InvalidTransition, allowed, transition

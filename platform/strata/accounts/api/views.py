@@ -27,7 +27,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
     serializer_class = TokenSerializer
 
     def get_queryset(self):
-        return ApiToken.objects.filter(user=self.request.user).select_related("team")
+        return ApiToken.objects.filter(user=self.request.user).select_related("team").order_by("-created_at", "id")
 
     @extend_schema(request=TokenCreateSerializer, responses={201: dict})
     def create(self, request, *args, **kwargs):

@@ -24,7 +24,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
         return [IsClusterAdmin()] if self.action in {"update", "partial_update"} else [IsUser()]
 
     def get_queryset(self):
-        return Quota.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team")
+        return Quota.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team").order_by("team__slug")
 
     def perform_update(self, serializer):
         from strata.scheduling.tasks import request_pass

@@ -1,0 +1,471 @@
+"""``strata bench control-plane``: how fast the control plane turns a submit into a running attempt, and how
+long one scheduling pass over a large queue takes.
+
+1. Submit -> RUNNING latency (``job.started_at - job.created_at``, both stamped by the server): a real stack
+   (``strata up`` as a subprocess in its own process group) on the embedded defaults (SQLite + filesystem
+   broker) and on PostgreSQL + Redis (a fresh database and a fresh Redis key prefix, removed at the end).
+   Short jobs are submitted at a steady rate well under the node's capacity, so the figure is latency,
+   not queueing behind busy slots.
+2. One scheduling pass with many queued jobs and many simulated nodes, timed in a separate process against
+   a fresh database (``python -m strata.bench.control_plane pass ...``) with ``dispatch=False``.
+
+This module imports neither torch nor Django at import time: Django is set up only in the pass worker
+process, after STRATA_HOME and the database URL are in its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+LATENCY_P50_TARGET = 0.100  # seconds, submit -> RUNNING, median
+PASS_TARGET = 1.0  # seconds, one scheduling pass at full size
+POSTGRES_ADMIN_URL = os.environ.get("STRATA_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("STRATA_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEVICE_MEMORY = 16 * 2**30
+DEVICES_PER_NODE = 4
+
+FULL_SIZES = {"latency_jobs": 200, "rate": 1.0, "virtual_gpus": 8, "pass_jobs": 10_000, "pass_nodes": 1_000}
+QUICK_SIZES = {"latency_jobs": 20, "rate": 2.0, "virtual_gpus": 8, "pass_jobs": 1_000, "pass_nodes": 100}
+# Requests of the pass benchmark, cycled in submission order: whole, half, quarter, memory-sized
+# (4 GiB of a 16 GiB device = a quarter) and two-device jobs. 8 GPUs of demand per 10 jobs.
+MIXED_REQUESTS = [
+    {"gpus": 1.0, "gpu_memory": None, "workers": 1}, {"gpus": 1.0, "gpu_memory": None, "workers": 1},
+    {"gpus": 1.0, "gpu_memory": None, "workers": 1}, {"gpus": 1.0, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.5, "gpu_memory": None, "workers": 1}, {"gpus": 0.5, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.5, "gpu_memory": None, "workers": 1}, {"gpus": 0.25, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.0, "gpu_memory": 4 * 2**30, "workers": 1}, {"gpus": 2.0, "gpu_memory": None, "workers": 1},
+]
+
+
+def noop(ctx) -> None:
+    """Entrypoint of the latency benchmark's train jobs: returns at once (the child still imports torch)."""
+    return None
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * fraction
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _clean_env() -> dict:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("STRATA_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# --- PostgreSQL and Redis scratch space ----------------------------------------------------------------------
+
+def _services_available() -> str | None:
+    """None when PostgreSQL and Redis answer; otherwise why not."""
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3):
+            pass
+    except Exception as error:  # noqa: BLE001 - any failure means "skip this backend"
+        return f"PostgreSQL at {POSTGRES_ADMIN_URL} not reachable: {error}"
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except Exception as error:  # noqa: BLE001
+        return f"Redis at {REDIS_URL} not reachable: {error}"
+    return None
+
+
+def _database_url(name: str) -> str:
+    base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+def _create_database() -> str:
+    import psycopg
+
+    name = f"strata_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _drop_database(name: str) -> None:
+    import psycopg
+
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception as error:  # noqa: BLE001
+        _say(f"  warning: could not drop database {name}: {error}")
+
+
+def _clear_redis_prefix(prefix: str) -> None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start:start + 500])
+    except Exception as error:  # noqa: BLE001
+        _say(f"  warning: could not clear Redis keys {prefix}*: {error}")
+
+
+# --- part 1: submit -> RUNNING latency on a real stack ------------------------------------------------------
+
+class Stack:
+    """``strata up`` in its own process group; ``stop()`` kills the whole group."""
+
+    def __init__(self, home: Path, port: int, virtual_gpus: int, extra_env: dict):
+        self.home, self.port = home, port
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**_clean_env(), **extra_env, "STRATA_HOME": str(home), "STRATA_PUBLIC_URL": self.url}
+        self.log_path = home / "up.log"
+        home.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "strata.cli.main", "up", "--home", str(home), "--port", str(port),
+             "--virtual-gpus", str(virtual_gpus), "--node-name", "bench"],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        import requests
+
+        deadline = time.monotonic() + timeout
+        credentials = self.home / "credentials.json"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"strata up exited with {self.process.returncode}; see {self.log_path}")
+            if credentials.exists():
+                try:
+                    if requests.get(f"{self.url}/healthz", timeout=1).ok:
+                        return json.loads(credentials.read_text())
+                except (requests.RequestException, ValueError):
+                    pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the stack did not come up within {timeout:g} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever is left in the group (workers, attempt children)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+
+def _job_body(name: str) -> dict:
+    return {"name": name, "kind": "train", "max_attempts": 1, "time_limit": 300,
+            "resources": {"gpus": 0.125},
+            "spec": {"entrypoint": "strata.bench.control_plane:noop"}}
+
+
+def _wait_started(client, job_ids: list[str], timeout: float) -> dict[str, dict]:
+    """Poll until every job has started_at (or ended without one); returns the job records."""
+    done: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while len(done) < len(job_ids) and time.monotonic() < deadline:
+        for job_id in job_ids:
+            if job_id in done:
+                continue
+            job = client.get(f"jobs/{job_id}/")
+            if job.get("started_at") or job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+                done[job_id] = job
+        if len(done) < len(job_ids):
+            time.sleep(0.5)
+    return done
+
+
+def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> dict:
+    """Start a stack on ``backend`` ("embedded" or "postgres+redis"), submit ``jobs`` short jobs at ``rate``
+    per second, and return submit -> RUNNING statistics."""
+    from components.runtime.client import ControlPlaneClient
+
+    home = Path(tempfile.mkdtemp(prefix=f"strata-bench-{backend.replace('+', '-')}-"))
+    extra_env, database, prefix = {}, None, None
+    if backend == "postgres+redis":
+        database = _create_database()
+        prefix = f"strata-bench-{secrets.token_hex(4)}:"
+        extra_env = {"STRATA_DATABASE_URL": _database_url(database), "STRATA_BROKER_URL": REDIS_URL,
+                     "STRATA_BROKER_PREFIX": prefix}
+    port = _free_port()
+    _say(f"  starting strata up ({backend}) on port {port}, {virtual_gpus} virtual GPUs, state in {home}")
+    stack = Stack(home, port, virtual_gpus, extra_env)
+    try:
+        credentials = stack.wait_ready()
+        client = ControlPlaneClient(stack.url, credentials["token"], retries=3, timeout=30)
+        # Warm-up: the node registers, its worker starts, and the first passes and claims run.
+        warm = [client.post("jobs/", _job_body(f"warmup-{i}"))["id"] for i in range(2)]
+        warmed = _wait_started(client, warm, timeout=120)
+        if len(warmed) < len(warm) or not all(job.get("started_at") for job in warmed.values()):
+            raise RuntimeError(f"warm-up jobs did not start; see {home / 'logs'}")
+        time.sleep(3.0)  # let the warm-up children finish so the measured run starts idle
+        _say(f"  stack ready; submitting {jobs} jobs at a steady {rate:g}/s "
+             f"(0.125 GPU each, {2 * virtual_gpus} worker slots on the node)")
+        ids: list[str] = []
+        submit_seconds: list[float] = []
+        started = time.monotonic()
+        for index in range(jobs):
+            delay = started + index / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            ids.append(client.post("jobs/", _job_body(f"bench-{index}"))["id"])
+            submit_seconds.append(time.perf_counter() - sent)
+            if (index + 1) % max(1, jobs // 10) == 0:
+                _say(f"    submitted {index + 1}/{jobs}")
+        records = _wait_started(client, ids, timeout=180)
+        latencies = [(_parse_time(job["started_at"]) - _parse_time(job["created_at"])).total_seconds()
+                     for job in records.values() if job.get("started_at")]
+        missing = len(ids) - len(latencies)
+        result = {
+            "backend": backend, "jobs": jobs, "rate_per_s": rate, "started": len(latencies),
+            "not_started": missing,
+            "p50_s": _percentile(latencies, 0.50), "p90_s": _percentile(latencies, 0.90),
+            "p99_s": _percentile(latencies, 0.99), "max_s": max(latencies) if latencies else float("nan"),
+            "mean_s": statistics.fmean(latencies) if latencies else float("nan"),
+            "submit_http_p50_s": _percentile(submit_seconds, 0.50),
+            "submit_http_p99_s": _percentile(submit_seconds, 0.99),
+        }
+        _say(f"  {backend}: p50 {result['p50_s'] * 1000:.1f} ms, p99 {result['p99_s'] * 1000:.1f} ms "
+             f"({len(latencies)}/{jobs} started; submit HTTP p50 {result['submit_http_p50_s'] * 1000:.1f} ms)")
+        return result
+    finally:
+        stack.stop()
+        _say(f"  stack ({backend}) stopped")
+        if database:
+            _drop_database(database)
+        if prefix:
+            _clear_redis_prefix(prefix)
+
+
+# --- part 2: one scheduling pass at scale -------------------------------------------------------------------
+
+def populate(jobs: int, nodes: int, mix: str = "mixed", teams: int = 4) -> dict:
+    """Create ``nodes`` nodes of DEVICES_PER_NODE virtual devices and ``jobs`` QUEUED jobs (Django must be
+    set up and migrated). Returns the capacity in GPUs."""
+    from datetime import timedelta
+
+    from django.utils import timezone as dj_timezone
+
+    from strata.accounts import services as accounts
+    from strata.cluster.models import Device, Node
+    from strata.jobs.models import Job, JobState
+
+    now = dj_timezone.now()
+    user = accounts.user_create(f"bench-{secrets.token_hex(3)}", secrets.token_urlsafe(12))
+    team_objects = [accounts.team_create(f"bench-{secrets.token_hex(3)}-{i}") for i in range(teams)]
+    node_objects = [Node(name=f"bench-node-{secrets.token_hex(3)}-{i:05d}", state=Node.State.UP,
+                         lease_expires_at=now + timedelta(hours=1)) for i in range(nodes)]
+    Node.objects.bulk_create(node_objects, batch_size=500)
+    Device.objects.bulk_create([
+        Device(node=node, index=index, kind=Device.Kind.VIRTUAL, name=f"virtual-{index}", memory_total=DEVICE_MEMORY)
+        for node in node_objects for index in range(DEVICES_PER_NODE)
+    ], batch_size=1000)
+    requests = MIXED_REQUESTS if mix == "mixed" else [{"gpus": 1.0, "gpu_memory": None, "workers": 1}]
+    Job.objects.bulk_create([
+        Job(team=team_objects[i % teams], owner=user, kind="train", name=f"bench-{i}",
+            spec={"entrypoint": "strata.bench.control_plane:noop"}, resources=dict(requests[i % len(requests)]),
+            state=JobState.QUEUED, queued_at=now + timedelta(microseconds=i), created_at=now)
+        for i in range(jobs)
+    ], batch_size=1000)
+    return {"capacity_gpus": float(nodes * DEVICES_PER_NODE)}
+
+
+def measure_pass(jobs: int, nodes: int, mix: str = "mixed", profile: str | None = None) -> dict:
+    """Populate, then time one ``schedule_pass(dispatch=False)``. Django must be set up and migrated."""
+    from django.db import connection
+    from django.db.models import Sum
+
+    from strata.jobs.models import Allocation, Job, JobState
+    from strata.scheduling.services import schedule_pass
+
+    created = time.perf_counter()
+    capacity = populate(jobs, nodes, mix)
+    populate_seconds = time.perf_counter() - created
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    begin = time.perf_counter()
+    result = schedule_pass(dispatch=False)
+    seconds = time.perf_counter() - begin
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    placed_gpus = Allocation.objects.filter(active=True).aggregate(total=Sum("share"))["total"] or 0.0
+    return {
+        "database": connection.vendor, "jobs": jobs, "nodes": nodes, "devices": nodes * DEVICES_PER_NODE,
+        "mix": mix, "seconds": seconds, "placed": result.placed, "waiting": result.waiting,
+        "still_queued": Job.objects.filter(state=JobState.QUEUED).count(),
+        "placed_gpus": round(placed_gpus, 6), **capacity, "populate_seconds": populate_seconds,
+    }
+
+
+def _pass_worker(argv: list[str]) -> int:
+    """``python -m strata.bench.control_plane pass ...``: set Django up on this process's environment, migrate
+    a fresh database, measure one pass and print the result as JSON on the last line."""
+    parser = argparse.ArgumentParser(prog="strata.bench.control_plane pass")
+    parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--mix", choices=["mixed", "uniform"], default="mixed")
+    parser.add_argument("--profile", help="write cProfile stats of the pass here")
+    args = parser.parse_args(argv)
+    # Never the user's ~/.strata: without an explicit STRATA_HOME, a throw-away one.
+    os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-bench-pass-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    print(json.dumps(measure_pass(args.jobs, args.nodes, args.mix, args.profile)), flush=True)
+    return 0
+
+
+def run_pass_subprocess(jobs: int, nodes: int, backend: str, mix: str = "mixed") -> dict:
+    home = Path(tempfile.mkdtemp(prefix="strata-bench-pass-"))
+    env = {**_clean_env(), "STRATA_HOME": str(home)}
+    database = None
+    if backend == "postgresql":
+        database = _create_database()
+        env["STRATA_DATABASE_URL"] = _database_url(database)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "strata.bench.control_plane", "pass", "--jobs", str(jobs), "--nodes", str(nodes),
+             "--mix", mix], env=env, capture_output=True, text=True, timeout=900)
+        if completed.returncode != 0:
+            raise RuntimeError(f"the pass benchmark failed ({backend}):\n{completed.stderr[-3000:]}")
+        return json.loads(completed.stdout.strip().splitlines()[-1])
+    finally:
+        if database:
+            _drop_database(database)
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+def _ratio(target: float, measured: float) -> float:
+    return target / measured if measured and measured == measured else float("nan")
+
+
+def _table(rows: list[dict]) -> str:
+    header = ["measurement", "backend", "measured", "target", "ratio target/measured", "met"]
+    lines = [header] + [[row["measurement"], row["backend"], row["measured_text"], row["target_text"],
+                         f"{row['ratio']:.2f}" if row["ratio"] == row["ratio"] else "n/a",
+                         "-" if row["met"] is None else ("yes" if row["met"] else "NO")] for row in rows]
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    out = []
+    for number, line in enumerate(lines):
+        out.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
+        if number == 0:
+            out.append("  ".join("-" * width for width in widths))
+    return "\n".join(out)
+
+
+def main(quick: bool = False, output: str | None = None) -> int:
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    started = datetime.now(UTC)
+    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+               "platform": platform.platform(), "python": platform.python_version()}
+    _say(f"strata bench control-plane{' --quick' if quick else ''}: {started:%Y-%m-%d %H:%M} UTC, "
+         f"{machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}")
+    services_problem = _services_available()
+    if services_problem:
+        _say(f"  note: PostgreSQL/Redis parts skipped: {services_problem}")
+    results: dict = {"quick": quick, "date": started.isoformat(), "machine": machine, "sizes": sizes,
+                     "latency": [], "scheduling_pass": [], "skipped": services_problem}
+
+    _say(f"\n[1/2] submit -> RUNNING latency, {sizes['latency_jobs']} short jobs per backend")
+    for backend in ("embedded", "postgres+redis"):
+        if backend == "postgres+redis" and services_problem:
+            continue
+        results["latency"].append(measure_latency(backend, sizes["latency_jobs"], sizes["rate"],
+                                                  sizes["virtual_gpus"]))
+
+    _say(f"\n[2/2] one scheduling pass: {sizes['pass_jobs']:,} queued jobs, {sizes['pass_nodes']:,} nodes x "
+         f"{DEVICES_PER_NODE} devices (mixed whole/fractional/2-GPU requests)")
+    for backend in ("sqlite", "postgresql"):
+        if backend == "postgresql" and services_problem:
+            continue
+        _say(f"  {backend}: creating rows and running the pass ...")
+        outcome = run_pass_subprocess(sizes["pass_jobs"], sizes["pass_nodes"], backend)
+        results["scheduling_pass"].append(outcome)
+        _say(f"  {backend}: pass {outcome['seconds']:.3f} s, placed {outcome['placed']:,} jobs "
+             f"({outcome['placed_gpus']:g} of {outcome['capacity_gpus']:g} GPUs), "
+             f"{outcome['still_queued']:,} still queued (rows created in {outcome['populate_seconds']:.1f} s)")
+
+    rows = []
+    for item in results["latency"]:
+        rows.append({"measurement": "submit->RUNNING p50", "backend": item["backend"], "measured": item["p50_s"],
+                     "measured_text": f"{item['p50_s'] * 1000:.1f} ms", "target_text": "<= 100 ms",
+                     "ratio": _ratio(LATENCY_P50_TARGET, item["p50_s"]), "met": item["p50_s"] <= LATENCY_P50_TARGET})
+        rows.append({"measurement": "submit->RUNNING p99", "backend": item["backend"], "measured": item["p99_s"],
+                     "measured_text": f"{item['p99_s'] * 1000:.1f} ms", "target_text": "(none)",
+                     "ratio": float("nan"), "met": None})
+    for item in results["scheduling_pass"]:
+        size = f"{item['jobs']:,} jobs / {item['nodes']:,} nodes"
+        rows.append({"measurement": f"schedule_pass ({size})", "backend": item["database"],
+                     "measured": item["seconds"], "measured_text": f"{item['seconds']:.3f} s "
+                     f"({item['placed']:,} placed)", "target_text": "<= 1 s",
+                     "ratio": _ratio(PASS_TARGET, item["seconds"]),
+                     "met": item["seconds"] <= PASS_TARGET if not quick else None})
+    results["table"] = [{k: v for k, v in row.items() if not k.endswith("_text")} for row in rows]
+    _say("\nResults" + (" (quick: small sizes, targets are for the full run)" if quick else ""))
+    _say(_table(rows))
+    _say(f"latency: jobs submitted at a steady {sizes['rate']:g}/s (not in bursts), each 0.125 GPU on a node with "
+         f"{sizes['virtual_gpus']} virtual GPUs and {2 * sizes['virtual_gpus']} slots, so no job queues behind "
+         "capacity; latency = job.started_at - job.created_at (both server clock).")
+    if output:
+        Path(output).write_text(json.dumps(results, indent=2, default=str))
+        _say(f"results written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "pass":
+        sys.exit(_pass_worker(sys.argv[2:]))
+    sys.exit(main(quick="--quick" in sys.argv[1:]))

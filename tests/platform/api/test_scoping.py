@@ -1,0 +1,202 @@
+"""Walk every API route as another team's user (and as a node) and check that nothing of team A leaks."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from django.urls import URLPattern, URLResolver
+
+from strata.api import urls as api_urls
+from strata.jobs.models import Attempt, Job, JobState
+
+PREFIX = "/api/v1/"
+NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
+               "attempt-artifact", "attempt-checkpoint"}
+DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
+ALL_METHODS = ["get", "post", "put", "patch", "delete"]
+
+
+def _routes():
+    """(name, pattern text, methods) for every route of strata.api.urls, format-suffix variants excluded."""
+    routes = []
+    for entry in api_urls.urlpatterns:
+        assert isinstance(entry, URLPattern) and not isinstance(entry, URLResolver)
+        text = str(entry.pattern)
+        if "format" in text:
+            continue
+        actions = getattr(entry.callback, "actions", None)
+        if actions:
+            methods = sorted(actions)
+        else:
+            view_class = entry.callback.view_class
+            methods = [m for m in ALL_METHODS if hasattr(view_class, m)] or ["get"]
+        routes.append((entry.name, text, methods))
+    return routes
+
+
+ROUTES = _routes()
+
+
+def _fill(text: str, values: dict) -> str:
+    text = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values[m.group(1)], text)
+    text = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: values[m.group(1)], text)
+    return PREFIX + text.lstrip("^").rstrip("$")
+
+
+def test_route_table_is_what_this_walk_expects():
+    names = {name for name, _, _ in ROUTES}
+    # A new route must be added to the walk's knowledge below (kwargs to fill, expectations).
+    assert names == NODE_ROUTES | DOC_ROUTES | {
+        "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
+        "job-metrics", "job-resubmit", "node-list", "node-detail", "device-list", "device-detail", "team-list",
+        "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail"}
+
+
+@pytest.fixture
+def world(make_team, make_user, make_token, make_node, submit, node_token, run_pass, api):
+    from strata.jobs.services import artifact_store, attempt_claim, attempt_report
+
+    team_a = make_team("secret-alpha")
+    team_b = make_team("beta")
+    alice = make_user("alice", team_a)
+    bob = make_user("bob", team_b)
+    node = make_node("n1", gpus=2)
+    job = submit(alice, team_a, name="alpha-secret-job")
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    attempt_claim(attempt.pk, attempt.fencing_token, node)
+    attempt_report(attempt, logs=[{"message": "alpha-secret-log"}], metrics=[{"name": "loss", "step": 1, "value": 0.5}])
+    artifact = artifact_store(attempt, "alpha-secret.bin", io.BytesIO(b"alpha-secret-bytes"))
+    token_a = make_token(alice, team_a)
+    from strata.accounts.models import ApiToken
+
+    return {
+        "team_a": team_a, "team_b": team_b, "job": job, "attempt": attempt, "node": node, "artifact": artifact,
+        "token_a": ApiToken.objects.get(user=alice),
+        "a": api(token_a), "b": api(make_token(bob, team_b)), "node_client": api(node_token),
+        "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
+                   "attempt_id": str(attempt.pk), "name": "alpha-secret.bin"},
+    }
+
+
+def _call(client, method: str, url: str):
+    body = {} if method in {"post", "put", "patch"} else None
+    return getattr(client, method)(url, body, format="json") if body is not None else getattr(client, method)(url)
+
+
+def _secrets(world) -> list[str]:
+    return [str(world["job"].pk), world["team_a"].slug, "alpha-secret", str(world["attempt"].pk),
+            str(world["artifact"].pk), world["attempt"].fencing_token, world["token_a"].prefix]
+
+
+def _body(response) -> str:
+    if hasattr(response, "streaming_content"):
+        return b"".join(response.streaming_content).decode(errors="replace")
+    return response.content.decode(errors="replace")
+
+
+def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
+    b = world["b"]
+    before = Job.objects.get(pk=world["job"].pk)
+    job_count = Job.objects.count()
+    secret_values = _secrets(world)
+    seen = []
+    for name, text, methods in ROUTES:
+        if name in DOC_ROUTES:
+            continue
+        values = dict(world["values"])
+        if name == "token-detail":
+            values["pk"] = str(world["token_a"].pk)
+        if name in {"node-detail"}:
+            values["pk"] = str(world["node"].pk)
+        if name == "device-detail":
+            values["pk"] = str(world["node"].devices.first().pk)
+        url = _fill(text, values)
+        for method in methods:
+            response = _call(b, method, url)
+            seen.append((name, method))
+            leaked = [s for s in secret_values if s in _body(response)]
+            assert not leaked, (name, method, url, response.status_code, leaked)
+            if name in NODE_ROUTES:
+                assert response.status_code == 403, (name, method, response.status_code)
+            elif name.startswith("job-") and name != "job-list":
+                assert response.status_code == 404, (name, method, response.status_code)
+            elif name in {"quota-detail", "quota-usage", "team-detail", "token-detail"}:
+                # quota PUT/PATCH are refused earlier (403, cluster admins only); everything else is 404.
+                expected = 403 if method in {"put", "patch"} else 404
+                assert response.status_code == expected, (name, method, response.status_code)
+            elif name == "job-list" and method == "post":
+                assert response.status_code == 400
+            else:
+                assert response.status_code < 400, (name, method, response.status_code)
+    assert ("job-download", "get") in seen and ("job-resubmit", "post") in seen
+    after = Job.objects.get(pk=world["job"].pk)
+    assert after.state == before.state == JobState.RUNNING
+    assert Job.objects.count() == job_count  # no resubmit of A's job slipped through
+
+
+def test_foreign_user_list_endpoints_show_only_own_team(world, make_user, submit):
+    b = world["b"]
+    submit(make_user("bob2", world["team_b"]), world["team_b"], name="beta-job")
+    jobs = b.get("/api/v1/jobs/").json()
+    assert [j["name"] for j in jobs["results"]] == ["beta-job"]
+    assert b.get("/api/v1/jobs/", {"team": world["team_a"].slug}).json()["count"] == 0
+    assert b.get("/api/v1/jobs/", {"owner": "alice"}).json()["count"] == 0
+    assert b.get("/api/v1/jobs/", {"state": "RUNNING"}).json()["count"] == 0
+    assert [t["slug"] for t in b.get("/api/v1/teams/").json()["results"]] == ["beta"]
+    assert [q["team"] for q in b.get("/api/v1/quotas/").json()["results"]] == ["beta"]
+    assert all(t["team"] == "beta" for t in b.get("/api/v1/tokens/").json()["results"])
+
+
+def test_owner_team_does_see_its_job(world):
+    a, job_id = world["a"], str(world["job"].pk)
+    assert a.get(f"/api/v1/jobs/{job_id}/").status_code == 200
+    assert [line["message"] for line in a.get(f"/api/v1/jobs/{job_id}/logs/").json()] == ["alpha-secret-log"]
+    response = a.get(f"/api/v1/jobs/{job_id}/artifacts/{world['artifact'].pk}/download/")
+    assert response.status_code == 200 and _body(response) == "alpha-secret-bytes"
+    assert a.get("/api/v1/jobs/", {"team": "secret-alpha"}).json()["count"] == 1
+
+
+def test_a_multi_team_user_token_is_scoped_to_its_team(world, make_token, api):
+    from strata.accounts import services
+
+    alice = world["job"].owner
+    services.membership_set(alice, world["team_b"])
+    client = api(make_token(alice, world["team_b"]))
+    assert client.get(f"/api/v1/jobs/{world['job'].pk}/").status_code == 404
+    assert client.get("/api/v1/jobs/").json()["count"] == 0
+
+
+def test_node_routes_refuse_user_tokens(world):
+    for client in (world["a"], world["b"]):
+        for name, text, methods in ROUTES:
+            if name not in NODE_ROUTES:
+                continue
+            for method in methods:
+                response = _call(client, method, _fill(text, world["values"]))
+                assert response.status_code == 403, (name, method, response.status_code)
+
+
+def test_user_routes_refuse_node_tokens(world):
+    node_client = world["node_client"]
+    for name, text, methods in ROUTES:
+        if name in NODE_ROUTES or name in DOC_ROUTES:
+            continue
+        values = dict(world["values"])
+        for method in methods:
+            response = _call(node_client, method, _fill(text, values))
+            assert response.status_code == 403, (name, method, response.status_code)
+            assert not [s for s in _secrets(world) if s in _body(response)], name
+
+
+def test_anonymous_is_401_everywhere_but_docs(world, api):
+    anonymous = api()
+    for name, text, methods in ROUTES:
+        if name in DOC_ROUTES:
+            continue
+        for method in methods:
+            response = _call(anonymous, method, _fill(text, world["values"]))
+            assert response.status_code in {401, 403}, (name, method, response.status_code)
+            assert response.status_code == 401, (name, method)
