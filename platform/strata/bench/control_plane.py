@@ -395,7 +395,7 @@ def _ratio(target: float, measured: float) -> float:
 def _table(rows: list[dict]) -> str:
     header = ["measurement", "backend", "measured", "target", "ratio target/measured", "met"]
     lines = [header] + [[row["measurement"], row["backend"], row["measured_text"], row["target_text"],
-                         f"{row['ratio']:.2f}" if row["ratio"] == row["ratio"] else "n/a",
+                         f"{row['ratio']:.3g}" if row["ratio"] == row["ratio"] else "n/a",
                          "-" if row["met"] is None else ("yes" if row["met"] else "NO")] for row in rows]
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     out = []
@@ -457,8 +457,8 @@ def main(quick: bool = False, output: str | None = None) -> int:
     _say("\nResults" + (" (quick: small sizes, targets are for the full run)" if quick else ""))
     _say(_table(rows))
     _say(f"latency: jobs submitted at a steady {sizes['rate']:g}/s (not in bursts), each 0.125 GPU on a node with "
-         f"{sizes['virtual_gpus']} virtual GPUs and {2 * sizes['virtual_gpus']} slots, so no job queues behind "
-         "capacity; latency = job.started_at - job.created_at (both server clock).")
+         f"{sizes['virtual_gpus']} virtual GPUs and {2 * sizes['virtual_gpus']} slots: sized so no job queues behind "
+         "capacity if each child exits promptly (on a CPU-starved machine the slots fill and dispatches wait for one); latency = job.started_at - job.created_at (both server clock).")
     if output:
         Path(output).write_text(json.dumps(results, indent=2, default=str))
         _say(f"results written to {output}")
