@@ -34,18 +34,23 @@ def resolve_entrypoint(ctx: Context, path: str):
     Returns None when the function trained by itself, or the :class:`Workload` it returned for the loop to
     drive. ``path`` may also name a Workload subclass, which is instantiated with no arguments.
     """
-    from components.train.workloads import Workload
-
     try:
         target = import_path(path)
     except (ImportError, AttributeError) as error:
         raise ImportError(f"cannot import the entrypoint {path!r}: {error}") from error
-    if isinstance(target, type) and issubclass(target, Workload):
-        return target()
+    if isinstance(target, type):
+        from components.train.workloads import Workload
+
+        if issubclass(target, Workload):
+            return target()
     if not callable(target):
         raise TypeError(f"the entrypoint {path!r} is not callable")
     result = target(ctx)
-    if result is None or isinstance(result, Workload):
+    if result is None:
+        return None
+    from components.train.workloads import Workload  # torch is imported only when a Workload must be driven
+
+    if isinstance(result, Workload):
         return result
     raise TypeError(
         f"the entrypoint {path!r} returned {type(result).__name__}; expected None (it trained by itself) "
@@ -66,20 +71,24 @@ class TrainComponent(Component):
     kind: ClassVar[str] = TrainSpec.kind
 
     def run(self, ctx: Context) -> None:
-        import torch
-
-        from components.train.loop import TrainLoop
-        from components.train.workloads import builtin_workload
-
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
         ctx.spec = spec
-        torch.set_num_threads(torch_threads())
-
+        threads = torch_threads()
+        # Read by torch when it is first imported, which for self-training entrypoints happens in user code;
+        # an entrypoint that needs no torch never pays for importing it.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if spec["entrypoint"]:
             workload = resolve_entrypoint(ctx, spec["entrypoint"])
             if workload is None:
                 ctx.log(f"{spec['entrypoint']} finished")
                 return
         else:
+            from components.train.workloads import builtin_workload
+
             workload = builtin_workload(spec["workload"])
+        import torch
+
+        from components.train.loop import TrainLoop
+
+        torch.set_num_threads(threads)
         TrainLoop(workload, spec, ctx).run()

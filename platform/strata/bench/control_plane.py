@@ -51,7 +51,7 @@ MIXED_REQUESTS = [
 
 
 def noop(ctx) -> None:
-    """Entrypoint of the latency benchmark's train jobs: returns at once (the child still imports torch)."""
+    """Entrypoint of the latency benchmark's train jobs: returns at once, so the child never imports torch."""
     return None
 
 

@@ -31,7 +31,9 @@ def request_pass() -> None:
 
         schedule_pass()
         return
+    from strata.celery import app  # the configured app: a bare shared_task would use Celery's default broker
+
     try:
-        schedule_pass_task.apply_async(queue="control")
+        app.send_task("strata.scheduling.pass", queue="control")
     except Exception:  # the beat tick runs a pass anyway
         log.exception("could not request a scheduling pass; the next tick will run one")
