@@ -54,10 +54,3 @@ def parse_duration(value: int | float | str) -> float:
     if not match or match.group(2).lower() not in _DURATION_UNITS:
         raise ValueError(f"invalid duration {value!r}: use seconds or a unit such as 90s, 15m, 2h")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
-
-
-def format_bytes(count: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= size:
-            return f"{count / size:.1f}{unit}"
-    return f"{count}B"

@@ -23,15 +23,6 @@ def visible_team_ids(request) -> list[int]:
     return list(Membership.objects.filter(user=user).values_list("team_id", flat=True))
 
 
-def team_admin_ids(request) -> list[int]:
-    user = request.user
-    ids = visible_team_ids(request)
-    if user.is_staff:
-        return ids
-    return list(Membership.objects.filter(user=user, team_id__in=ids, role=Membership.Role.TEAM_ADMIN)
-                .values_list("team_id", flat=True))
-
-
 def is_node_request(request) -> bool:
     token = request_token(request)
     return token is not None and token.kind == ApiToken.Kind.NODE

@@ -10,7 +10,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from strata.cluster.models import Device, Node
-from strata.jobs.models import Allocation, Attempt, JobState
+from strata.jobs.models import Allocation, Attempt
+from strata.jobs.services import STOPPED_STATES
 
 
 class StaleSession(Exception):
@@ -75,13 +76,8 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
         Device.objects.filter(pk=device.pk).update(utilization=utilization, memory_used=memory, updated_at=now)
         rows.append((device.pk, utilization, memory))
     samples_record(rows, now)
-    stop = []
-    if attempt_ids:
-        for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids).values_list(
-                "id", "ended_at", "job__state"):
-            if ended is not None or state in {JobState.CANCELLED, JobState.PREEMPTED, JobState.SUCCEEDED,
-                                              JobState.FAILED}:
-                stop.append(str(attempt_id))
-        known = {str(i) for i in Attempt.objects.filter(pk__in=attempt_ids).values_list("id", flat=True)}
-        stop += [a for a in attempt_ids if a not in known]
+    known = {str(attempt_id): ended is not None or state in STOPPED_STATES
+             for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
+             .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
+    stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
     return {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop}

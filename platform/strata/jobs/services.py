@@ -130,9 +130,12 @@ def attempt_for_node(attempt_id, fencing_token: str, node=None, *, lock: bool = 
     return attempt
 
 
+# Job states in which a still-running attempt must stop.
+STOPPED_STATES = frozenset({S.CANCELLED, S.PREEMPTED, S.SUCCEEDED, S.FAILED})
+
+
 def attempt_stop_requested(attempt: Attempt) -> bool:
-    return attempt.ended_at is not None or attempt.job.state in {S.CANCELLED, S.PREEMPTED} or \
-        attempt.job.state in {S.SUCCEEDED, S.FAILED}
+    return attempt.ended_at is not None or attempt.job.state in STOPPED_STATES
 
 
 @transaction.atomic

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from components.runtime.registry import UnknownKind, get_kind, kinds
+from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
@@ -169,7 +169,3 @@ class ArtifactSerializer(serializers.ModelSerializer):
         model = Artifact
         fields = ["id", "name", "kind", "size", "sha256", "created_at"]
         read_only_fields = fields
-
-
-def known_kinds() -> list[str]:
-    return sorted(kinds())
