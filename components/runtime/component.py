@@ -24,8 +24,9 @@ class Component(abc.ABC):
     4. Returning normally means SUCCEEDED; raising means the attempt FAILED (and is retried up to the job's
        ``max_attempts``). The child is killed if it ignores a stop request past the grace period.
 
-    A component may also declare a long-lived per-node ``service`` (started and supervised by the node agent)
-    and dashboard ``panels``; both are optional.
+    A component may also declare a long-lived per-node ``service`` (started and supervised by the node agent).
+    Dashboard panels are declared on the light ``KindSpec.panels`` instead, so the control plane can render
+    them without importing the component (see :mod:`components.runtime.panels`).
     """
 
     kind: ClassVar[str]
@@ -38,6 +39,3 @@ class Component(abc.ABC):
         """An optional long-lived node service (e.g. a per-device executor). None by default."""
         return None
 
-    def panels(self) -> list[dict[str, Any]]:
-        """Optional dashboard panels this component contributes. None by default."""
-        return []

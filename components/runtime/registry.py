@@ -72,6 +72,21 @@ def get_kind(kind: str) -> KindSpec:
     return registered[kind]
 
 
+def panels(placement: str) -> list[tuple[str, type]]:
+    """(kind, Panel class) for every panel the registered kinds contribute to ``placement`` ("job"/"cluster")."""
+    from components.runtime.panels import Panel
+
+    found = []
+    for kind, spec in kinds().items():
+        for path in spec.panels:
+            panel_class = import_path(path)
+            if not (isinstance(panel_class, type) and issubclass(panel_class, Panel)):
+                raise TypeError(f"{path} (a panel of kind {kind!r}) is not a Panel subclass")
+            if panel_class.placement == placement:
+                found.append((kind, panel_class))
+    return found
+
+
 def load_component(kind: str):
     """Import and instantiate the heavy component class of ``kind`` (on a node only)."""
     return import_path(get_kind(kind).component)()

@@ -26,6 +26,8 @@ class KindSpec(abc.ABC):
     kind: ClassVar[str]
     component: ClassVar[str]
     description: ClassVar[str] = ""
+    # Dashboard panels this kind contributes: "module:Class" paths to components.runtime.panels.Panel subclasses.
+    panels: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "strata.scheduling",
     "strata.telemetry",
     "strata.api",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -117,7 +118,8 @@ STATIC_ROOT = str(HOME / "static")
 (HOME / "static").mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/jobs/"
 
 # --- request limits -----------------------------------------------------------------------------------
 STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024)

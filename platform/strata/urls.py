@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.http import JsonResponse
-from django.shortcuts import redirect
 from django.urls import include, path
 
 
@@ -9,9 +8,9 @@ def health(request):
 
 
 urlpatterns = [
-    path("", lambda request: redirect("/api/v1/docs/")),
     path("healthz", health),
     path("admin/", admin.site.urls),
     path("api/v1/", include("strata.api.urls")),
     path("api-auth/", include("rest_framework.urls")),
+    path("", include("dashboard.urls")),
 ]

@@ -1,0 +1,107 @@
+"""Component panels on dashboard pages: the database-backed PanelData and the render loop.
+
+Components declare panels on their ``KindSpec.panels`` (see :mod:`components.runtime.panels`); this module is the
+only place the dashboard touches them, so a new component's panels appear without editing any page.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from components.runtime import registry
+from components.runtime.panels import PanelData
+from strata.cluster.models import Device
+from strata.jobs.models import Allocation, Job
+
+log = logging.getLogger(__name__)
+
+MAX_PANEL_POINTS = 20_000  # per metric series handed to a panel
+
+
+class DatabasePanelData(PanelData):
+    """PanelData over the control-plane database, limited to the teams the viewer may see."""
+
+    def __init__(self, team_ids: list[int], job: Job | None = None, job_data: dict | None = None):
+        self.team_ids = list(team_ids)
+        self._job = job
+        self.job = job_data
+
+    def metrics(self, names=None):
+        if self._job is None:
+            return {}
+        rows = self._job.metric_points.order_by("step", "id")
+        if names:
+            rows = rows.filter(name__in=list(names))
+        series: dict[str, list[tuple[int, float, float]]] = {}
+        for name, step, value, time in rows.values_list("name", "step", "value", "time")[: MAX_PANEL_POINTS * 8]:
+            points = series.setdefault(name, [])
+            if len(points) < MAX_PANEL_POINTS:
+                points.append((step, value, time.timestamp()))
+        return series
+
+    def events(self, kind=None):
+        if self._job is None:
+            return []
+        rows = self._job.events.order_by("id")
+        if kind:
+            rows = rows.filter(kind=kind)
+        return [{"time": time.timestamp(), "kind": event_kind, "message": message, "data": data}
+                for time, event_kind, message, data in rows.values_list("time", "kind", "message", "data")[:5000]]
+
+    def devices(self):
+        return cluster_devices(self.team_ids)
+
+
+def cluster_devices(team_ids) -> list[dict[str, Any]]:
+    """Every device with the jobs holding a share of it now. Jobs of teams the viewer cannot see are listed
+    as ``{"foreign": True, "share": ...}`` with no name, id or team, so nothing leaks across teams."""
+    visible = set(team_ids)
+    devices = {}
+    for device in Device.objects.select_related("node").order_by("node__name", "index"):
+        devices[device.pk] = {
+            "id": device.pk, "node": device.node.name, "node_state": device.node.state, "index": device.index,
+            "kind": device.kind, "name": device.name, "memory_total": device.memory_total,
+            "utilization": device.utilization, "memory_used": device.memory_used, "allocations": [],
+        }
+    allocations = (Allocation.objects.filter(active=True, attempt__ended_at__isnull=True)
+                   .select_related("attempt__job__team", "attempt__job__owner").order_by("device_id", "rank"))
+    for allocation in allocations:
+        entry = devices.get(allocation.device_id)
+        if entry is None:
+            continue
+        job = allocation.attempt.job
+        if job.team_id in visible:
+            entry["allocations"].append({
+                "job_id": str(job.pk), "job_name": job.name, "team": job.team.slug, "owner": job.owner.username,
+                "kind": job.kind, "state": job.state, "rank": allocation.rank, "share": allocation.share,
+                "memory": allocation.memory, "foreign": False})
+        else:
+            entry["allocations"].append({"foreign": True, "share": allocation.share, "memory": allocation.memory})
+    return list(devices.values())
+
+
+def render_panels(placement: str, data: PanelData, kind: str | None = None) -> list[dict[str, Any]]:
+    """Render every registered panel for ``placement``; job panels only for the job's own ``kind``.
+
+    A panel that raises is shown as an error box instead of breaking the page: one buggy component must not
+    take the dashboard down.
+    """
+    rendered = []
+    for panel_kind, panel_class in registry.panels(placement):
+        if placement == "job" and panel_kind != kind:
+            continue
+        panel = panel_class()
+        entry = {"slug": panel_class.slug, "title": panel_class.title, "kind": panel_kind}
+        try:
+            if placement == "job" and not panel.applies(data.job or {}):
+                continue
+            content = panel.render(data)
+        except Exception as error:  # noqa: BLE001 - isolate third-party panels
+            log.exception("panel %s of kind %s failed", panel_class.slug, panel_kind)
+            content = {"error": f"{type(error).__name__}: {error}"}
+        if content is None:
+            continue
+        entry.update(content)
+        rendered.append(entry)
+    return rendered

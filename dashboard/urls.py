@@ -1,0 +1,17 @@
+"""The web UI's routes, mounted at the site root. Each page module owns its own ``urlpatterns``."""
+
+from django.urls import path
+
+from dashboard.views import assets, auth, cluster, jobs, usage
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", auth.home, name="home"),
+    path("login/", auth.LoginView.as_view(), name="login"),
+    path("logout/", auth.LogoutView.as_view(), name="logout"),
+    path("assets/plotly.min.js", assets.plotly_js, name="plotly-js"),
+    *jobs.urlpatterns,
+    *cluster.urlpatterns,
+    *usage.urlpatterns,
+]
