@@ -1,4 +1,5 @@
-"""Shared test set-up: an isolated STRATA_HOME, inline scheduling passes, and factories for the usual objects.
+"""Shared test set-up: an isolated STRATA_HOME, inline scheduling passes, and factories for the usual objects
+(teams, users, tokens, nodes, jobs) used by the control-plane and dashboard tests.
 
 With STRATA_DATABASE_URL / STRATA_BROKER_URL set (CI), the suite runs against PostgreSQL and Redis; without
 them, on the embedded defaults (SQLite and the filesystem broker).
@@ -30,3 +31,125 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
+
+@pytest.fixture
+def make_team(db):
+    from strata.accounts import services
+
+    def make(slug: str = "alpha", **quota):
+        team = services.team_create(slug)
+        if quota:
+            from strata.quotas.models import Quota
+
+            Quota.objects.filter(team=team).update(**quota)
+        return team
+
+    return make
+
+
+@pytest.fixture
+def make_user(db):
+    from strata.accounts import services
+
+    def make(username: str = "alice", team=None, role: str = "member", admin: bool = False):
+        user = services.user_create(username, "pw-" + username, admin=admin)
+        if team is not None:
+            services.membership_set(user, team, role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def make_token(db):
+    from strata.accounts import services
+
+    def make(user, team=None, kind: str = "user", ttl_days: float | None = None) -> str:
+        _, raw = services.token_create(user, team=team, kind=kind, ttl_days=ttl_days)
+        return raw
+
+    return make
+
+
+@pytest.fixture
+def api(db):
+    """An API client factory: ``api(token)`` sends ``Authorization: Bearer token`` on every request."""
+    from rest_framework.test import APIClient
+
+    def make(token: str | None = None) -> APIClient:
+        client = APIClient()
+        if token:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def make_node(db):
+    """Register a node with ``gpus`` virtual devices of ``memory`` bytes each, as a node agent would."""
+    from strata.cluster.services import node_register
+
+    def make(name: str = "node-1", gpus: int = 2, memory: int = 8 * 2**30, labels=None):
+        return node_register(name=name, labels=labels or {}, devices=[
+            {"index": i, "kind": "virtual", "name": f"virtual GPU {i}", "memory_total": memory} for i in range(gpus)
+        ])
+
+    return make
+
+
+TRAIN_JOB = {"name": "digits", "kind": "train", "spec": {"workload": "mlp-digits", "epochs": 1}}
+
+
+@pytest.fixture
+def job_body():
+    import copy
+
+    return lambda **overrides: {**copy.deepcopy(TRAIN_JOB), **overrides}
+
+
+@pytest.fixture(autouse=True)
+def published(monkeypatch):
+    """Record dispatches instead of sending them to the broker: a list of batches of (queue, attempt, token)."""
+    from strata.scheduling import dispatch
+
+    calls: list[list[tuple[str, str, str]]] = []
+    monkeypatch.setattr(dispatch, "publish_all", lambda batch: calls.append(list(batch)))
+    return calls
+
+
+@pytest.fixture
+def submit(db):
+    """Submit a normalized job through the service layer (no scheduling pass is run)."""
+    from strata.jobs.services import job_submit
+
+    def make(user, team, *, gpus: float = 1.0, memory: int | None = None, workers: int = 1, priority: int = 0,
+             max_attempts: int = 3, name: str = "job", node_labels=None):
+        resources = {"gpus": float(gpus), "gpu_memory": memory, "workers": workers}
+        if node_labels:
+            resources["node_labels"] = node_labels
+        data = {"kind": "train", "name": name, "spec": {"workload": "mlp-digits", "epochs": 1},
+                "resources": resources, "priority": priority, "max_attempts": max_attempts, "time_limit": 3600}
+        job, _ = job_submit(user=user, team=team, data=data)
+        return job
+
+    return make
+
+
+@pytest.fixture
+def node_token(make_user, make_token):
+    """A node-agent token, created by a cluster admin."""
+    admin = make_user("node-admin", admin=True)
+    return make_token(admin, kind="node")
+
+
+@pytest.fixture
+def run_pass(db):
+    from strata.scheduling.services import schedule_pass
+
+    return lambda: schedule_pass(dispatch=False)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
