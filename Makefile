@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install run test test-fast lint bench clean
+.PHONY: install browser run test lint bench screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Debian's Chromium for the browser tests (never a browser downloaded by a test tool). Needs root or sudo;
+# without either the browser tests skip (CI sets STRATA_REQUIRE_SERVICES=1, which turns that skip into a failure).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
+	    echo "make: chromium is missing and there is no root or sudo to install it; browser tests will skip"; exit 0; fi; \
+	  echo "make: installing Debian's chromium for the browser tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
 run: install
 	$(BIN)/strata up --port $(PORT)
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest
 
 lint: install
@@ -28,6 +37,10 @@ lint: install
 
 bench: install
 	$(BIN)/strata bench control-plane
+
+# Saves the main pages as PNG files in docs/img (the README shows them), from the browser tests.
+screenshots: install browser
+	STRATA_SCREENSHOT_DIR=$(CURDIR)/docs/img $(BIN)/python -m pytest -q tests/e2e/test_browser.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

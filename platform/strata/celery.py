@@ -26,6 +26,11 @@ def _configure() -> None:
                 "schedule": settings.STRATA_SCHEDULER_TICK_SECONDS,
                 "options": {"queue": "control", "expires": settings.STRATA_SCHEDULER_TICK_SECONDS * 5},
             },
+            "telemetry-rollup": {
+                "task": "strata.telemetry.rollup",
+                "schedule": 60.0,
+                "options": {"queue": "control", "expires": 120},
+            },
             "telemetry-retention": {
                 "task": "strata.telemetry.retention",
                 "schedule": 3600.0,

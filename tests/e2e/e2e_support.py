@@ -186,8 +186,9 @@ class Cluster:
                         message=f"job {job_id} to reach {sorted(states)}")
 
     # -- CLI -------------------------------------------------------------------------------------------
-    def cli(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run([*strata_command(), *args], env=e2e_env(STRATA_CONFIG=str(self.home / "client.yaml")),
+    def cli(self, *args: str, timeout: float = 120.0, env: dict | None = None) -> subprocess.CompletedProcess:
+        variables = e2e_env(STRATA_CONFIG=str(self.home / "client.yaml"), **(env or {}))
+        return subprocess.run([*strata_command(), *args], env=variables,
                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                               cwd=self.home)
 

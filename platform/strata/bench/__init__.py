@@ -7,6 +7,7 @@ import importlib
 # name -> "module:function"; the function takes (quick: bool, output: str | None) and returns an exit code.
 BENCHMARKS: dict[str, str] = {
     "control-plane": "strata.bench.control_plane:main",
+    "dashboard": "strata.bench.dashboard:main",
 }
 
 

@@ -47,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--local", action="store_true", help="write to the local database instead of the API")
     create.add_argument("--user", default="admin", help="with --local: the token's user")
 
+    user = commands.add_parser("user", help="web UI users (head node, local database)").add_subparsers(
+        dest="user_command", required=True)
+    user_create = user.add_parser("create", help="create a user (or reset its password) and add it to teams")
+    user_create.add_argument("username")
+    user_create.add_argument("--team", action="append", default=[], help="team slug (repeatable; created if new)")
+    user_create.add_argument("--role", choices=["member", "team-admin"], default="member")
+    user_create.add_argument("--admin", action="store_true", help="make a cluster admin (staff)")
+    user_create.add_argument("--password-file", help="read the password from this file ('-': stdin); "
+                             "default: generate one and print it")
+
     submit = commands.add_parser("submit", help="submit a job from a YAML or JSON file ('-' for stdin)")
     submit.add_argument("file")
     submit.add_argument("--wait", action="store_true", help="wait and exit 0 only if the job SUCCEEDED")
@@ -73,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
 
     bench = commands.add_parser("bench", help="run a benchmark")
-    bench.add_argument("component", help="what to measure, e.g. control-plane")
+    bench.add_argument("component", help="what to measure: control-plane, dashboard")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     bench.add_argument("--output", help="also write the results as JSON here")
     return parser
@@ -85,6 +95,8 @@ def dispatch(args) -> int:
 
     if args.command == "token":
         return local.token_create_local(args) if args.local else client.token_create(args)
+    if args.command == "user":
+        return local.user_create_local(args)
     if args.command == "bench":
         from strata.bench import run_benchmark
 

@@ -153,8 +153,9 @@ def up(args) -> int:
         _wait_healthy(url, processes)
         print(f"""
 Strata is running at {url}
+  Web UI:       {url}/   (log in as admin; the password is in {home / 'credentials.json'})
   API docs:     {url}/api/v1/docs/
-  Admin:        {url}/admin/   (user admin; password in {home / 'credentials.json'})
+  Django admin: {url}/admin/
   Credentials:  {home / 'credentials.json'}
   CLI:          export STRATA_CONFIG={home / 'client.yaml'}
                 strata submit examples/jobs/digits.yaml --wait
@@ -204,4 +205,33 @@ def token_create_local(args) -> int:
         raise ValueError("a user token needs --team")
     _, raw = services.token_create(user, team=team, kind=args.kind, name=args.name or "", ttl_days=args.ttl_days)
     print(raw)
+    return 0
+
+
+def user_create_local(args) -> int:
+    """Create a web UI user in the local database, add it to teams, and print its password once."""
+    migrate()
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    from strata.accounts import services
+
+    if args.password_file:
+        source = sys.stdin if args.password_file == "-" else open(args.password_file)
+        with source:
+            password = source.readline().strip()
+        generated = False
+    else:
+        password, generated = secrets.token_urlsafe(12), True
+    try:
+        validate_password(password)
+    except ValidationError as error:
+        raise ValueError("password: " + " ".join(error.messages)) from None
+    user = services.user_create(args.username, password, admin=args.admin)
+    for slug in args.team:
+        services.membership_set(user, services.team_create(slug), args.role)
+    teams = ", ".join(args.team) or "no team"
+    print(f"user {user.username} ({'cluster admin' if args.admin else 'user'}; {teams})")
+    if generated:
+        print(f"password: {password}")
     return 0

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
+from strata.accounts.models import Team
+from strata.accounts.selectors import request_token, visible_team_ids
 from strata.jobs.models import Allocation, Attempt, Job
+
+
+class SubmitTeamError(ValueError):
+    """The team a job was submitted to cannot be resolved for this caller (reported on the ``team`` field)."""
 
 
 def jobs_visible(team_ids) -> QuerySet[Job]:
@@ -15,3 +21,20 @@ def jobs_with_attempts(queryset: QuerySet[Job]) -> QuerySet[Job]:
     allocations = Prefetch("allocations", queryset=Allocation.objects.select_related("device__node"))
     return queryset.prefetch_related(
         Prefetch("attempts", queryset=Attempt.objects.select_related("node").prefetch_related(allocations)))
+
+
+def submit_team(request, slug: str | None) -> Team:
+    """The team a submit from ``request`` goes to: the named one if the caller may see it; without a name, the
+    token's team, or the caller's only team. Shared by the REST API and the web form so both agree."""
+    token = request_token(request)
+    team_ids = visible_team_ids(request)
+    if token is not None and slug is None:
+        return token.team
+    if slug is None:
+        if len(team_ids) == 1:
+            return Team.objects.get(pk=team_ids[0])
+        raise SubmitTeamError("required: you belong to several teams")
+    team = Team.objects.filter(slug=slug, id__in=team_ids).first()
+    if team is None:
+        raise SubmitTeamError(f"unknown team {slug!r}")
+    return team

@@ -6,6 +6,7 @@ IMMEDIATE transaction's write lock plays that role), so concurrent submits canno
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -123,3 +124,111 @@ def team_usage(team_id: int) -> dict:
         "window_hours": quota.window_hours,
         "pending": Job.objects.filter(team_id=team_id, state=JobState.PENDING).count(),
     }
+
+
+# --- changing a quota ---------------------------------------------------------------------------------------
+
+class QuotaInvalid(ValueError):
+    """Some quota fields have bad values; ``errors`` maps each field to its message. Nothing was changed."""
+
+    def __init__(self, errors: dict[str, str]):
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
+
+
+# field -> (type, nullable, minimum, maximum). A null limit is unlimited; window, priority and weight are
+# always set. The API serializer and the web form both go through quota_clean, so the rules live here once.
+QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
+    "max_gpus": (float, True, 0, None),
+    "max_gpu_memory": (int, True, 0, None),
+    "max_concurrent_jobs": (int, True, 0, 2**31 - 1),
+    "gpu_hours": (float, True, 0, None),
+    "window_hours": (float, False, 0.01, 24 * 366),
+    "priority": (int, False, -100, 100),
+    "weight": (float, False, 0.001, 1000),
+}
+
+
+def _clean_value(name: str, value):
+    from components.runtime.units import parse_bytes
+
+    kind, nullable, minimum, maximum = QUOTA_FIELDS[name]
+    if isinstance(value, str):
+        value = value.strip()
+        if value == "":
+            value = None
+    if value is None:
+        if not nullable:
+            raise ValueError("this field is required")
+        return None
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    if name == "max_gpu_memory":
+        try:
+            number = parse_bytes(value)
+        except ValueError:
+            negative = isinstance(value, int | float) or str(value).strip().startswith("-")
+            raise ValueError("must be at least 0" if negative else "enter a size such as 64GiB, or bytes") from None
+    elif kind is int:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("enter a whole number") from None
+        if not math.isfinite(number) or number != int(number):
+            raise ValueError("enter a whole number")
+        number = int(number)
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("enter a number") from None
+        if not math.isfinite(number):
+            raise ValueError("enter a finite number")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"must be at least {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"must be at most {maximum:g}")
+    return number
+
+
+def quota_clean(changes: dict) -> dict:
+    """Typed, range-checked values for the quota fields in ``changes`` (numbers or strings: "" is unlimited,
+    ``max_gpu_memory`` accepts sizes such as "16GiB"). Raises QuotaInvalid listing every bad field."""
+    cleaned, errors = {}, {}
+    for name, value in changes.items():
+        if name not in QUOTA_FIELDS:
+            errors[name] = "not a quota field"
+            continue
+        try:
+            cleaned[name] = _clean_value(name, value)
+        except ValueError as error:
+            errors[name] = str(error)
+    if errors:
+        raise QuotaInvalid(errors)
+    return cleaned
+
+
+@dataclass
+class QuotaChange:
+    quota: Quota
+    changed: list[str]
+    admitted: list[Job]
+
+
+def quota_update(team_id: int, changes: dict) -> QuotaChange:
+    """Validate and apply ``changes`` to the team's quota, admit the PENDING jobs the new limits allow, and
+    request a scheduling pass on commit so they are placed at once. Raises QuotaInvalid (nothing changed)."""
+    from strata.scheduling.tasks import request_pass
+
+    cleaned = quota_clean(changes)
+    with transaction.atomic():
+        quota = Quota.objects.select_for_update().filter(team_id=team_id).first() or Quota.objects.create(team_id=team_id)
+        changed = [name for name, value in cleaned.items() if getattr(quota, name) != value]
+        for name in changed:
+            setattr(quota, name, cleaned[name])
+        if changed:
+            quota.save(update_fields=changed)
+    admitted = admit_pending(team_id)
+    # Also when nothing was admitted: a new priority or weight reorders the queue.
+    transaction.on_commit(request_pass)
+    return QuotaChange(quota=quota, changed=changed, admitted=admitted)

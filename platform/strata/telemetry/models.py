@@ -1,4 +1,15 @@
-"""Time series of device utilization and memory, sampled from node heartbeats."""
+"""Time series of device utilization and memory: raw samples from node heartbeats and their rollups.
+
+Three tiers, so a chart over any range reads a bounded number of rows:
+
+* ``DeviceSample``: one row per device per heartbeat (~3 s), kept ``STRATA_TELEMETRY_RAW_DAYS`` (2 days);
+* ``DeviceRollup`` at ``resolution=60``: one row per device per minute, kept 8 days;
+* ``DeviceRollup`` at ``resolution=3600``: one row per device per hour, kept
+  ``STRATA_TELEMETRY_RETENTION_DAYS`` (35 days).
+
+``RollupWatermark`` records, per resolution, up to where rollups are complete (see
+:func:`strata.telemetry.services.rollups_update`).
+"""
 
 from __future__ import annotations
 
@@ -15,5 +26,41 @@ class DeviceSample(models.Model):
     memory_used = models.BigIntegerField()
 
     class Meta:
-        indexes = [models.Index(fields=["device", "time"])]
+        # (device, time) serves one device's series; (time) serves the all-device rollup and pruning scans.
+        indexes = [models.Index(fields=["device", "time"]), models.Index(fields=["time"], name="telemetry_sample_time")]
         ordering = ["time"]
+
+
+class DeviceRollup(models.Model):
+    """One device over one time bucket ``[time, time + resolution)``: mean and peak utilization, mean memory
+    used and how many raw samples the bucket summarizes (the weight when buckets are combined further)."""
+
+    class Resolution(models.IntegerChoices):
+        MINUTE = 60
+        HOUR = 3600
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="rollups")
+    resolution = models.PositiveIntegerField(choices=Resolution.choices)
+    time = models.DateTimeField(help_text="Start of the bucket (UTC, aligned to the resolution).")
+    utilization_mean = models.FloatField()
+    utilization_max = models.FloatField()
+    memory_used_mean = models.BigIntegerField()
+    samples = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["resolution", "time"]
+        constraints = [models.UniqueConstraint(fields=["device", "resolution", "time"], name="one_rollup_per_bucket")]
+        indexes = [models.Index(fields=["resolution", "time"], name="telemetry_rollup_res_time")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id}@{self.resolution}s {self.time:%Y-%m-%d %H:%M}"
+
+
+class RollupWatermark(models.Model):
+    """Rollups of ``resolution`` are complete for every bucket that starts before ``until``."""
+
+    resolution = models.PositiveIntegerField(primary_key=True, choices=DeviceRollup.Resolution.choices)
+    until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.resolution}s rollups complete until {self.until:%Y-%m-%d %H:%M}"

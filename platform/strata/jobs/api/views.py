@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from strata.accounts.models import Team
-from strata.accounts.selectors import request_token, visible_team_ids
+from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
 from strata.api.throttles import SubmitThrottle
 from strata.jobs import services
@@ -23,7 +23,7 @@ from strata.jobs.api.serializers import (
     MetricPointSerializer,
 )
 from strata.jobs.models import Artifact, JobState
-from strata.jobs.selectors import jobs_visible, jobs_with_attempts
+from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
 from strata.jobs.storage import get_storage
 
 MAX_STREAM_ITEMS = 1000
@@ -89,18 +89,10 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def _submit_team(self, slug: str | None) -> Team:
-        token = request_token(self.request)
-        team_ids = visible_team_ids(self.request)
-        if token is not None and slug is None:
-            return token.team
-        if slug is None:
-            if len(team_ids) == 1:
-                return Team.objects.get(pk=team_ids[0])
-            raise serializers.ValidationError({"team": ["required: you belong to several teams"]})
-        team = Team.objects.filter(slug=slug, id__in=team_ids).first()
-        if team is None:
-            raise serializers.ValidationError({"team": [f"unknown team {slug!r}"]})
-        return team
+        try:
+            return submit_team(self.request, slug)
+        except SubmitTeamError as error:
+            raise serializers.ValidationError({"team": [str(error)]}) from None
 
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])

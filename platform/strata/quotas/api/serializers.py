@@ -1,18 +1,34 @@
 from rest_framework import serializers
 
 from strata.quotas.models import Quota
+from strata.quotas.services import QUOTA_FIELDS, QuotaInvalid, quota_clean
+
+
+def _limit_field(name: str) -> serializers.Field:
+    """A serializer field whose type and bounds come from the one table of quota rules (QUOTA_FIELDS)."""
+    kind, nullable, minimum, maximum = QUOTA_FIELDS[name]
+    field_class = serializers.IntegerField if kind is int else serializers.FloatField
+    return field_class(min_value=minimum, max_value=maximum, allow_null=nullable, required=False)
 
 
 class QuotaSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    max_gpus = serializers.FloatField(min_value=0, allow_null=True, required=False)
-    gpu_hours = serializers.FloatField(min_value=0, allow_null=True, required=False)
-    window_hours = serializers.FloatField(min_value=0.01, max_value=24 * 366, required=False)
-    weight = serializers.FloatField(min_value=0.001, max_value=1000, required=False)
-    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False)
+    max_gpus = _limit_field("max_gpus")
+    max_gpu_memory = _limit_field("max_gpu_memory")
+    max_concurrent_jobs = _limit_field("max_concurrent_jobs")
+    gpu_hours = _limit_field("gpu_hours")
+    window_hours = _limit_field("window_hours")
+    weight = _limit_field("weight")
+    priority = _limit_field("priority")
 
     class Meta:
         model = Quota
         fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_concurrent_jobs", "gpu_hours", "window_hours",
                   "priority", "weight"]
         read_only_fields = ["id", "team"]
+
+    def validate(self, attrs):
+        try:
+            return quota_clean(attrs)
+        except QuotaInvalid as error:
+            raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None

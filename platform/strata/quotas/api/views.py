@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
@@ -10,7 +9,7 @@ from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsClusterAdmin, IsUser
 from strata.quotas.api.serializers import QuotaSerializer
 from strata.quotas.models import Quota
-from strata.quotas.services import team_usage
+from strata.quotas.services import quota_update, team_usage
 
 
 class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin, viewsets.GenericViewSet):
@@ -27,10 +26,9 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
         return Quota.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team").order_by("team__slug")
 
     def perform_update(self, serializer):
-        from strata.scheduling.tasks import request_pass
-
-        serializer.save()
-        transaction.on_commit(request_pass)  # a raised limit may admit waiting jobs
+        # The shared service: validates, saves, admits the PENDING jobs a raised limit allows, requests a pass.
+        change = quota_update(serializer.instance.team_id, serializer.validated_data)
+        serializer.instance = change.quota
 
     @extend_schema(responses=dict)
     @action(detail=True, methods=["get"])
