@@ -7,6 +7,7 @@ only place the dashboard touches them, so a new component's panels appear withou
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from components.runtime import registry
@@ -84,16 +85,21 @@ def cluster_devices(team_ids) -> list[dict[str, Any]]:
 def render_panels(placement: str, data: PanelData, kind: str | None = None) -> list[dict[str, Any]]:
     """Render every registered panel for ``placement``; job panels only for the job's own ``kind``.
 
-    A panel that raises is shown as an error box instead of breaking the page: one buggy component must not
-    take the dashboard down.
+    A panel that cannot be imported, built or rendered is shown as an error box instead of breaking the page:
+    one buggy component must not take the dashboard down. Non-finite numbers in what a panel returns become
+    null, so a NaN loss cannot make the page's JSON invalid.
     """
     rendered = []
-    for panel_kind, panel_class in registry.panels(placement):
+    for panel_kind, path, panel_class, load_error in registry.panels(placement):
         if placement == "job" and panel_kind != kind:
             continue
-        panel = panel_class()
+        if panel_class is None:
+            rendered.append({"slug": path.rpartition(":")[2].lower(), "title": path, "kind": panel_kind,
+                             "error": f"could not load the panel: {load_error}"})
+            continue
         entry = {"slug": panel_class.slug, "title": panel_class.title, "kind": panel_kind}
         try:
+            panel = panel_class()
             if placement == "job" and not panel.applies(data.job or {}):
                 continue
             content = panel.render(data)
@@ -102,6 +108,17 @@ def render_panels(placement: str, data: PanelData, kind: str | None = None) -> l
             content = {"error": f"{type(error).__name__}: {error}"}
         if content is None:
             continue
-        entry.update(content)
+        entry.update(finite(content))
         rendered.append(entry)
     return rendered
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (recursively through dicts and lists)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value

@@ -38,7 +38,9 @@ class PanelData(abc.ABC):
     @abc.abstractmethod
     def devices(self) -> list[dict[str, Any]]:
         """The cluster's devices: ``id``, ``node``, ``index``, ``kind``, ``memory_total``, ``utilization``,
-        ``memory_used`` and ``allocations`` (the visible jobs holding a share of it now)."""
+        ``memory_used`` and ``allocations``: the jobs holding a share of it now. Jobs of teams the viewer may
+        see carry ``job_id``, ``job_name``, ``team``, ``owner``, ``kind``, ``state``, ``rank``, ``share`` and
+        ``memory``; other teams' jobs appear only as ``{"foreign": True, "share", "memory"}``."""
 
 
 class Panel(abc.ABC):

@@ -72,18 +72,24 @@ def get_kind(kind: str) -> KindSpec:
     return registered[kind]
 
 
-def panels(placement: str) -> list[tuple[str, type]]:
-    """(kind, Panel class) for every panel the registered kinds contribute to ``placement`` ("job"/"cluster")."""
+def panels(placement: str) -> list[tuple[str, str, type | None, str | None]]:
+    """``(kind, path, Panel class, None)`` for every panel the registered kinds contribute to ``placement``
+    ("job" or "cluster"), and ``(kind, path, None, error)`` for a panel that could not be loaded, whatever its
+    placement: one broken component must cost its own panel, never the page."""
     from components.runtime.panels import Panel
 
     found = []
     for kind, spec in kinds().items():
         for path in spec.panels:
-            panel_class = import_path(path)
-            if not (isinstance(panel_class, type) and issubclass(panel_class, Panel)):
-                raise TypeError(f"{path} (a panel of kind {kind!r}) is not a Panel subclass")
+            try:
+                panel_class = import_path(path)
+                if not (isinstance(panel_class, type) and issubclass(panel_class, Panel)):
+                    raise TypeError(f"{path} is not a Panel subclass")
+            except Exception as error:  # noqa: BLE001 - any import-time failure of third-party code
+                found.append((kind, path, None, f"{type(error).__name__}: {error}"))
+                continue
             if panel_class.placement == placement:
-                found.append((kind, panel_class))
+                found.append((kind, path, panel_class, None))
     return found
 
 

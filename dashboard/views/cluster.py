@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 
 from dashboard.cluster_figures import GIB, cluster_figures, device_label
 from dashboard.panels import DatabasePanelData, cluster_devices, render_panels
-from dashboard.views.common import figure_json, json_reply, login_required, page_context
+from dashboard.views.common import figure_json, json_reply, live_login_required, login_required, page_context
 from strata.accounts.selectors import visible_team_ids
 from strata.cluster.models import Node
 from strata.telemetry.selectors import device_grid
@@ -127,7 +127,7 @@ def cluster_page(request):
     return render(request, "dashboard/cluster.html", context)
 
 
-@login_required
+@live_login_required
 @require_GET
 def cluster_charts(request):
     """The page's three figures as JSON, for live redraws: ``{"grid": {...}, "figures": {name: figure}}``."""
@@ -140,7 +140,7 @@ def cluster_charts(request):
                         json_dumps_params={"separators": (",", ":"), "allow_nan": False})
 
 
-@login_required
+@live_login_required
 @require_GET
 def cluster_tables(request):
     """The nodes, devices and sharing tables as an HTML fragment, for live refreshes."""

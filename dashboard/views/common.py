@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -14,7 +15,7 @@ from strata.accounts.selectors import visible_team_ids
 from strata.jobs.models import Job
 from strata.jobs.selectors import jobs_visible
 
-__all__ = ["login_required", "admin_required", "scoped_job", "visible_teams", "json_reply", "page_context"]
+__all__ = ["login_required", "live_login_required", "admin_required", "scoped_job", "visible_teams", "json_reply", "page_context"]
 
 
 def visible_teams(request):
@@ -37,6 +38,19 @@ def admin_required(view):
 
     wrapped.__name__ = view.__name__
     wrapped.__doc__ = view.__doc__
+    return wrapped
+
+
+def live_login_required(view):
+    """For endpoints the page script polls: an expired session is a 401 (the script reloads the page, which
+    goes to the login form), never a redirect whose login HTML would be swapped into the page."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return json_reply({"detail": "authentication required"}, status=401)
+        return view(request, *args, **kwargs)
+
     return wrapped
 
 

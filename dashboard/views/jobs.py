@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 
@@ -29,9 +28,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from components.runtime import registry
 from dashboard import forms, job_figures
 from dashboard.panels import DatabasePanelData, render_panels
-from dashboard.views.common import figure_json, json_reply, login_required, page_context, visible_teams
+from dashboard.views.common import (
+    figure_json,
+    json_reply,
+    live_login_required,
+    login_required,
+    page_context,
+    visible_teams,
+)
 from strata.accounts.models import Membership
 from strata.accounts.selectors import visible_team_ids
+from strata.api.throttles import SubmitThrottle
 from strata.jobs import services
 from strata.jobs.api.serializers import JobSerializer
 from strata.jobs.models import Artifact, Job, JobState
@@ -43,19 +50,6 @@ INITIAL_EVENTS = 500
 LIVE_LOG_LINES = 2000
 LIVE_EVENTS = 500
 LIVE_METRIC_POINTS = 20_000
-
-
-def live_login_required(view):
-    """For endpoints the page script polls: an expired session is a 401 (the script reloads the page, which
-    goes to the login form), never a redirect whose login HTML would be swapped into the page."""
-
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_authenticated:
-            return json_reply({"detail": "authentication required"}, status=401)
-        return view(request, *args, **kwargs)
-
-    return wrapped
 
 
 # --- list ----------------------------------------------------------------------------------------------------
@@ -172,6 +166,10 @@ def _snippets(request, submission: forms.Submission) -> dict[str, str]:
 
 def _submit(request, submission: forms.Submission, nonce: str | None) -> Job | None:
     """Submit a valid submission; on a refusal, record the error on the submission and return None."""
+    throttle = SubmitThrottle()  # the API's submit rate, counted together with the viewer's API submits
+    if not throttle.allow_request(request, None):
+        submission.errors["non_field_errors"] = f"too many submits: try again in {throttle.wait() or 1:.0f} s"
+        return None
     try:
         job, _ = services.job_submit(user=request.user, team=submission.team, data=submission.data,
                                      idempotency_key=forms.idempotency_key(nonce, submission))

@@ -62,9 +62,12 @@ def heartbeat(world, samples):
 
 
 def test_login_required(client):
-    for url in ("/cluster/", "/cluster/charts/", "/cluster/tables/"):
-        response = client.get(url)
-        assert response.status_code == 302 and response["Location"].startswith("/login/")
+    response = client.get("/cluster/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+    # The endpoints the page polls answer 401, so the page reloads to the login form instead of swapping the
+    # login form's HTML into its tables.
+    for url in ("/cluster/charts/", "/cluster/tables/"):
+        assert client.get(url).status_code == 401
 
 
 def test_nodes_and_devices_tables(world):
@@ -213,9 +216,9 @@ def test_cluster_panels_render(world, monkeypatch):
         def render(self, data):
             raise RuntimeError("boom")
 
-    monkeypatch.setattr(registry, "panels", lambda placement: [("demo", FleetPanel), ("demo", ChartPanel),
-                                                               ("demo", BrokenPanel)]
-                        if placement == "cluster" else [])
+    monkeypatch.setattr(registry, "panels", lambda placement: [
+        ("demo", "p:Fleet", FleetPanel, None), ("demo", "p:Chart", ChartPanel, None),
+        ("demo", "p:Broken", BrokenPanel, None)] if placement == "cluster" else [])
     html = logged_in(world["bob"]).get("/cluster/").content.decode()
     fleet = re.search(r'<section class="card panel" data-panel="fleet"[^>]*>(.*?)</section>', html, re.S).group(1)
     assert "Fleet summary" in fleet and "<td>n1:0</td><td>2</td>" in fleet

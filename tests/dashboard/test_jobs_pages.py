@@ -520,3 +520,22 @@ def test_posts_need_the_csrf_token(world):
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
     assert client.post(f"/jobs/{job.pk}/cancel/", {"csrfmiddlewaretoken": token}).status_code == 302
+
+
+def test_web_submits_share_the_api_submit_throttle(world, monkeypatch):
+    from django.core.cache import cache
+
+    from strata.api.throttles import SubmitThrottle
+
+    cache.clear()
+    monkeypatch.setattr(SubmitThrottle, "THROTTLE_RATES", {**SubmitThrottle.THROTTLE_RATES, "submit": "2/min"})
+    try:
+        client = world["client"]
+        for name in ("one", "two"):
+            assert client.post("/jobs/new/?kind=train", train_post(name=name)).status_code == 302
+        response = client.post("/jobs/new/?kind=train", train_post(name="three"))
+        assert response.status_code == 200
+        assert "too many submits" in response.content.decode()
+        assert not Job.objects.filter(name="three").exists()
+    finally:
+        cache.clear()

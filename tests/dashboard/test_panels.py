@@ -63,7 +63,7 @@ def test_train_summary_before_any_metric():
 
 
 def test_the_train_panel_is_registered():
-    assert (("train", TrainSummaryPanel) in registry.panels("job"))
+    assert ("train", "components.train.panels:TrainSummaryPanel", TrainSummaryPanel, None) in registry.panels("job")
 
 
 @pytest.fixture
@@ -136,8 +136,9 @@ class ClusterPanel(Panel):
 
 def test_a_failing_panel_is_an_error_box_and_the_page_still_renders(viewer, monkeypatch):
     client, job = viewer
-    panels = [("train", BrokenPanel), ("train", FigurePanel), ("train", TextPanel), ("train", HiddenPanel),
-              ("serve", TextPanel)]
+    panels = [("train", "p:Broken", BrokenPanel, None), ("train", "p:Figure", FigurePanel, None),
+              ("train", "p:Text", TextPanel, None), ("train", "p:Hidden", HiddenPanel, None),
+              ("serve", "p:Text", TextPanel, None)]
     monkeypatch.setattr(registry, "panels", lambda placement: panels if placement == "job" else [])
     response = client.get(f"/jobs/{job.pk}/")
     assert response.status_code == 200
@@ -165,7 +166,35 @@ def test_a_cluster_panel_is_not_shown_on_job_pages(viewer, monkeypatch):
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert panel_section(html, "words") is not None
     assert "cluster-only" not in html and "Cluster only" not in html
-    assert registry.panels("cluster") == [("train", ClusterPanel)]
+    assert registry.panels("cluster") == [("train", "tests.fake:ClusterPanel", ClusterPanel, None)]
+
+
+def test_a_panel_that_cannot_be_imported_costs_only_its_own_box(viewer, monkeypatch):
+    client, job = viewer
+    spec = registry.get_kind("train")
+    monkeypatch.setattr(spec, "panels", ("missing.module:Gone", "tests.fake:TextPanel", "tests.fake:NotAPanel"),
+                        raising=False)
+
+    def import_path(path):
+        if path == "tests.fake:TextPanel":
+            return TextPanel
+        if path == "tests.fake:NotAPanel":
+            return dict
+        raise ModuleNotFoundError("No module named 'missing'")
+
+    monkeypatch.setattr(registry, "import_path", import_path)
+    response = client.get(f"/jobs/{job.pk}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert panel_section(html, "words") is not None
+    assert "No module named" in html and "is not a Panel subclass" in html
+
+
+def test_non_finite_numbers_from_a_panel_become_null():
+    from dashboard.panels import finite
+
+    assert finite({"figure": {"data": [{"y": [1.0, float("nan"), float("inf")]}]}, "n": 2}) == {
+        "figure": {"data": [{"y": [1.0, None, None]}]}, "n": 2}
 
 
 def test_live_sends_panels_when_the_page_shows_an_old_state(viewer):

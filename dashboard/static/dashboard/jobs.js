@@ -108,6 +108,11 @@
         return;
       }
       const data = result.data;
+      if (result.status === 401 || result.status === 403) {
+        status.textContent = "Your session has ended: log in again (your text stays in this tab).";
+        status.className = "bad";
+        return;
+      }
       if (result.status === 201 && data && data.redirect) {
         window.location.assign(data.redirect);
         return;

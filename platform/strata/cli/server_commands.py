@@ -211,27 +211,34 @@ def token_create_local(args) -> int:
 def user_create_local(args) -> int:
     """Create a web UI user in the local database, add it to teams, and print its password once."""
     migrate()
+    from django.contrib.auth import get_user_model
     from django.contrib.auth.password_validation import validate_password
     from django.core.exceptions import ValidationError
 
     from strata.accounts import services
 
+    existing = get_user_model().objects.filter(username=args.username).first()
+    generated = False
     if args.password_file:
         source = sys.stdin if args.password_file == "-" else open(args.password_file)
         with source:
             password = source.readline().strip()
-        generated = False
-    else:
+    elif existing is None:
         password, generated = secrets.token_urlsafe(12), True
-    try:
-        validate_password(password)
-    except ValidationError as error:
-        raise ValueError("password: " + " ".join(error.messages)) from None
-    user = services.user_create(args.username, password, admin=args.admin)
+    else:
+        password = None  # an existing user keeps its password unless a new one is given
+    if password is not None:
+        try:
+            validate_password(password)
+        except ValidationError as error:
+            raise ValueError("password: " + " ".join(error.messages)) from None
+    # Adding an existing admin to a team must not demote it: --admin only ever grants.
+    admin = args.admin or bool(existing and existing.is_staff)
+    user = services.user_create(args.username, password, admin=admin)
     for slug in args.team:
         services.membership_set(user, services.team_create(slug), args.role)
     teams = ", ".join(args.team) or "no team"
-    print(f"user {user.username} ({'cluster admin' if args.admin else 'user'}; {teams})")
+    print(f"user {user.username} ({'cluster admin' if admin else 'user'}; {teams})")
     if generated:
         print(f"password: {password}")
     return 0

@@ -29,6 +29,8 @@ from django.utils import timezone
 from strata.telemetry.expressions import EpochBucket
 from strata.telemetry.models import DeviceRollup, DeviceSample, RollupWatermark
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 MINUTE = DeviceRollup.Resolution.MINUTE
 HOUR = DeviceRollup.Resolution.HOUR
 ROLLUP_GRACE = timedelta(seconds=10)
@@ -140,9 +142,10 @@ def telemetry_prune(now=None) -> dict[str, int]:
     now = now or timezone.now()
     raw_cutoff = now - timedelta(days=settings.STRATA_TELEMETRY_RAW_DAYS)
     minute_cutoff = now - timedelta(days=MINUTE_ROLLUP_DAYS)
-    # Never drop what the next tier has not summarized yet (the beat may have been down for a while).
-    raw_cutoff = min(raw_cutoff, watermark(MINUTE) or raw_cutoff)
-    minute_cutoff = min(minute_cutoff, watermark(HOUR) or minute_cutoff)
+    # Never drop what the next tier has not summarized yet (the beat may have been down for a while, or have
+    # never run: without a watermark nothing is summarized, so nothing of that tier may go).
+    raw_cutoff = min(raw_cutoff, watermark(MINUTE) or EPOCH)
+    minute_cutoff = min(minute_cutoff, watermark(HOUR) or EPOCH)
     raw, _ = DeviceSample.objects.filter(time__lt=raw_cutoff).delete()
     minute, _ = DeviceRollup.objects.filter(resolution=MINUTE, time__lt=minute_cutoff).delete()
     hour, _ = DeviceRollup.objects.filter(

@@ -39,3 +39,12 @@ def test_a_short_password_is_refused(cli_db, tmp_path, capsys):
     assert main(["user", "create", "erin", "--password-file", str(secret)]) == 2
     assert "password:" in capsys.readouterr().err
     assert not get_user_model().objects.filter(username="erin").exists()
+
+
+def test_adding_an_existing_admin_to_a_team_keeps_its_password_and_rights(cli_db, make_user, capsys):
+    make_user("root", admin=True)
+    assert main(["user", "create", "root", "--team", "ml"]) == 0
+    assert "password:" not in capsys.readouterr().out
+    user = get_user_model().objects.get(username="root")
+    assert user.is_staff and user.check_password("pw-root")
+    assert Membership.objects.filter(user=user, team__slug="ml").exists()

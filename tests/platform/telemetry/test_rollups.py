@@ -239,3 +239,12 @@ def test_the_beat_runs_rollups_every_minute():
     assert schedule["telemetry-rollup"]["task"] == tasks.rollup_task.name == "strata.telemetry.rollup"
     assert schedule["telemetry-rollup"]["schedule"] == 60.0
     assert schedule["telemetry-retention"]["task"] == tasks.retention_task.name
+
+
+def test_pruning_without_any_rollup_yet_keeps_raw_samples(devices):
+    # An upgrade from a version without rollups: retention may run before the first rollup pass.
+    a = devices[0]
+    now = T0 + timedelta(days=10)
+    sample(a, now - timedelta(days=5), 1)
+    assert telemetry_prune(now=now)["raw"] == 0
+    assert DeviceSample.objects.count() == 1
