@@ -37,6 +37,7 @@ lint: install
 
 bench: install
 	$(BIN)/strata bench control-plane
+	$(BIN)/strata bench dashboard
 
 # Saves the main pages as PNG files in docs/img (the README shows them), from the browser tests.
 screenshots: install browser
