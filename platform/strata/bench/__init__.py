@@ -8,6 +8,8 @@ import importlib
 BENCHMARKS: dict[str, str] = {
     "control-plane": "strata.bench.control_plane:main",
     "dashboard": "strata.bench.dashboard:main",
+    # Runs on a node's Python (torch); imported only when this benchmark is asked for.
+    "gpushare": "components.gpushare.bench:main",
 }
 
 

@@ -1,0 +1,290 @@
+"""Sessions: jobs as step functions the shared-device executor can interleave.
+
+A :class:`Session` advances one iteration per :meth:`~Session.step` call and keeps all of its state --
+model, optimizer state, data position, random generators -- in itself, resident on the device. Switching
+between sessions at an iteration boundary therefore copies nothing: the executor simply calls another
+session's ``step``.
+
+Adapters:
+
+- :class:`WorkloadSession` drives a :class:`~components.train.workloads.Workload` directly (the built-in
+  ``mlp-digits``, ``cnn-synthetic``, ``tiny-gpt`` or user code); it can profile its memory request on a CPU
+  copy before admission.
+- :class:`TrainLoopSession` drives a :class:`~components.train.loop.TrainLoop` (metrics, checkpoints and
+  artifacts through the job's Context), for running real ``train`` attempts on a shared device.
+- :class:`StepObjectSession` / :class:`CallableSession`: any object with ``step()`` (truthy when done), or a
+  plain function.
+- :mod:`components.gpushare.stages` adds stage-preemptible training and inference sessions.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import enum
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from components.gpushare.lanes import MemoryRequest
+
+
+class Progress(enum.Enum):
+    """What one :meth:`Session.step` call achieved."""
+
+    ITERATION = "iteration"  # an iteration ended; more to do
+    YIELDED = "yielded"  # stopped at a stage boundary inside an iteration (preempted); call step() to resume
+    DONE = "done"  # the job has nothing left to do
+
+
+def never() -> bool:
+    return False
+
+
+class Session(abc.ABC):
+    """A job the executor can run one iteration at a time, interleaved with other jobs.
+
+    Lifecycle, all on the executor's single execution thread except :meth:`memory_estimate`:
+
+    1. :meth:`memory_estimate` (in the submitting thread, before admission): the request, or None when the
+       caller must give one. It must not touch the device.
+    2. :meth:`bind` gives a ``wakeup`` callable to call when :meth:`ready` turns true from another thread.
+    3. :meth:`start` once, after admission: build the model and optimizer on ``device`` (this is when the
+       persistent memory is allocated).
+    4. :meth:`step` repeatedly: run one iteration (a staged session may stop early at a stage boundary when
+       ``should_yield()`` is true, and resume on the next call). Return a :class:`Progress`.
+    5. :meth:`close` once at the end -- finished, failed or cancelled -- to drop device memory.
+
+    :meth:`remaining_steps` feeds SRTF; :meth:`ready` lets a job that waits on host work (input
+    pipeline) step aside without holding the device.
+    """
+
+    kind: ClassVar[str] = "train"
+
+    _wakeup: Callable[[], None] = staticmethod(never)
+
+    def memory_estimate(self) -> MemoryRequest | None:
+        return None
+
+    def bind(self, wakeup: Callable[[], None]) -> None:
+        self._wakeup = wakeup
+
+    def start(self, device: Any) -> None:  # noqa: B027 -- optional hook
+        """Allocate the job's state on ``device`` (a ``torch.device``)."""
+
+    @abc.abstractmethod
+    def step(self, should_yield: Callable[[], bool] = never) -> Progress:
+        """Advance one iteration (or, for staged sessions, until ``should_yield()`` at a stage boundary)."""
+
+    def remaining_steps(self) -> int | None:
+        return None
+
+    def ready(self) -> bool:
+        """False while the next iteration's input is not ready (host work); must be cheap, it runs under a lock."""
+        return True
+
+    def resident(self) -> tuple[Any, ...]:
+        """Objects holding the job's device state, for measuring its persistent memory."""
+        return ()
+
+    def close(self) -> None:  # noqa: B027 -- optional hook
+        """Release device memory."""
+
+    def result(self) -> Any:
+        return None
+
+
+class CallableSession(Session):
+    """``fn()`` is one iteration; the job is done after ``steps`` calls, or when ``fn`` returns True."""
+
+    def __init__(self, fn: Callable[[], Any], steps: int | None = None):
+        self.fn = fn
+        self.steps = steps
+        self.done_steps = 0
+
+    def step(self, should_yield=never) -> Progress:
+        finished = bool(self.fn())
+        self.done_steps += 1
+        if finished or (self.steps is not None and self.done_steps >= self.steps):
+            return Progress.DONE
+        return Progress.ITERATION
+
+    def remaining_steps(self) -> int | None:
+        return None if self.steps is None else max(self.steps - self.done_steps, 0)
+
+
+class StepObjectSession(Session):
+    """Any object with ``step()`` returning truthy when done; optional ``start(device)``, ``close()``,
+    ``remaining_steps()`` / ``remaining_steps`` and ``memory_estimate()`` are used when present."""
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def memory_estimate(self) -> MemoryRequest | None:
+        estimate = getattr(self.obj, "memory_estimate", None)
+        return estimate() if callable(estimate) else None
+
+    def start(self, device) -> None:
+        start = getattr(self.obj, "start", None)
+        if callable(start):
+            start(device)
+
+    def step(self, should_yield=never) -> Progress:
+        return Progress.DONE if self.obj.step() else Progress.ITERATION
+
+    def remaining_steps(self) -> int | None:
+        remaining = getattr(self.obj, "remaining_steps", None)
+        remaining = remaining() if callable(remaining) else remaining
+        return None if remaining is None else int(remaining)
+
+    def resident(self) -> tuple[Any, ...]:
+        return (self.obj,)
+
+    def close(self) -> None:
+        close = getattr(self.obj, "close", None)
+        if callable(close):
+            close()
+
+
+class WorkloadSession(Session):
+    """Drives a :class:`~components.train.workloads.Workload`: ``train_step(batch(epoch, index))`` per step.
+
+    ``workload`` is a Workload not yet set up, or a factory returning one. ``spec`` is the normalized
+    ``train`` spec (``TrainSpec().validate(...)``). The job runs ``steps`` steps, or ``spec["max_steps"]``,
+    or ``spec["epochs"]`` epochs. Step ``n`` uses batch ``n % steps_per_epoch`` of epoch
+    ``n // steps_per_epoch``, exactly as :class:`~components.train.loop.TrainLoop` does, so a job run here
+    ends with the parameters it would have alone.
+    """
+
+    def __init__(self, workload: Any, spec: dict[str, Any], *, steps: int | None = None, profile_steps: int = 2):
+        self.workload, self._factory = workload_factory(workload)
+        self.spec = spec
+        self.steps = steps
+        self.profile_steps = profile_steps
+        self.step_count = 0
+        self.total_steps: int | None = steps if steps is not None else spec.get("max_steps")
+        self.steps_per_epoch: int | None = None
+        self.last_metrics: dict[str, Any] = {}
+
+    @classmethod
+    def builtin(cls, name: str, steps: int | None = None, **spec: Any) -> WorkloadSession:
+        """A session of a built-in workload (``mlp-digits``, ``cnn-synthetic``, ``tiny-gpt``)."""
+        from components.train.spec import TrainSpec
+        from components.train.workloads import builtin_workload
+
+        normalized = TrainSpec().validate({"workload": name, **spec})
+        return cls(lambda: builtin_workload(name), normalized, steps=steps)
+
+    def memory_estimate(self) -> MemoryRequest:
+        from components.gpushare.memory import profile_workload
+
+        return profile_workload(self._factory, self.spec, steps=self.profile_steps)
+
+    def start(self, device) -> None:
+        if self.workload is None:
+            self.workload = self._factory()
+        self.workload.setup(self.spec, device)
+        self.steps_per_epoch = int(self.workload.steps_per_epoch())
+        if self.steps_per_epoch < 1:
+            raise ValueError("the workload has no steps per epoch")
+        total = self.spec["epochs"] * self.steps_per_epoch
+        if self.spec.get("max_steps"):
+            total = min(total, self.spec["max_steps"])
+        self.total_steps = self.steps if self.steps is not None else total
+
+    def step(self, should_yield=never) -> Progress:
+        epoch, index = divmod(self.step_count, self.steps_per_epoch)
+        self.last_metrics = self.workload.train_step(self.workload.batch(epoch, index))
+        self.step_count += 1
+        return Progress.DONE if self.step_count >= self.total_steps else Progress.ITERATION
+
+    def remaining_steps(self) -> int | None:
+        return None if self.total_steps is None else max(self.total_steps - self.step_count, 0)
+
+    def resident(self) -> tuple[Any, ...]:
+        return (self.workload,) if self.workload is not None else ()
+
+    def result(self) -> dict[str, Any]:
+        metrics = {name: float(value) for name, value in self.last_metrics.items()}
+        return {"steps": self.step_count, "metrics": metrics}
+
+    def close(self) -> None:
+        # Keep the (set-up) workload so the caller can read its final state; drop the batch metrics.
+        self.last_metrics = {name: float(value) for name, value in self.last_metrics.items()}
+
+
+class TrainLoopSession(Session):
+    """Drives a :class:`~components.train.loop.TrainLoop` one step at a time.
+
+    ``start`` runs ``loop.start()`` (setup, resume from the job's checkpoint); the last step runs
+    ``loop.finish()`` (final evaluation, ``model.pt`` and ``metrics.json``). When the loop's context asks to
+    stop (cancel or preemption through the control plane), the loop checkpoints and the session ends.
+    Build the loop with ``owns_process=False``: the executor runs several jobs in one process.
+    """
+
+    def __init__(self, loop: Any, memory_request: MemoryRequest | None = None):
+        self.loop = loop
+        self._request = memory_request
+        self.summary: dict[str, Any] | None = None
+        self.stopped = False
+
+    def memory_estimate(self) -> MemoryRequest | None:
+        return self._request
+
+    def start(self, device) -> None:
+        if not self.loop.started:
+            self.loop.start()
+
+    def step(self, should_yield=never) -> Progress:
+        if self.loop.ctx.should_stop():
+            self.loop.checkpoint()
+            self.stopped = True
+            return Progress.DONE
+        if not self.loop.done:
+            self.loop.step()
+        if self.loop.done:
+            self.summary = self.loop.finish()
+            return Progress.DONE
+        return Progress.ITERATION
+
+    def remaining_steps(self) -> int | None:
+        if not self.loop.started:
+            return self.loop.spec.get("max_steps")
+        return max(self.loop.total_steps - self.loop.step_count, 0)
+
+    def resident(self) -> tuple[Any, ...]:
+        return (self.loop.workload,)
+
+    def result(self) -> dict[str, Any] | None:
+        return self.summary if not self.stopped else {"stopped_at_step": self.loop.step_count}
+
+
+def as_session(obj: Any, **options: Any) -> Session:
+    """Wrap ``obj`` in the matching session: a Session as is, a TrainLoop, a Workload (give ``spec=``), an
+    object with ``step()``, or a plain callable (one call per iteration)."""
+    if isinstance(obj, Session):
+        return obj
+    from components.train.loop import TrainLoop
+    from components.train.workloads import Workload
+
+    if isinstance(obj, TrainLoop):
+        return TrainLoopSession(obj, **options)
+    if isinstance(obj, Workload):
+        if "spec" not in options:
+            raise ValueError("a Workload needs its normalized spec: as_session(workload, spec=...)")
+        return WorkloadSession(obj, **options)
+    if callable(getattr(obj, "step", None)):
+        return StepObjectSession(obj)
+    if callable(obj):
+        return CallableSession(obj, **options)
+    raise TypeError(f"cannot run {type(obj).__name__} as a session: it has no step()")
+
+
+def workload_factory(workload: Any) -> tuple[Any, Callable[[], Any]]:
+    """``(workload or None, factory of fresh copies)`` for a Workload instance, class or factory.
+
+    A Workload is cheap before ``setup()``: a deep copy of it is a fresh, independent job (used to profile
+    memory on a throwaway copy without touching the job's own state)."""
+    if isinstance(workload, type) or (callable(workload) and not hasattr(workload, "train_step")):
+        return None, workload
+    pristine = copy.deepcopy(workload)
+    return workload, lambda: copy.deepcopy(pristine)

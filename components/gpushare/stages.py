@@ -1,0 +1,407 @@
+"""SwitchFlow on the shared device: training split into stages that yield to inference at stage boundaries.
+
+A model that is a sequence of layers (``nn.Sequential``) is cut into ``k`` contiguous **stages** (the
+subgraphs). :class:`StagedSession` runs one training iteration as a list of actions::
+
+    forward 1 .. forward k, loss (+ zero_grad), backward k .. backward 1, optimizer step
+
+and checks ``should_yield()`` before each action. When an inference request (or a higher-priority job)
+arrives, the running iteration stops at the next boundary and :meth:`StagedSession.step` returns
+``Progress.YIELDED``; the executor serves the request and calls ``step`` again to resume. So the device is
+given up within one action: **preemption latency is bounded by the longest stage**, not by the iteration.
+
+Resuming keeps the autograd state alive rather than recomputing: the activations saved for backward stay in
+the job's lane (the lane allocator reserved them), so nothing is recomputed and no work is lost. Backward is
+segmented at stage boundaries: stage ``i`` runs on a detached copy of stage ``i-1``'s output that requires
+grad, and backward of stage ``i`` is ``torch.autograd.backward(output_i, grad_of_input_{i+1})``. This
+computes the very same kernels on the same values as one whole-graph backward, so a staged job -- preempted
+or not -- ends with parameters bit-identical to ``Workload.train_step`` (tested).
+
+Moving the next stage to another device instead of waiting (SwitchFlow's migration) is not implemented: on
+a virtual GPU there is no second device worth moving to. See ``docs/components/gpushare.md``.
+
+:class:`InferenceSession` is the serving side: a model in eval mode whose requests the executor runs between
+any two stages of training (:meth:`DeviceExecutor.serve` / :meth:`DeviceExecutor.infer`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components.gpushare.lanes import MemoryRequest
+from components.gpushare.sessions import Progress, Session, never, workload_factory
+
+
+def partition(costs: Sequence[float], parts: int) -> list[int]:
+    """Split ``costs`` into ``parts`` contiguous groups minimizing the largest group's sum.
+
+    Returns the sizes of the groups (each >= 1). Exact dynamic programming: O(n^2 k), n is small (layers).
+    """
+    count = len(costs)
+    if count == 0:
+        raise ValueError("nothing to partition")
+    parts = max(1, min(parts, count))
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + float(cost))
+    inf = float("inf")
+    # best[j][i]: the minimal largest sum splitting the first i items into j groups; cut[j][i]: last cut.
+    best = [[inf] * (count + 1) for _ in range(parts + 1)]
+    cut = [[0] * (count + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for j in range(1, parts + 1):
+        for i in range(j, count + 1):
+            for k in range(j - 1, i):
+                value = max(best[j - 1][k], prefix[i] - prefix[k])
+                if value < best[j][i]:
+                    best[j][i], cut[j][i] = value, k
+    sizes = []
+    i = count
+    for j in range(parts, 0, -1):
+        k = cut[j][i]
+        sizes.append(i - k)
+        i = k
+    return sizes[::-1]
+
+
+def layer_costs(model: nn.Sequential, sample: Any = None, repeats: int = 3) -> list[float]:
+    """A cost per layer: measured forward seconds on ``sample`` (no grad, eval mode, model untouched) or,
+    without a sample, parameter count plus one."""
+    layers = list(model)
+    if sample is None:
+        return [1.0 + sum(p.numel() for p in layer.parameters()) for layer in layers]
+    training = model.training
+    model.eval()
+    costs = [0.0] * len(layers)
+    try:
+        with torch.no_grad():
+            for _ in range(max(1, repeats)):
+                x = sample
+                for index, layer in enumerate(layers):
+                    began = time.perf_counter()
+                    x = layer(x)
+                    costs[index] += time.perf_counter() - began
+    finally:
+        model.train(training)
+    return costs
+
+
+def split_sequential(model: nn.Sequential, stages: int | Sequence[int], sample: Any = None) -> list[nn.Module]:
+    """Cut ``model`` into contiguous stages sharing its layers (no copies).
+
+    ``stages`` is the number of stages (balanced by :func:`layer_costs`) or the explicit sizes (layers per
+    stage).
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"only nn.Sequential models can be split into stages, got {type(model).__name__}")
+    if isinstance(stages, int):
+        sizes = partition(layer_costs(model, sample), stages)
+    else:
+        sizes = [int(size) for size in stages]
+        if sum(sizes) != len(model) or min(sizes) < 1:
+            raise ValueError(f"stage sizes {sizes} must be positive and add up to {len(model)} layers")
+    result, first = [], 0
+    for size in sizes:
+        result.append(model[first : first + size])
+        first += size
+    return result
+
+
+class _Embedding(nn.Module):
+    """The first layer of a TinyGPT-like model as a module: token plus position embeddings (shared weights)."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Embedding):
+        super().__init__()
+        self.tokens, self.positions = tokens, positions
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.tokens(tokens) + self.positions(positions)
+
+
+class _Attention(nn.Module):
+    """The first half of a pre-norm transformer block: ``x + attention(norm1(x))``."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.norm1, self.attention = block.norm1, block.attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attention(self.norm1(x))
+
+
+class _FeedForward(nn.Module):
+    """The second half of a pre-norm transformer block: ``x + mlp(norm2(x))``."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.norm2, self.mlp = block.norm2, block.mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm2(x))
+
+
+def _block_layers(block: nn.Module) -> list[nn.Module]:
+    if all(hasattr(block, name) for name in ("norm1", "attention", "norm2", "mlp")):
+        return [_Attention(block), _FeedForward(block)]
+    return [block]
+
+
+class _Head(nn.Module):
+    def __init__(self, norm: nn.Module, head: nn.Module):
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))
+
+
+def as_sequential(model: nn.Module) -> nn.Sequential:
+    """``model`` as an ``nn.Sequential`` of its own layers (shared, not copied), computing the same forward.
+
+    Handles ``nn.Sequential`` itself and TinyGPT-like transformers (``tokens``, ``positions``, ``blocks``,
+    ``norm``, ``head``): the embedding, then each block as two layers (the attention and the feed-forward
+    residual halves: finer subgraphs, shorter preemption waits), then the head. The halves compute exactly
+    what the block's ``forward`` does. Other models raise TypeError.
+    """
+    if isinstance(model, nn.Sequential):
+        return model
+    names = ("tokens", "positions", "blocks", "norm", "head")
+    if all(hasattr(model, name) for name in names) and isinstance(model.blocks, nn.Sequential):
+        layers = [layer for block in model.blocks for layer in _block_layers(block)]
+        return nn.Sequential(_Embedding(model.tokens, model.positions), *layers, _Head(model.norm, model.head))
+    raise TypeError(f"cannot split {type(model).__name__} into stages: give an nn.Sequential")
+
+
+def sequence_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of class logits ``(N, C)``, or of per-position logits ``(N, T, C)`` (language models)."""
+    if logits.dim() > 2:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(logits, targets)
+
+
+class StagedSession(Session):
+    """Stage-preemptible training: one iteration as yieldable actions (see the module docstring).
+
+    Give ``stages`` (modules applied in order), ``optimizer``, ``batch(step) -> (inputs, targets)``,
+    ``loss(outputs, targets)`` and ``steps``; or subclass and set them in :meth:`start` (as
+    :class:`StagedWorkloadSession` does). ``action_durations`` keeps the last duration of each action
+    (``"forward 0"``, ..., ``"loss"``, ``"backward 0"``, ``"step"``) and ``longest_action_s`` the longest
+    seen: the bound of the preemption latency.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[nn.Module] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        batch: Callable[[int], tuple[Any, Any]] | None = None,
+        loss: Callable[[Any, Any], torch.Tensor] = F.cross_entropy,
+        steps: int | None = None,
+        *,
+        modules_to_train: Sequence[nn.Module] = (),
+    ):
+        self.stages = list(stages) if stages is not None else []
+        self.optimizer = optimizer
+        self.batch_fn = batch
+        self.loss_fn = loss
+        self.total_steps = steps
+        self.modules_to_train = list(modules_to_train) or list(self.stages)
+        self.step_count = 0
+        self.yields = 0
+        self.action_durations: dict[str, float] = {}
+        self.longest_action_s = 0.0
+        self._plan: list[tuple[str, int]] = []
+        self._position = 0
+        self._reset_iteration()
+
+    def _reset_iteration(self) -> None:
+        self._position = 0
+        self._targets = None
+        self._inputs: list[Any] = []
+        self._outputs: list[Any] = []
+        self._loss = None
+
+    def _build_plan(self) -> None:
+        count = len(self.stages)
+        self._plan = ([("forward", i) for i in range(count)] + [("loss", -1)]
+                      + [("backward", i) for i in reversed(range(count))] + [("step", -1)])
+
+    def start(self, device) -> None:
+        if not self.stages:
+            raise ValueError("a StagedSession needs stages")
+        self._build_plan()
+
+    @property
+    def mid_iteration(self) -> bool:
+        return self._position > 0
+
+    def step(self, should_yield: Callable[[], bool] = never) -> Progress:
+        if not self._plan:
+            self._build_plan()
+        while self._position < len(self._plan):
+            if should_yield():
+                self.yields += 1
+                return Progress.YIELDED
+            action, index = self._plan[self._position]
+            began = time.perf_counter()
+            self._run(action, index)
+            duration = time.perf_counter() - began
+            self.action_durations[f"{action} {index}" if index >= 0 else action] = duration
+            self.longest_action_s = max(self.longest_action_s, duration)
+            self._position += 1
+        self._reset_iteration()
+        self.step_count += 1
+        if self.total_steps is not None and self.step_count >= self.total_steps:
+            return Progress.DONE
+        return Progress.ITERATION
+
+    def _run(self, action: str, index: int) -> None:
+        if action == "forward":
+            if index == 0:
+                for module in self.modules_to_train:
+                    module.train()
+                x, self._targets = self.batch_fn(self.step_count)
+            else:
+                # Cut the graph here so backward can stop at this boundary too.
+                x = self._outputs[index - 1].detach().requires_grad_(True)
+            self._inputs.append(x)
+            self._outputs.append(self.stages[index](x))
+        elif action == "loss":
+            self._loss = self.loss_fn(self._outputs[-1], self._targets)
+            self.optimizer.zero_grad(set_to_none=True)
+        elif action == "backward":
+            if index == len(self.stages) - 1:
+                self._loss.backward()
+                self._loss = None
+            else:
+                output, downstream = self._outputs[index], self._inputs[index + 1]
+                if output.requires_grad and downstream.grad is not None:
+                    torch.autograd.backward(output, grad_tensors=downstream.grad)
+            # This stage's activations are no longer needed.
+            if index + 1 < len(self._inputs):
+                self._inputs[index + 1] = None
+            self._outputs[index] = None
+        elif action == "step":
+            self.optimizer.step()
+
+    def remaining_steps(self) -> int | None:
+        return None if self.total_steps is None else max(self.total_steps - self.step_count, 0)
+
+    def resident(self) -> tuple[Any, ...]:
+        return (*self.stages, self.optimizer)
+
+    def close(self) -> None:
+        self._reset_iteration()
+
+
+class StagedWorkloadSession(StagedSession):
+    """A stage-preemptible run of a :class:`~components.train.workloads.Workload` whose ``model`` is an
+    ``nn.Sequential`` (``mlp-digits``, ``cnn-synthetic``) or TinyGPT-like (``tiny-gpt``), see
+    :func:`as_sequential`.
+
+    Same batches, same loss (cross-entropy), same order of ``zero_grad`` / ``backward`` / ``step`` as
+    ``Workload.train_step``: the parameters after ``n`` steps are bit-identical to ``n`` plain steps.
+    ``stages`` is a count (balanced by measured layer time on the first batch) or explicit sizes.
+    """
+
+    def __init__(self, workload: Any, spec: dict[str, Any], stages: int | Sequence[int] = 3,
+                 *, steps: int | None = None):
+        super().__init__(steps=steps)
+        self.workload, self._factory = workload_factory(workload)
+        self.spec = spec
+        self.stage_spec = stages
+        self.steps_per_epoch: int | None = None
+
+    @classmethod
+    def builtin(cls, name: str, stages: int | Sequence[int] = 3, steps: int | None = None,
+                **spec: Any) -> StagedWorkloadSession:
+        from components.train.spec import TrainSpec
+        from components.train.workloads import builtin_workload
+
+        normalized = TrainSpec().validate({"workload": name, **spec})
+        return cls(lambda: builtin_workload(name), normalized, stages, steps=steps)
+
+    def memory_estimate(self) -> MemoryRequest:
+        from components.gpushare.memory import profile_workload
+
+        return profile_workload(self._factory, self.spec)
+
+    def start(self, device) -> None:
+        if self.workload is None:
+            self.workload = self._factory()
+        workload = self.workload
+        workload.setup(self.spec, device)
+        model = workload.model
+        layers = as_sequential(model)
+        self.steps_per_epoch = int(workload.steps_per_epoch())
+        total = self.spec["epochs"] * self.steps_per_epoch
+        if self.spec.get("max_steps"):
+            total = min(total, self.spec["max_steps"])
+        if self.total_steps is None:
+            self.total_steps = total
+        sample = workload.batch(0, 0)[0] if isinstance(self.stage_spec, int) else None
+        self.stages = split_sequential(layers, self.stage_spec, sample)
+        self.modules_to_train = [model]
+        self.optimizer = workload.optimizer
+        self.batch_fn = self._batch
+        self.loss_fn = sequence_cross_entropy
+        super().start(device)
+
+    def _batch(self, step: int):
+        epoch, index = divmod(step, self.steps_per_epoch)
+        return self.workload.batch(epoch, index)
+
+    def resident(self) -> tuple[Any, ...]:
+        return (self.workload,) if self.workload is not None else ()
+
+
+class InferenceSession(Session):
+    """A model serving requests on the shared device: ``run(inputs)`` is one forward pass in inference mode.
+
+    ``model`` is an ``nn.Module`` (moved to the device at start) or a factory returning one; ``sample`` an
+    example input for :meth:`memory_estimate` (profiled on a CPU copy); ``postprocess`` maps the output
+    (e.g. ``argmax``) before it is returned. Inputs are moved to the device.
+    """
+
+    kind = "inference"
+
+    def __init__(self, model: nn.Module | Callable[[], nn.Module], *, sample: Any = None,
+                 postprocess: Callable[[Any], Any] | None = None):
+        self._model = model
+        self.model: nn.Module | None = model if isinstance(model, nn.Module) else None
+        self.sample = sample
+        self.postprocess = postprocess
+        self.device = torch.device("cpu")
+
+    def memory_estimate(self) -> MemoryRequest | None:
+        if self.sample is None:
+            return None
+        from components.gpushare.memory import profile_module
+
+        model = self.model if self.model is not None else self._model()
+        return profile_module(model, self.sample)
+
+    def start(self, device) -> None:
+        self.device = torch.device(device)
+        if self.model is None:
+            self.model = self._model()
+        self.model = self.model.to(self.device).eval()
+
+    def run(self, inputs: Any) -> Any:
+        if isinstance(inputs, torch.Tensor):
+            inputs = inputs.to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            output = self.model(inputs)
+        return self.postprocess(output) if self.postprocess is not None else output
+
+    def step(self, should_yield=never) -> Progress:
+        raise RuntimeError("an InferenceSession serves requests through DeviceExecutor.infer(); it has no step()")
+
+    def resident(self) -> tuple[Any, ...]:
+        return (self.model,) if self.model is not None else ()

@@ -1,0 +1,121 @@
+"""SwitchFlow stages: splitting, bit-identical preemptible training, and preemption bounded by one stage."""
+
+import random
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from components.gpushare.executor import DeviceExecutor
+from components.gpushare.lanes import MemoryRequest
+from components.gpushare.sessions import Progress
+from components.gpushare.stages import (
+    InferenceSession,
+    StagedSession,
+    StagedWorkloadSession,
+    as_sequential,
+    partition,
+    split_sequential,
+)
+from components.train.spec import TrainSpec
+from components.train.workloads import builtin_workload
+
+
+def test_partition_minimizes_the_largest_stage():
+    assert partition([1, 1, 1, 1], 2) == [2, 2]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert partition([1, 2, 3], 5) == [1, 1, 1]  # no more stages than layers
+    sizes = partition([3, 1, 4, 1, 5, 9, 2, 6], 3)
+    assert sum(sizes) == 8 and max(sum([3, 1, 4, 1, 5, 9, 2, 6][sum(sizes[:i]):sum(sizes[:i + 1])])
+                                   for i in range(3)) == 14
+
+
+def test_split_sequential_shares_the_layers():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    stages = split_sequential(model, [2, 2, 1])
+    assert [len(stage) for stage in stages] == [2, 2, 1]
+    assert stages[0][0] is model[0]
+    x = torch.randn(3, 4)
+    out = x
+    for stage in stages:
+        out = stage(out)
+    assert torch.equal(out, model(x))
+    assert len(split_sequential(model, 2, sample=x)) == 2
+    with pytest.raises(ValueError):
+        split_sequential(model, [2, 2])
+    with pytest.raises(TypeError):
+        split_sequential(nn.Linear(2, 2), 2)
+    with pytest.raises(TypeError):
+        as_sequential(nn.LSTM(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("workload", "fields", "stages", "steps"),
+    [
+        ("mlp-digits", {"hidden": 32}, 3, 12),
+        ("cnn-synthetic", {"hidden": 8}, [3, 3, 2], 8),
+        ("tiny-gpt", {"hidden": 32, "batch_size": 8}, 4, 4),
+    ],
+)
+def test_a_preempted_staged_job_ends_bit_identical_to_plain_steps(workload, fields, stages, steps):
+    spec = TrainSpec().validate({"workload": workload, "seed": 5, **fields})
+    staged = StagedWorkloadSession(lambda: builtin_workload(workload), spec, stages, steps=steps)
+    staged.start(torch.device("cpu"))
+    rng = random.Random(0)
+    progress, yields = None, 0
+    while progress is not Progress.DONE:
+        progress = staged.step(lambda: rng.random() < 0.3)  # preempted at random stage boundaries
+        yields += progress is Progress.YIELDED
+    assert yields > 0 and staged.step_count == steps
+
+    plain = builtin_workload(workload)
+    plain.setup(spec, torch.device("cpu"))
+    for step in range(steps):
+        plain.train_step(plain.batch(*divmod(step, plain.steps_per_epoch())))
+    for (name, left), right in zip(staged.workload.model.state_dict().items(),
+                                   plain.model.state_dict().values(), strict=True):
+        assert torch.equal(left, right), name
+    for left, right in zip(staged.workload.optimizer.state_dict()["state"].values(),
+                           plain.optimizer.state_dict()["state"].values(), strict=True):
+        assert all(torch.equal(left[key], right[key]) for key in left)
+
+
+def wide_mlp(width=768, depth=4):
+    layers = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def test_inference_preempts_training_within_one_stage():
+    torch.manual_seed(0)
+    model = wide_mlp()
+    stages = split_sequential(model, [2, 2, 2, 2, 1])
+    inputs, targets = torch.randn(256, 768), torch.randint(0, 10, (256,))
+    training = StagedSession(stages, torch.optim.SGD(model.parameters(), lr=1e-3),
+                             batch=lambda step: (inputs, targets), steps=10**6)
+    served = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    rng = random.Random(1)
+    with DeviceExecutor("cpu", "1GiB", "pack", measure_iterations=0) as executor:
+        executor.serve("served", InferenceSession(served), MemoryRequest(2**20, 2**20))
+        executor.submit("train", training, MemoryRequest(64 * 2**20, 64 * 2**20))
+        while executor.job_status("train")["steps"] < 2:
+            time.sleep(0.005)
+        latencies = []
+        for _ in range(12):
+            time.sleep(rng.uniform(0.01, 0.05))
+            sent = time.perf_counter()
+            executor.infer("served", torch.randn(1, 32)).result(10)
+            latencies.append(time.perf_counter() - sent)
+        status = executor.status()
+        step_time = status["jobs"]["train"]["step_time_s"]
+        executor.cancel("train")
+    longest_stage = training.longest_action_s
+    preemption = status["counters"]["preemption_latency"]
+    assert status["counters"]["preemptions"] >= 8
+    assert preemption["count"] >= 8
+    # Bounded by the longest stage (plus scheduling slack), far below a whole iteration.
+    assert preemption["max_s"] <= longest_stage + 0.01
+    assert preemption["p50_s"] < step_time / 3
+    assert sorted(latencies)[len(latencies) // 2] < step_time / 2
