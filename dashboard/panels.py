@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 from components.runtime import registry
@@ -18,6 +19,7 @@ from strata.jobs.models import Allocation, Job
 log = logging.getLogger(__name__)
 
 MAX_PANEL_POINTS = 20_000  # per metric series handed to a panel
+MAX_PANEL_SLICES = 5_000  # GPU-sharing slices handed to a panel (the newest)
 
 
 class DatabasePanelData(PanelData):
@@ -52,6 +54,67 @@ class DatabasePanelData(PanelData):
 
     def devices(self):
         return cluster_devices(self.team_ids)
+
+    def sharing(self, device_ids=None, since=None, job_id=None):
+        return cluster_sharing(self.team_ids, device_ids=device_ids, since=since, job_id=job_id)
+
+
+def cluster_sharing(team_ids, device_ids=None, since=None, job_id=None) -> dict[str, Any]:
+    """GPU-sharing state and slices (see ``PanelData.sharing``); other teams' jobs carry no id or name."""
+    from strata.cluster.selectors import device_policy, pool_policies
+    from strata.telemetry.models import ShareSlice
+
+    visible = set(team_ids)
+    slices = ShareSlice.objects.order_by("-start")
+    if since is not None:
+        slices = slices.filter(end__gte=datetime.fromtimestamp(float(since), tz=UTC))
+    if device_ids is not None:
+        slices = slices.filter(device_id__in=list(device_ids))
+    devices = Device.objects.select_related("node").exclude(sharing={}).order_by("node__name", "index")
+    if device_ids is not None:
+        devices = devices.filter(pk__in=list(device_ids))
+    if job_id is not None:
+        if not Job.objects.filter(pk=job_id, team_id__in=visible).exists():
+            return {"devices": [], "slices": []}
+        slices = slices.filter(job_id=job_id)
+        held = set(Allocation.objects.filter(attempt__job_id=job_id).values_list("device_id", flat=True))
+        held |= set(slices.values_list("device_id", flat=True).distinct())
+        devices = devices.filter(pk__in=held)
+    rows = list(slices.values_list("device_id", "attempt_id", "job_id", "start", "end")[:MAX_PANEL_SLICES])
+    rows.reverse()
+    devices = list(devices)
+    job_ids = {row[2] for row in rows}
+    for device in devices:
+        job_ids.update(job.get("job") for job in device.sharing.get("jobs", []) if job.get("job"))
+    jobs = {str(pk): (team, name) for pk, team, name in
+            Job.objects.filter(pk__in=list(job_ids)).values_list("id", "team_id", "name")} if job_ids else {}
+
+    def who(job, attempt) -> dict[str, Any]:
+        team, name = jobs.get(str(job), (None, None))
+        if team in visible:
+            return {"attempt": str(attempt), "job_id": str(job), "job_name": name, "foreign": False}
+        return {"attempt": None, "job_id": None, "job_name": None, "foreign": True}
+
+    policies = pool_policies()
+    entries = []
+    for device in devices:
+        report = device.sharing
+        shared = []
+        for job in report.get("jobs", []):
+            shared.append({**who(job.get("job"), job.get("attempt")), "state": job.get("state"),
+                           "persistent": job.get("persistent"), "ephemeral": job.get("ephemeral"),
+                           "lane": job.get("lane"), "steps": job.get("steps")})
+        entries.append({
+            "id": device.pk, "node": device.node.name, "index": device.index, "kind": device.kind,
+            "policy": device_policy(device, policies), "switches": report.get("switches"),
+            "switch_latency_ms": report.get("switch_latency_ms") or {}, "utilization": report.get("utilization"),
+            "budget": report.get("budget"),
+            "lanes": [{"id": lane.get("id"), "size": lane.get("size"), "jobs": len(lane.get("attempts", []))}
+                      for lane in report.get("lanes", [])],
+            "jobs": shared})
+    return {"devices": entries, "slices": [
+        {"device": device, **who(job, attempt), "start": start.timestamp(), "end": end.timestamp()}
+        for device, attempt, job, start, end in rows]}
 
 
 def cluster_devices(team_ids) -> list[dict[str, Any]]:

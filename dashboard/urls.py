@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard.views import assets, auth, cluster, jobs, usage
+from dashboard.views import assets, auth, cluster, jobs, pools, usage
 
 app_name = "dashboard"
 
@@ -14,4 +14,5 @@ urlpatterns = [
     *jobs.urlpatterns,
     *cluster.urlpatterns,
     *usage.urlpatterns,
+    *pools.urlpatterns,
 ]

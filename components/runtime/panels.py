@@ -9,6 +9,7 @@ The dashboard shows a panel's title and draws what :meth:`Panel.render` returns,
 
 * ``{"figure": {...}}``: a plotly figure as JSON (``data`` and ``layout``), drawn with the bundled plotly.js;
 * ``{"table": {"columns": [...], "rows": [[...], ...]}}``: a table of plain values;
+* ``{"figure": {...}, "table": {...}}``: both, the table below the figure;
 * ``{"text": "..."}``: a line of plain text (escaped when shown);
 * ``None``: nothing to show for this job or cluster right now (the panel is hidden).
 """
@@ -41,6 +42,21 @@ class PanelData(abc.ABC):
         ``memory_used`` and ``allocations``: the jobs holding a share of it now. Jobs of teams the viewer may
         see carry ``job_id``, ``job_name``, ``team``, ``owner``, ``kind``, ``state``, ``rank``, ``share`` and
         ``memory``; other teams' jobs appear only as ``{"foreign": True, "share", "memory"}``."""
+
+    def sharing(self, device_ids: list[int] | None = None, since: float | None = None,
+                job_id: str | None = None) -> dict[str, Any]:
+        """GPU sharing: what each device's sharing service last reported, and who ran when.
+
+        Returns ``{"devices": [...], "slices": [...]}``. A device (only those running a sharing service; only
+        ``device_ids`` when given) is ``id``, ``node``, ``index``, ``kind``, ``policy``, ``switches``,
+        ``switch_latency_ms`` (``{"p50", "p99"}``), ``utilization`` (0..1), ``budget`` (bytes), ``lanes``
+        (``{"id", "size", "jobs"}``: how many jobs share the lane) and ``jobs`` (``state``, ``persistent``,
+        ``ephemeral``, ``lane``, ``steps``, ``foreign``, and for jobs the viewer may see ``attempt``,
+        ``job_id`` and ``job_name``). A slice is ``device``, ``start`` and ``end`` (unix seconds),
+        ``foreign`` and, for jobs the viewer may see, ``attempt``, ``job_id`` and ``job_name`` (None for
+        another team's job). ``since`` (unix seconds) keeps the slices that end after it; ``job_id`` keeps
+        that job's slices and the devices it ran on. The default implementation shares nothing."""
+        return {"devices": [], "slices": []}
 
 
 class Panel(abc.ABC):

@@ -270,31 +270,37 @@
         box.setAttribute("role", "alert");
         box.append(element("code", "", panel.error));
         body.replaceChildren(box);
-      } else if (panel.figure) {
-        let plot = body.querySelector(".chart");
-        if (!plot) {
-          plot = element("div", "chart");
-          plot.id = "panel-live-" + index + "-chart";
-          body.replaceChildren(plot);
+      } else if (panel.figure || panel.table) {
+        // A figure, a table, or both (the table below the figure).
+        const keep = [];
+        if (panel.figure) {
+          let plot = body.querySelector(".chart");
+          if (!plot) {
+            plot = element("div", "chart");
+            plot.id = "panel-live-" + index + "-chart";
+          }
+          keep.push(plot);
         }
-        Strata.draw(plot.id, panel.figure);
-      } else if (panel.table) {
-        const table = element("table", "panel-table");
-        const columns = panel.table.columns || [];
-        if (columns.length) {
-          const head = element("tr");
-          columns.forEach((column) => head.append(element("th", "", column)));
-          table.append(element("thead"));
-          table.tHead.append(head);
+        if (panel.table) {
+          const table = element("table", "panel-table");
+          const columns = panel.table.columns || [];
+          if (columns.length) {
+            const head = element("tr");
+            columns.forEach((column) => head.append(element("th", "", column)));
+            table.append(element("thead"));
+            table.tHead.append(head);
+          }
+          const tbody = element("tbody");
+          (panel.table.rows || []).forEach((row) => {
+            const tr = element("tr");
+            row.forEach((cell) => tr.append(element("td", "", cell === null ? "—" : cell)));
+            tbody.append(tr);
+          });
+          table.append(tbody);
+          keep.push(table);
         }
-        const tbody = element("tbody");
-        (panel.table.rows || []).forEach((row) => {
-          const tr = element("tr");
-          row.forEach((cell) => tr.append(element("td", "", cell === null ? "—" : cell)));
-          tbody.append(tr);
-        });
-        table.append(tbody);
-        body.replaceChildren(table);
+        body.replaceChildren(...keep);
+        if (panel.figure) Strata.draw(keep[0].id, panel.figure);
       } else if (panel.text) {
         body.replaceChildren(element("p", "panel-text", panel.text));
       }

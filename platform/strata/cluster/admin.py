@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from strata.cluster.models import Device, Node
+from strata.cluster.models import Device, DevicePool, Node
 
 
 class DeviceInline(admin.TabularInline):
@@ -12,3 +12,8 @@ class DeviceInline(admin.TabularInline):
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "state", "address", "last_heartbeat", "lease_expires_at"]
     inlines = [DeviceInline]
+
+
+@admin.register(DevicePool)
+class DevicePoolAdmin(admin.ModelAdmin):
+    list_display = ["name", "sharing_policy", "updated_at"]

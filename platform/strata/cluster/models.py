@@ -1,4 +1,4 @@
-"""Nodes, their devices and node leases."""
+"""Nodes, their devices, node leases and device pools (GPU-sharing policy per pool)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,9 @@ class Device(models.Model):
     utilization = models.FloatField(default=0.0)
     memory_used = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
+    # The node's latest report of this device's GPU-sharing service (policy, switches, lanes, jobs), without
+    # its time slices (those are ShareSlice rows); {} when the device runs no sharing service.
+    sharing = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -66,3 +69,35 @@ class Device(models.Model):
     @property
     def virtual(self) -> bool:
         return self.kind == self.Kind.VIRTUAL
+
+
+DEFAULT_POOL = "default"
+POOL_LABEL = "pool"
+
+
+def node_pool(labels: dict | None) -> str:
+    """The device pool of a node with these labels: its ``pool`` label, else ``"default"``."""
+    return str((labels or {}).get(POOL_LABEL) or DEFAULT_POOL)
+
+
+class DevicePool(models.Model):
+    """A device pool: the devices of the nodes labelled ``pool=<name>`` (unlabelled nodes: ``default``).
+
+    A row exists only once an admin set something; a pool without one uses the default policy.
+    """
+
+    class Policy(models.TextChoices):
+        PACK = "pack"
+        SRTF = "srtf"
+        FAIR = "fair"
+        PRIORITY = "priority"
+
+    name = models.SlugField(max_length=200, unique=True)
+    sharing_policy = models.CharField(max_length=16, choices=Policy.choices, default=Policy.FAIR)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.sharing_policy})"

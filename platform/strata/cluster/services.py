@@ -1,17 +1,21 @@
-"""Node registration and heartbeats (the node's lease)."""
+"""Node registration, heartbeats (the node's lease), GPU-sharing reports and device-pool policies."""
 
 from __future__ import annotations
 
+import re
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
-from strata.cluster.models import Device, Node
+from strata.cluster.models import Device, DevicePool, Node, node_pool
 from strata.jobs.models import Allocation, Attempt
 from strata.jobs.services import STOPPED_STATES
+
+SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,200}$")
 
 
 class StaleSession(Exception):
@@ -55,8 +59,108 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
     return node
 
 
-def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: list[str]) -> dict:
-    """Extend the lease, record device samples, and tell the node which of its attempts must stop."""
+class PoolInvalid(ValueError):
+    """A bad pool change; ``errors`` maps each field to its message. Nothing was changed."""
+
+    def __init__(self, errors: dict[str, str]):
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
+
+
+def pool_policy(name: str) -> str:
+    """The GPU-sharing policy of pool ``name`` (the default policy when no admin set one)."""
+    policy = DevicePool.objects.filter(name=name).values_list("sharing_policy", flat=True).first()
+    return policy or DevicePool._meta.get_field("sharing_policy").default
+
+
+def pool_policy_set(name: str, policy: str) -> DevicePool:
+    """Set the GPU-sharing policy of pool ``name``, creating its row if needed. Nodes of the pool get the new
+    policy in their next heartbeat answer. Raises PoolInvalid (nothing changed)."""
+    errors = {}
+    if not isinstance(name, str) or not SLUG.match(name):
+        errors["name"] = "letters, digits, '-' and '_' only (at most 200)"
+    if policy not in DevicePool.Policy.values:
+        errors["sharing_policy"] = f"must be one of {', '.join(DevicePool.Policy.values)}"
+    if errors:
+        raise PoolInvalid(errors)
+    pool, created = DevicePool.objects.get_or_create(name=name, defaults={"sharing_policy": policy})
+    if not created and pool.sharing_policy != policy:
+        pool.sharing_policy = policy
+        pool.updated_at = timezone.now()
+        pool.save(update_fields=["sharing_policy", "updated_at"])
+    return pool
+
+
+def pools_list() -> list[dict]:
+    """Every pool that has nodes or a policy row: name, policy, node and device counts."""
+    rows = {pool.name: pool for pool in DevicePool.objects.all()}
+    counts: dict[str, list[int]] = {name: [0, 0] for name in rows}
+    for labels, devices in Node.objects.annotate(device_count=Count("devices")).values_list("labels", "device_count"):
+        entry = counts.setdefault(node_pool(labels), [0, 0])
+        entry[0] += 1
+        entry[1] += devices
+    default_policy = DevicePool._meta.get_field("sharing_policy").default
+    return [{"name": name, "sharing_policy": rows[name].sharing_policy if name in rows else default_policy,
+             "updated_at": rows[name].updated_at if name in rows else None, "nodes": nodes, "devices": devices}
+            for name, (nodes, devices) in sorted(counts.items())]
+
+
+def _epoch(value: float):
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
+def sharing_record(node: Node, devices: dict[int, Device], reports: list[dict], now) -> None:
+    """Store each device service's report: the latest state (without slices) on ``Device.sharing`` and the
+    slices as ShareSlice rows. Attempts that are unknown or not on this node are dropped, and slices that
+    start before the device's last stored slice ended (a retried heartbeat) are not stored twice."""
+    from strata.telemetry.models import ShareSlice
+
+    wanted = set()
+    for report in reports:
+        for lane in report.get("lanes", []):
+            wanted.update(str(a) for a in lane.get("attempts", []))
+        wanted.update(str(job["attempt"]) for job in report.get("jobs", []))
+        wanted.update(str(piece["attempt"]) for piece in report.get("slices", []))
+    owned = {str(attempt_id): job_id for attempt_id, job_id in
+             Attempt.objects.filter(pk__in=wanted, node=node).values_list("id", "job_id")} if wanted else {}
+    slices, reported = [], set()
+    for report in reports:
+        device = devices.get(int(report["index"]))
+        if device is None or device.pk in reported:
+            continue
+        reported.add(device.pk)
+        previous_until = float((device.sharing or {}).get("slices_until") or 0.0)
+        until = previous_until
+        for piece in report.get("slices", []):
+            attempt = str(piece["attempt"])
+            if attempt not in owned or piece["start"] < previous_until:
+                continue
+            slices.append(ShareSlice(device=device, attempt_id=attempt, job_id=owned[attempt],
+                                     start=_epoch(piece["start"]), end=_epoch(piece["end"])))
+            until = max(until, piece["end"])
+        state = {
+            "policy": report["policy"], "switches": report["switches"],
+            "switch_latency_ms": dict(report["switch_latency_ms"]), "utilization": report["utilization"],
+            "budget": report["budget"],
+            "lanes": [{"id": lane["id"], "size": lane["size"],
+                       "attempts": [str(a) for a in lane.get("attempts", []) if str(a) in owned]}
+                      for lane in report.get("lanes", [])],
+            "jobs": [{**job, "attempt": str(job["attempt"]), "job": str(owned[str(job["attempt"])])}
+                     for job in report.get("jobs", []) if str(job["attempt"]) in owned],
+            "reported_at": now.timestamp(), "slices_until": until,
+        }
+        Device.objects.filter(pk=device.pk).update(sharing=state)
+    # A device whose service is no longer reported shares nothing now.
+    stale = [device.pk for device in devices.values() if device.sharing and device.pk not in reported]
+    if stale:
+        Device.objects.filter(pk__in=stale).update(sharing={})
+    ShareSlice.objects.bulk_create(slices, batch_size=1000)
+
+
+def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: list[str],
+                   sharing: list[dict] | None = None) -> dict:
+    """Extend the lease, record device samples and GPU-sharing reports, and tell the node which of its
+    attempts must stop and which sharing policy its pool uses."""
     from strata.telemetry.services import samples_record
 
     if str(node.session) != str(session):
@@ -76,8 +180,10 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
         Device.objects.filter(pk=device.pk).update(utilization=utilization, memory_used=memory, updated_at=now)
         rows.append((device.pk, utilization, memory))
     samples_record(rows, now)
+    sharing_record(node, devices, sharing or [], now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
     stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
-    return {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop}
+    return {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop,
+            "sharing_policy": pool_policy(node_pool(node.labels))}

@@ -7,6 +7,9 @@ Three tiers, so a chart over any range reads a bounded number of rows:
 * ``DeviceRollup`` at ``resolution=3600``: one row per device per hour, kept
   ``STRATA_TELEMETRY_RETENTION_DAYS`` (35 days).
 
+``ShareSlice`` rows record who ran when on a shared device (from the nodes' GPU-sharing reports); they are
+kept as long as raw samples.
+
 ``RollupWatermark`` records, per resolution, up to where rollups are complete (see
 :func:`strata.telemetry.services.rollups_update`).
 """
@@ -17,6 +20,7 @@ from django.db import models
 from django.utils import timezone
 
 from strata.cluster.models import Device
+from strata.jobs.models import Attempt, Job
 
 
 class DeviceSample(models.Model):
@@ -64,3 +68,19 @@ class RollupWatermark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.resolution}s rollups complete until {self.until:%Y-%m-%d %H:%M}"
+
+
+class ShareSlice(models.Model):
+    """One stretch ``[start, end)`` during which ``attempt`` had a shared device's execution thread."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="share_slices")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="share_slices")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="share_slices")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+
+    class Meta:
+        ordering = ["start"]
+        indexes = [models.Index(fields=["device", "start"], name="telemetry_slice_device_start"),
+                   models.Index(fields=["job", "start"], name="telemetry_slice_job_start"),
+                   models.Index(fields=["start"], name="telemetry_slice_start")]

@@ -51,7 +51,8 @@ def test_route_table_is_what_this_walk_expects():
     assert names == NODE_ROUTES | DOC_ROUTES | {
         "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
         "job-metrics", "job-resubmit", "node-list", "node-detail", "device-list", "device-detail", "team-list",
-        "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail"}
+        "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
+        "pool-detail"}
 
 
 @pytest.fixture
@@ -113,6 +114,8 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
             values["pk"] = str(world["node"].pk)
         if name == "device-detail":
             values["pk"] = str(world["node"].devices.first().pk)
+        if name == "pool-detail":
+            values["name"] = "default"
         url = _fill(text, values)
         for method in methods:
             response = _call(b, method, url)
@@ -127,6 +130,9 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
                 # quota PUT/PATCH are refused earlier (403, cluster admins only); everything else is 404.
                 expected = 403 if method in {"put", "patch"} else 404
                 assert response.status_code == expected, (name, method, response.status_code)
+            elif name == "pool-detail":
+                # Pools are cluster-wide (no team data); changing a policy is for cluster admins only.
+                assert response.status_code == 403, (name, method, response.status_code)
             elif name == "job-list" and method == "post":
                 assert response.status_code == 400
             else:

@@ -11,7 +11,7 @@ from rest_framework import serializers, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from strata.api.permissions import IsNode, IsUser
+from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.cluster import services
 from strata.cluster.api import serializers as s
 from strata.cluster.models import Device, Node
@@ -34,6 +34,32 @@ class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
     permission_classes = [IsUser]
     serializer_class = s.DeviceSerializer
     queryset = Device.objects.select_related("node")
+
+
+class PoolViewSet(viewsets.ViewSet):
+    """Device pools (node label ``pool``; unlabelled nodes are in ``default``) and their GPU-sharing policy.
+    Anyone may list them; only cluster admins may change a policy."""
+
+    lookup_field = "name"
+    lookup_value_regex = r"[^/]+"  # a bad name is a 400 from the service, after the permission check
+
+    def get_permissions(self):
+        return [IsClusterAdmin()] if self.action == "partial_update" else [IsUser()]
+
+    @extend_schema(responses=s.PoolSerializer(many=True))
+    def list(self, request):
+        return Response(s.PoolSerializer(services.pools_list(), many=True).data)
+
+    @extend_schema(request=s.PoolSerializer, responses=s.PoolSerializer)
+    def partial_update(self, request, name=None):
+        serializer = s.PoolSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            services.pool_policy_set(name, serializer.validated_data["sharing_policy"])
+        except services.PoolInvalid as error:
+            raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None
+        pool = next(pool for pool in services.pools_list() if pool["name"] == name)
+        return Response(s.PoolSerializer(pool).data)
 
 
 def _node(data) -> Node:
@@ -68,7 +94,7 @@ class HeartbeatView(NodeAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         answer = services.node_heartbeat(_node(data), str(data["session"]), data["samples"],
-                                         [str(a) for a in data["attempts"]])
+                                         [str(a) for a in data["attempts"]], data["sharing"])
         return Response(answer)
 
 

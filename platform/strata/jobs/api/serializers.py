@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from components.runtime.registry import UnknownKind, get_kind
@@ -122,17 +123,45 @@ class AttemptSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class JobListShareSerializer(serializers.ListSerializer):
+    """Loads the shares of a whole page of jobs at once (a fixed number of queries, not one per job)."""
+
+    def to_representation(self, data):
+        from strata.cluster.selectors import job_shares
+
+        jobs = list(data.all() if hasattr(data, "all") else data)
+        self.context.setdefault("job_shares", {}).update(job_shares(jobs))
+        return super().to_representation(jobs)
+
+
 class JobSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
+    share = serializers.SerializerMethodField(
+        help_text="The job's share of a shared GPU (its latest attempt's fractional allocation); null for "
+                  "whole-GPU jobs and jobs not placed yet.")
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
-                  "finished_at", "attempts"]
+                  "finished_at", "share", "attempts"]
         read_only_fields = fields
+        list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "gpus": {"type": "number"}, "gpu_memory": {"type": "integer"}, "device": {"type": "string"},
+        "shared": {"type": "boolean"}, "policy": {"type": "string"}, "lane": {"type": "integer", "nullable": True},
+        "persistent": {"type": "integer", "nullable": True}, "ephemeral": {"type": "integer", "nullable": True},
+        "switches_on_device": {"type": "integer", "nullable": True}}})
+    def get_share(self, job):
+        from strata.cluster.selectors import job_shares
+
+        shares = self.context.get("job_shares") if isinstance(self.context, dict) else None
+        if shares is not None and job.pk in shares:
+            return shares[job.pk]
+        return job_shares([job])[job.pk]
 
 
 class JobListSerializer(JobSerializer):

@@ -1,0 +1,94 @@
+"""Reads on devices and pools: each job's share of a shared GPU, as the API and the dashboard show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata.cluster.models import Device, DevicePool, node_pool
+from strata.jobs.models import Allocation, Attempt, Job
+
+FULL_GPU = 1.0 - 1e-9
+
+
+def pool_policies() -> dict[str, str]:
+    """Pool name -> policy, for the pools an admin has set (the others use the default)."""
+    return dict(DevicePool.objects.values_list("name", "sharing_policy"))
+
+
+def default_policy() -> str:
+    return DevicePool._meta.get_field("sharing_policy").default
+
+
+def device_policy(device: Device, policies: dict[str, str]) -> str:
+    """The policy the device's service reports it runs, else the one its pool should run."""
+    return (device.sharing or {}).get("policy") or policies.get(node_pool(device.node.labels), default_policy())
+
+
+def _latest_attempts(jobs: list[Job]) -> dict[Any, Attempt]:
+    """Each job's latest attempt, from prefetched attempts where the caller loaded them, else in one query."""
+    latest, missing = {}, []
+    for job in jobs:
+        cache = getattr(job, "_prefetched_objects_cache", {})
+        if "attempts" in cache:
+            attempts = sorted(cache["attempts"], key=lambda attempt: attempt.number)
+            if attempts:
+                latest[job.pk] = attempts[-1]
+        else:
+            missing.append(job.pk)
+    if missing:
+        for attempt in Attempt.objects.filter(job_id__in=missing).order_by("job_id", "-number"):
+            latest.setdefault(attempt.job_id, attempt)
+    return latest
+
+
+def _allocation(attempt: Attempt) -> Allocation | None:
+    cache = getattr(attempt, "_prefetched_objects_cache", {})
+    if "allocations" in cache:
+        allocations = sorted(cache["allocations"], key=lambda allocation: allocation.rank)
+        return allocations[0] if allocations else None
+    return None
+
+
+def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
+    """Job id -> its share of a shared GPU (None for whole-GPU or unplaced jobs), in a fixed number of
+    queries for any number of jobs.
+
+    The share is that of the job's latest attempt on its first device (rank 0), with what the device's
+    sharing service last reported about it: ``gpus``, ``gpu_memory``, ``device`` (``node:gpuN``),
+    ``shared``, ``policy``, ``lane``, ``persistent``, ``ephemeral`` and ``switches_on_device``.
+    """
+    shares: dict[Any, dict | None] = {job.pk: None for job in jobs}
+    latest = _latest_attempts(list(jobs))
+    allocations: dict[Any, Allocation] = {}
+    unloaded = []
+    for attempt in latest.values():
+        cache = getattr(attempt, "_prefetched_objects_cache", {})
+        if "allocations" in cache:
+            allocation = _allocation(attempt)
+            if allocation is not None:
+                allocations[attempt.pk] = allocation
+        else:
+            unloaded.append(attempt.pk)
+    if unloaded:
+        for allocation in (Allocation.objects.filter(attempt_id__in=unloaded).select_related("device__node")
+                           .order_by("attempt_id", "rank")):
+            allocations.setdefault(allocation.attempt_id, allocation)
+    fractional = {job_id: allocations.get(attempt.pk) for job_id, attempt in latest.items()}
+    fractional = {job_id: allocation for job_id, allocation in fractional.items()
+                  if allocation is not None and allocation.share < FULL_GPU}
+    if not fractional:
+        return shares
+    policies = pool_policies()
+    for job_id, allocation in fractional.items():
+        device = allocation.device
+        sharing = device.sharing or {}
+        entry = next((job for job in sharing.get("jobs", []) if job.get("attempt") == str(allocation.attempt_id)),
+                     None) or {}
+        shares[job_id] = {
+            "gpus": allocation.share, "gpu_memory": allocation.memory,
+            "device": f"{device.node.name}:gpu{device.index}", "shared": True,
+            "policy": device_policy(device, policies), "lane": entry.get("lane"),
+            "persistent": entry.get("persistent"), "ephemeral": entry.get("ephemeral"),
+            "switches_on_device": sharing.get("switches"),
+        }
+    return shares
