@@ -6,6 +6,7 @@ the control-plane URL, the node token, the node id and the broker URL. Consumes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,9 @@ from components.runtime.client import ApiError, ControlPlaneClient
 log = logging.getLogger("strata.node.worker")
 STOP_GRACE_SECONDS = float(os.environ.get("STRATA_STOP_GRACE_SECONDS", "10"))
 POLL_SECONDS = float(os.environ.get("STRATA_ATTEMPT_POLL_SECONDS", "1.0"))
+# How long a shared attempt waits for its device service to listen (it may be starting or restarting).
+SERVICE_CONNECT_SECONDS = float(os.environ.get("STRATA_GPUSHARE_CONNECT_SECONDS", "30"))
+SERVICE_ACK_SECONDS = 120.0  # the first job of a service imports torch and builds the executor
 
 
 def load_config() -> dict:
@@ -62,6 +66,130 @@ class AttemptRunner:
         self.pending_logs: list[dict] = []
         self.logs_lock = threading.Lock()
         self.running_file = Path(config["state_dir"]) / "running" / f"{attempt_id}.json"
+        self.service = None  # the connection to the device service running this attempt, when shared
+
+    # -- shared devices: the GPU-sharing service ------------------------------------------------------------
+    def shared_allocation(self, claim: dict) -> dict | None:
+        """The device of a ``train`` attempt that gets a fraction of one device on this node, or None.
+
+        Such an attempt runs inside that device's GPU-sharing service (components.gpushare.service), which
+        interleaves it with the device's other fractional jobs; everything else runs in child processes."""
+        sharing = self.config.get("gpushare") or {}
+        if not sharing.get("socket_dir") or claim.get("kind") != "train" or int(claim.get("world_size", 1)) != 1:
+            return None
+        mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
+        if len(mine) != 1 or not mine[0].get("device"):
+            return None
+        device = mine[0]["device"]
+        return device if float(device.get("share", 1.0)) < 1.0 else None
+
+    def _connect_service(self, index: int):
+        from components.gpushare.service import connect, read_authkey, socket_path
+
+        sharing = self.config["gpushare"]
+        path = socket_path(sharing["socket_dir"], index)
+        deadline = time.monotonic() + SERVICE_CONNECT_SECONDS
+        while True:
+            try:
+                return connect(path, read_authkey(sharing["authkey_file"]))
+            except (OSError, EOFError) as error:
+                if time.monotonic() > deadline:
+                    log.warning("no GPU-sharing service on device %s (%s)", index, error)
+                    return None
+                time.sleep(0.25)
+
+    def start_shared(self, claim: dict, device: dict) -> bool:
+        """Hand the attempt to its device's service. False when it must run in a child process instead
+        (no service, or the service declined the job); raises when the service took it but did not answer."""
+        conn = self._connect_service(int(device["index"]))
+        if conn is None:
+            self._note(f"device {device['index']} has no GPU-sharing service; running in a child process")
+            return False
+        payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
+                   "node": self.config["node"], "fencing_token": self.token, "rank": 0, "device": device}
+        try:
+            conn.send({"op": "run", "payload": payload})
+            if not conn.poll(SERVICE_ACK_SECONDS):
+                raise TimeoutError(f"the GPU-sharing service did not answer in {SERVICE_ACK_SECONDS:g} s")
+            reply = conn.recv()
+        except BaseException:
+            conn.close()
+            raise
+        if not reply.get("ok"):
+            conn.close()
+            self._note(f"not shared: {reply.get('reason')}; running in a child process")
+            return False
+        self.service = conn
+        self.running_file.parent.mkdir(parents=True, exist_ok=True)
+        self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "shared": True,
+                                                 "pids": {str(device["index"]): [int(reply["pid"])]}}))
+        admission = reply.get("admission") or {}
+        if admission.get("status") == "waiting":
+            self._note(f"waiting for memory in the GPU-sharing service of device {device['index']} "
+                       f"(queue position {admission.get('position')})")
+        return True
+
+    def _note(self, message: str) -> None:
+        log.info("attempt %s: %s", self.attempt_id, message)
+        with self.logs_lock:
+            self.pending_logs.append({"level": "info", "message": message})
+
+    def _send_service(self, message: dict) -> None:
+        try:
+            self.service.send(message)
+        except (OSError, EOFError, ValueError):
+            pass  # the service is gone: the receive side reports it
+
+    def supervise_shared(self, time_limit: float) -> tuple[str, str]:
+        """Wait for the service to end the attempt; stop it on request or at the time limit. Mirrors
+        :meth:`supervise`: a stop becomes ``cancel`` (checkpoint at the next iteration boundary), then, past
+        the grace period, a hard cancel; past twice that the attempt is given up as failed."""
+        started = time.monotonic()
+        stop_sent_at = None
+        hard_sent = False
+        stop_reason = ""
+        next_poll = 0.0
+        done = None
+        died = ""
+        while done is None:
+            now = time.monotonic()
+            if stop_sent_at is None:
+                stop_reason, next_poll = self._stop_due(now - started, time_limit, next_poll)
+                if stop_reason:
+                    self._send_service({"op": "cancel", "attempt": self.attempt_id})
+                    stop_sent_at = now
+            elif not hard_sent and now - stop_sent_at > STOP_GRACE_SECONDS:
+                self._send_service({"op": "cancel", "attempt": self.attempt_id, "hard": True})
+                hard_sent = True
+            elif now - stop_sent_at > 3 * STOP_GRACE_SECONDS:
+                died = "the GPU-sharing service did not stop the attempt"
+                break
+            try:
+                if self.service.poll(0.05):
+                    message = self.service.recv()
+                    if message.get("event") == "done" and message.get("attempt") == self.attempt_id:
+                        done = message
+            except (EOFError, OSError) as error:
+                died = f"the GPU-sharing service died mid-attempt ({error.__class__.__name__})"
+                break
+        with contextlib.suppress(OSError):
+            self.service.close()
+        self._poll()
+        if stop_reason == "time_limit":
+            return "time_limit", f"time limit of {time_limit:g} s exceeded"
+        if stop_reason:
+            return "failed", "stopped at the control plane's request"
+        if died:
+            return "failed", died
+        state = done["state"]
+        if state == "succeeded":
+            return "succeeded", ""
+        if state == "stopped":  # the attempt's own context was told to stop (e.g. by a report answer)
+            return "failed", "stopped at the control plane's request"
+        if state == "cancelled":
+            return "failed", "dropped by the GPU-sharing service"
+        detail = next((line for line in reversed((done.get("error") or "").splitlines()) if line.strip()), "")
+        return "failed", f"failed in the GPU-sharing service: {detail or state}"[:500]
 
     def _auth(self) -> dict:
         return {"node": self.config["node"], "token": self.token}
@@ -128,6 +256,17 @@ class AttemptRunner:
             return False
         return bool(answer and answer.get("stop"))
 
+    def _stop_due(self, elapsed: float, time_limit: float, next_poll: float) -> tuple[str, float]:
+        """("time_limit" | "stopped" | "", when to poll the control plane next) for a running attempt."""
+        if elapsed > time_limit:
+            return "time_limit", next_poll
+        now = time.monotonic()
+        if now >= next_poll:
+            next_poll = now + POLL_SECONDS
+            if self._poll():
+                return "stopped", next_poll
+        return "", next_poll
+
     def _signal_all(self, sig: int) -> None:
         for _, child in self.children:
             if child.poll() is None:
@@ -145,12 +284,7 @@ class AttemptRunner:
         while any(child.poll() is None for _, child in self.children):
             now = time.monotonic()
             if stop_sent_at is None:
-                if now - started > time_limit:
-                    stop_reason = "time_limit"
-                elif now >= next_poll:
-                    next_poll = now + POLL_SECONDS
-                    if self._poll():
-                        stop_reason = "stopped"
+                stop_reason, next_poll = self._stop_due(now - started, time_limit, next_poll)
                 if stop_reason:
                     self._signal_all(signal.SIGTERM)
                     stop_sent_at = now
@@ -182,6 +316,10 @@ class AttemptRunner:
 
     def kill_all(self) -> None:
         self._signal_all(signal.SIGKILL)
+        if self.service is not None:
+            self._send_service({"op": "cancel", "attempt": self.attempt_id, "hard": True})
+            with contextlib.suppress(OSError):
+                self.service.close()
         self.running_file.unlink(missing_ok=True)
 
 
@@ -195,8 +333,12 @@ def run_attempt(attempt_id: str, token: str) -> str:
         runner.finish("failed", "stopped before it started")
         return "stopped"
     try:
-        runner.start(claim)
-        outcome, reason = runner.supervise(float(claim["time_limit"]))
+        device = runner.shared_allocation(claim)
+        if device is not None and runner.start_shared(claim, device):
+            outcome, reason = runner.supervise_shared(float(claim["time_limit"]))
+        else:
+            runner.start(claim)
+            outcome, reason = runner.supervise(float(claim["time_limit"]))
     except BaseException:
         runner.kill_all()
         raise

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--virtual-gpu-memory", default="8GiB")
     node.add_argument("--label", action="append", help="node label key=value (repeatable)")
     node.add_argument("--state-dir")
-    node.add_argument("--slots", type=int, help="concurrent attempts (default: 2 per device)")
+    node.add_argument("--slots", type=int, help="concurrent attempts (default: 4 per device, at least 2)")
     node.add_argument("--broker", help="broker URL (default: the one the control plane announces)")
 
     token = commands.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)

@@ -115,6 +115,7 @@ class AttemptClaimView(NodeAPIView):
             "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
             "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
             "world_size": int(job.resources.get("workers", 1)), "allocations": workers,
+            "priority": job.priority,
             "stop": job_services.attempt_stop_requested(attempt),
         })
 
