@@ -24,7 +24,9 @@ d. **Inference tail latency next to training.** A training job (tiny-gpt with 8 
    arrive as a Poisson stream. Every variant runs on the same virtual-GPU model: **one kernel at a time**,
    kernels from different threads executed in arrival order (a FIFO lock taken around every aten operator).
    - SwitchFlow: the executor; training split into stages (the embedding, the attention and feed-forward
-     halves of each block, the head), yielding to a request at the next stage boundary;
+     halves of each block, the head); a request is served in place at the next operator boundary inside
+     the running stage (forward, backward or optimizer step: ``stages.OperatorPreemption``), on the same
+     execution thread and kernel stream;
    - whole-graph FIFO: the executor with the same training job unsplit: a request waits for the iteration;
    - naive co-location: a training thread and a serving thread with no coordination; their kernels
      interleave one by one on the device;
@@ -485,7 +487,8 @@ def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock) -> 
     latencies = [done[id(future)] - moment for moment, future in sent]
     return {"latencies": latencies, "train_steps_per_s": steps / window,
             "preemption_latency": counters["preemption_latency"],
-            "longest_stage_s": getattr(training, "longest_action_s", None) if durations else None}
+            "longest_stage_s": getattr(training, "longest_action_s", None) if durations else None,
+            "served_between_operators": getattr(training, "inline_points", None)}
 
 
 def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | None) -> dict[str, Any]:
@@ -603,6 +606,7 @@ def bench_inference(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[s
         if "preemption_latency" in variant:
             summary[name]["preemption_latency"] = variant["preemption_latency"]
             summary[name]["longest_stage_s"] = variant["longest_stage_s"]
+            summary[name]["served_between_operators"] = variant["served_between_operators"]
     mechanism = summary["switchflow"]["p99_s"]
     ratio = _ratio(summary["naive"]["p99_s"], mechanism)
     ratio_fifo = _ratio(summary["whole_graph_fifo"]["p99_s"], mechanism)
@@ -613,7 +617,7 @@ def bench_inference(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[s
             f"{item['train_steps_per_s']:.1f} it/s")
     return {
         "figure": "d. inference p99 next to training",
-        "mechanism": "SwitchFlow stage preemption",
+        "mechanism": "SwitchFlow preemption (stages + between operators)",
         "baseline": "naive co-location (kernels interleaved)",
         "requests": len(schedule), "request_interval_ms": sizes["request_interval_ms"],
         "inference_alone": {"p50_s": percentile(alone, 0.5), "p99_s": percentile(alone, 0.99)},

@@ -12,7 +12,9 @@ objects (a Workload, a TrainLoop, anything with ``step()``). The executor
   is checkpointed or copied;
 - serves **inference requests** before any training work and makes a running stage-aware training job
   (:class:`~components.gpushare.stages.StagedSession`) **yield at its next stage boundary** when a request
-  or a higher-priority job arrives (SwitchFlow); the preempted iteration resumes where it stopped;
+  or a higher-priority job arrives (SwitchFlow); the preempted iteration resumes where it stopped. A staged
+  job may instead serve queued requests **in place, between two of its operators**
+  (``should_yield.serve_pending``, :meth:`DeviceExecutor._serve_inline`), so a request waits one operator;
 - **measures** each job: the first iterations' ephemeral peak (CUDA memory statistics, or the allocation
   meter on virtual GPUs) and its resident bytes; a job that turns out to need more than it reserved is
   re-laned, or paused until the memory is there;
@@ -214,6 +216,7 @@ class DeviceExecutor:
         self._current: _Job | None = None
         self._yield = threading.Event()
         self._yield_at: float | None = None
+        self._yield_inline_only = False  # every pending yield request is an inference request
         self._closing = False
         self._cancel_on_close = True
         self._crashed: BaseException | None = None
@@ -292,7 +295,7 @@ class DeviceExecutor:
             self._check_open()
             job.queue.append(request)
             if self._current is not None and self._current.kind == "train":
-                self._request_yield()
+                self._request_yield(inline_ok=True)
             self._cond.notify_all()
         return request.future
 
@@ -465,10 +468,16 @@ class DeviceExecutor:
         with self._cond:
             self._cond.notify_all()
 
-    def _request_yield(self) -> None:
-        if not self._yield.is_set():
+    def _request_yield(self, inline_ok: bool = False) -> None:
+        """Ask the running job to give the device up. ``inline_ok``: the request is only for inference,
+        which a session that supports it may serve in place (:meth:`_serve_inline`)."""
+        if self._yield_at is None:
             self._yield_at = time.perf_counter()
+        if not self._yield.is_set():
+            self._yield_inline_only = inline_ok
             self._yield.set()
+        elif not inline_ok:
+            self._yield_inline_only = False
 
     # -- the execution thread -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -510,6 +519,7 @@ class DeviceExecutor:
             self._current = job
             self._yield.clear()
             self._yield_at = None
+            self._yield_inline_only = False
             return kind, job, payload, (self._last_end, self._last_job)
 
     def _choose_work(self) -> tuple[str, _Job, Any] | None:
@@ -626,6 +636,16 @@ class DeviceExecutor:
         def should_yield() -> bool:
             return self._yield.is_set() or job.cancel_requested
 
+        inline = [0.0]
+
+        def serve_pending() -> float:
+            spent = self._serve_inline(job)
+            inline[0] += spent
+            return spent
+
+        # A session may serve queued requests in place, between two of its operators (see StagedSession).
+        should_yield.serve_pending = serve_pending  # type: ignore[attr-defined]
+
         error = None
         progress = None
         start = time.perf_counter()
@@ -647,7 +667,7 @@ class DeviceExecutor:
         with self._cond:
             self._current = None
             self._record_gap(job, start, previous)
-            duration = end - start
+            duration = end - start - inline[0]  # requests served in place count as inference
             self._busy += duration
             job.attained += duration
             job.last_run = self._tick
@@ -690,28 +710,58 @@ class DeviceExecutor:
         elif job.cancel_requested:
             self._close(job, JobState.CANCELLED)
 
-    def _serve(self, job: _Job, request: _Request, previous: tuple[float | None, str | None]) -> None:
+    def _serve_inline(self, train_job: _Job) -> float:
+        """Serve the queued inference requests from inside ``train_job``'s running step (on this thread,
+        between two of its operators, already inside the iteration context); return the seconds spent.
+
+        Clears the yield request when inference was its only reason, so the training step goes on."""
+        began = time.perf_counter()
+        while True:
+            with self._cond:
+                if train_job.cancel_requested or self._crashed is not None:
+                    break
+                work = next(((job, job.queue.popleft()) for job in self._live.values()
+                             if job.kind == "inference" and job.state is JobState.ADMITTED and job.started
+                             and job.queue), None)
+                if work is None:
+                    if self._yield_inline_only:
+                        self._yield.clear()
+                        self._yield_at = None
+                    break
+                if self._yield_at is not None and self._yield_inline_only:
+                    self._preempt_latencies.append(time.perf_counter() - self._yield_at)
+                    self._preemptions += 1
+                    self._yield_at = None  # a request arriving while this one runs starts a new wait
+            self._serve(*work, None, inline=True)
+        return time.perf_counter() - began
+
+    def _serve(self, job: _Job, request: _Request, previous: tuple[float | None, str | None],
+               inline: bool = False) -> None:
         measure = self.cuda or job.measure_left > 0
-        meter = EphemeralMeter(self.device) if measure else None
+        # In place, the request runs inside the training step's context (and its meter, if any).
+        meter = EphemeralMeter(self.device) if measure and not inline else None
         start = time.perf_counter()
         output = error = None
         try:
-            with self._device_work(job, meter):
+            with contextlib.nullcontext() if inline else self._device_work(job, meter):
                 start = time.perf_counter()
                 output = job.session.run(request.inputs)
+                if inline and self.cuda:
+                    torch.cuda.synchronize(self.device)
         except Exception as exc:
             error = exc
         end = time.perf_counter()
         with self._cond:
-            self._current = None
-            self._record_gap(job, start, previous)
+            if not inline:
+                self._current = None
+                self._record_gap(job, start, previous)
+                self._last_end = end
+                self._last_job = job.job_id
             self._busy += end - start
             job.attained += end - start
             job.served += 1
             self._timeline.append((job.job_id, "inference", start - self._t0, end - self._t0))
             self._inference_latencies.append(end - request.arrival)
-            self._last_end = end
-            self._last_job = job.job_id
             if meter is not None and error is None:
                 job.measure_left = max(0, job.measure_left - 1)
                 self._account(job, None, meter.peak)

@@ -16,9 +16,12 @@ an ``op``; every request gets exactly one reply dict:
   ``{"ok": False, "reason": ...}`` when the job cannot run here (then the caller runs it in a child process):
   not a ``train`` job, an entrypoint *function* (it may train by itself, which cannot be interleaved; an
   entrypoint naming a Workload class is fine), a spec that does not validate, or a request that can never fit.
-  When the job ends, the service closes its context (flushing logs and metrics) and then sends one more
-  message on the same connection: ``{"event": "done", "attempt", "state": succeeded|stopped|failed|cancelled,
-  "error", "steps", "result"}``. The caller (the worker's AttemptRunner) reports ``finish``: exactly once.
+  The job's checkpoint is downloaded here, before it is submitted; its checkpoint and artifact uploads run
+  on its own host thread (``TrainLoopSession(host_io=True)``), never on the execution thread. When the job
+  ends and its uploads are stored, the service closes its context (flushing logs and metrics) and then sends
+  one more message on the same connection: ``{"event": "done", "attempt", "state":
+  succeeded|stopped|failed|cancelled, "error", "steps", "result", "lost"}`` (``lost``: the executor crashed
+  under the job). The caller (the worker's AttemptRunner) reports ``finish``: exactly once.
   If that connection closes before the end (the worker died), the job is asked to stop.
 - ``cancel`` ``{"attempt", "hard": False}``: ask the job to stop at its next iteration boundary; the loop
   checkpoints, as the child path does on SIGTERM (``state: stopped``). ``hard``: drop it at once
@@ -29,7 +32,8 @@ an ``op``; every request gets exactly one reply dict:
   ``ping``; ``shutdown``.
 
 Trust: every job on the device runs in this one process, so a crash in one (segfault, ``os._exit``) ends the
-others; the node agent restarts the service and the worker fails the attempts it was running.
+others; the node agent restarts the service and the worker reports the attempts it was running as
+``service_lost`` (the control plane requeues them without counting a failure, up to three times per job).
 
 Tests can pass ``--local-root DIR``: attempts then report to a
 :class:`~components.runtime.context.LocalContext` under ``DIR/<attempt>`` instead of the control plane.
@@ -59,6 +63,7 @@ SLICE_LIMIT = 2000  # slices per heartbeat
 JOB_LIMIT = 256  # jobs (and lanes) per heartbeat: the control plane refuses more
 SLICE_MERGE_GAP_S = 0.005  # consecutive units of one job closer than this are one slice
 STOP_GRACE_S = 10.0  # on shutdown: how long jobs get to checkpoint before they are dropped
+HOST_IO_WAIT_S = 900.0  # how long an ended job's checkpoint and artifact uploads may take
 
 
 _ENDED = {"succeeded", "failed", "cancelled", "rejected"}
@@ -109,6 +114,7 @@ class _Attempt:
     ctx: Any
     loop: Any
     send: Any  # callable sending one message to the connection that submitted the job
+    session: Any = None  # the TrainLoopSession
     acked: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -204,10 +210,12 @@ class DeviceService:
                     f"shared: running in the GPU-sharing service (pid {os.getpid()}, policy {self.policy}, "
                     f"share {share:g}; reserved {request.persistent} B persistent + {request.ephemeral} B per "
                     f"iteration of its {int(device['memory'])} B allocation)")
-            entry = _Attempt(attempt_id, ctx, loop, send)
+            loop.prefetch()  # the checkpoint download happens here, not on the device thread
+            session = TrainLoopSession(loop, host_io=True)
+            entry = _Attempt(attempt_id, ctx, loop, send, session)
             with self._lock:
                 self.attempts[attempt_id] = entry
-            admission = executor.submit(attempt_id, TrainLoopSession(loop), request,
+            admission = executor.submit(attempt_id, session, request,
                                         priority=int(payload.get("priority") or 0), weight=max(share, 1e-3))
         except Exception as error:
             with self._lock:
@@ -293,6 +301,17 @@ class DeviceService:
             status = {"state": "failed", "error": f"the device executor crashed: {error!r}", "steps": 0}
         state, error, result = status["state"], status.get("error"), status.get("result")
         ctx = entry.ctx
+        if entry.session is not None:
+            # Checkpoints and final artifacts are stored by the job's host thread: the attempt is not done
+            # (and its end not reported) before they are.
+            try:
+                entry.session.wait_host_io(HOST_IO_WAIT_S)
+            except Exception as upload_error:
+                if state in ("succeeded", "stopped"):
+                    state = "failed"
+                    error = f"storing a checkpoint or artifact failed: {upload_error.__class__.__name__}: {upload_error}"
+                else:
+                    log.warning("attempt %s: an upload failed: %r", entry.attempt_id, upload_error)
         if state == "succeeded" and isinstance(result, dict) and "stopped_at_step" in result:
             state = "stopped"
             ctx.log(f"stopping {entry.loop.name} at step {result['stopped_at_step']}/{entry.loop.total_steps}: "
@@ -304,8 +323,11 @@ class DeviceService:
         with contextlib.suppress(Exception):
             ctx.close()  # flush logs and metrics before the caller reports the end
         entry.acked.wait(30)
+        # ``lost``: the job did not end by itself; the service is going down under it (the runner reports
+        # the attempt as ``service_lost``, as when the service dies).
         message = {"event": "done", "attempt": entry.attempt_id, "state": state, "error": error,
-                   "steps": status.get("steps", 0), "result": result if isinstance(result, dict) else None}
+                   "steps": status.get("steps", 0), "result": result if isinstance(result, dict) else None,
+                   "lost": crashed}
         with contextlib.suppress(Exception):
             entry.send(message)
         with self._lock:

@@ -219,13 +219,25 @@ class TrainLoopSession(Session):
     ``loop.finish()`` (final evaluation, ``model.pt`` and ``metrics.json``). When the loop's context asks to
     stop (cancel or preemption through the control plane), the loop checkpoints and the session ends.
     Build the loop with ``owns_process=False``: the executor runs several jobs in one process.
+
+    ``host_io=True`` keeps network and disk work off the execution thread: checkpoints and the final
+    ``model.pt``/``metrics.json`` are CPU snapshots taken in ``step`` and stored by the loop's
+    :class:`~components.train.loop.HostIO` thread. The job's executor state then ends before its files are
+    stored: call :meth:`wait_host_io` (off the execution thread) before treating the job as finished. Call
+    ``loop.prefetch()`` before submitting the session so that ``start`` does not download the checkpoint.
     """
 
-    def __init__(self, loop: Any, memory_request: MemoryRequest | None = None):
+    def __init__(self, loop: Any, memory_request: MemoryRequest | None = None, *, host_io: bool = False):
         self.loop = loop
         self._request = memory_request
         self.summary: dict[str, Any] | None = None
         self.stopped = False
+        if host_io:
+            loop.use_host_io()
+
+    def wait_host_io(self, timeout: float | None = None) -> None:
+        """Wait until the job's checkpoints and artifacts are stored; raises the first upload error."""
+        self.loop.wait_host_io(timeout)
 
     def memory_estimate(self) -> MemoryRequest | None:
         return self._request

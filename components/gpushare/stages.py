@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.sessions import Progress, Session, never, workload_factory
@@ -186,6 +187,32 @@ def sequence_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch
     return F.cross_entropy(logits, targets)
 
 
+class OperatorPreemption(TorchDispatchMode):
+    """Preemption points between every two operators of a training action (forward, backward, optimizer).
+
+    Before each aten operator it runs on this thread (the autograd engine runs CPU backward on the calling
+    thread), it checks ``should_yield()``; when that is true it calls ``serve()``, which serves the queued
+    inference requests right there and returns the seconds it took (``served_s`` sums them). The training
+    operator then runs on the inputs it was given: nothing of the training job is read or written by the
+    requests, so the iteration computes exactly what it would have computed uninterrupted (tested).
+    """
+
+    def __init__(self, should_yield: Callable[[], bool], serve: Callable[[], float]):
+        super().__init__()
+        self.should_yield = should_yield
+        self.serve = serve
+        self.served_s = 0.0
+        self.points = 0  # how many times requests were served in place
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.should_yield():
+            spent = self.serve()
+            if spent > 0:
+                self.served_s += spent
+                self.points += 1
+        return func(*args, **(kwargs or {}))
+
+
 class StagedSession(Session):
     """Stage-preemptible training: one iteration as yieldable actions (see the module docstring).
 
@@ -194,6 +221,14 @@ class StagedSession(Session):
     :class:`StagedWorkloadSession` does). ``action_durations`` keeps the last duration of each action
     (``"forward 0"``, ..., ``"loss"``, ``"backward 0"``, ``"step"``) and ``longest_action_s`` the longest
     seen: the bound of the preemption latency.
+
+    **Operator-level preemption.** When ``should_yield`` carries a ``serve_pending()`` callable (the
+    :class:`~components.gpushare.executor.DeviceExecutor` gives one) and ``operator_preemption`` is true
+    (the default), queued inference requests are also served *inside* an action, between two of its
+    operators (:class:`OperatorPreemption`), so a request waits for one operator rather than one stage; at a
+    stage boundary the session serves them in place too, and still returns ``Progress.YIELDED`` for any
+    other reason to yield (a higher-priority job, a cancellation). ``action_durations`` exclude the time
+    spent serving in place; ``inline_points`` counts the places where requests were served.
     """
 
     def __init__(
@@ -205,7 +240,10 @@ class StagedSession(Session):
         steps: int | None = None,
         *,
         modules_to_train: Sequence[nn.Module] = (),
+        operator_preemption: bool = True,
     ):
+        self.operator_preemption = operator_preemption
+        self.inline_points = 0
         self.stages = list(stages) if stages is not None else []
         self.optimizer = optimizer
         self.batch_fn = batch
@@ -244,14 +282,24 @@ class StagedSession(Session):
     def step(self, should_yield: Callable[[], bool] = never) -> Progress:
         if not self._plan:
             self._build_plan()
+        serve = getattr(should_yield, "serve_pending", None) if self.operator_preemption else None
         while self._position < len(self._plan):
+            if should_yield() and serve is not None and serve() > 0:
+                self.inline_points += 1
             if should_yield():
                 self.yields += 1
                 return Progress.YIELDED
             action, index = self._plan[self._position]
             began = time.perf_counter()
-            self._run(action, index)
-            duration = time.perf_counter() - began
+            if serve is None:
+                self._run(action, index)
+                served = 0.0
+            else:
+                points = OperatorPreemption(should_yield, serve)
+                with points:
+                    self._run(action, index)
+                served, self.inline_points = points.served_s, self.inline_points + points.points
+            duration = time.perf_counter() - began - served
             self.action_durations[f"{action} {index}" if index >= 0 else action] = duration
             self.longest_action_s = max(self.longest_action_s, duration)
             self._position += 1
@@ -311,8 +359,8 @@ class StagedWorkloadSession(StagedSession):
     """
 
     def __init__(self, workload: Any, spec: dict[str, Any], stages: int | Sequence[int] = 3,
-                 *, steps: int | None = None):
-        super().__init__(steps=steps)
+                 *, steps: int | None = None, operator_preemption: bool = True):
+        super().__init__(steps=steps, operator_preemption=operator_preemption)
         self.workload, self._factory = workload_factory(workload)
         self.spec = spec
         self.stage_spec = stages

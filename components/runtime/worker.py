@@ -29,6 +29,9 @@ POLL_SECONDS = float(os.environ.get("STRATA_ATTEMPT_POLL_SECONDS", "1.0"))
 # How long a shared attempt waits for its device service to listen (it may be starting or restarting).
 SERVICE_CONNECT_SECONDS = float(os.environ.get("STRATA_GPUSHARE_CONNECT_SECONDS", "30"))
 SERVICE_ACK_SECONDS = 120.0  # the first job of a service imports torch and builds the executor
+# The ``finish`` outcome of an attempt whose GPU-sharing service died under it: the control plane requeues
+# the job without counting a failure, as for a lost node (up to a limit; see jobs.services.attempt_finish).
+SERVICE_LOST = "service_lost"
 
 
 def load_config() -> dict:
@@ -143,7 +146,8 @@ class AttemptRunner:
     def supervise_shared(self, time_limit: float) -> tuple[str, str]:
         """Wait for the service to end the attempt; stop it on request or at the time limit. Mirrors
         :meth:`supervise`: a stop becomes ``cancel`` (checkpoint at the next iteration boundary), then, past
-        the grace period, a hard cancel; past twice that the attempt is given up as failed."""
+        the grace period, a hard cancel; past twice that the attempt is given up as failed. When the service
+        dies under the attempt (the connection breaks), the outcome is ``service_lost``."""
         started = time.monotonic()
         stop_sent_at = None
         hard_sent = False
@@ -151,6 +155,7 @@ class AttemptRunner:
         next_poll = 0.0
         done = None
         died = ""
+        lost = ""  # the service died under the attempt: the control plane requeues it without a failure
         while done is None:
             now = time.monotonic()
             if stop_sent_at is None:
@@ -169,8 +174,8 @@ class AttemptRunner:
                     message = self.service.recv()
                     if message.get("event") == "done" and message.get("attempt") == self.attempt_id:
                         done = message
-            except (EOFError, OSError) as error:
-                died = f"the GPU-sharing service died mid-attempt ({error.__class__.__name__})"
+            except (EOFError, OSError) as error:  # ConnectionError is an OSError
+                lost = f"the GPU-sharing service died mid-attempt ({error.__class__.__name__})"
                 break
         with contextlib.suppress(OSError):
             self.service.close()
@@ -181,6 +186,10 @@ class AttemptRunner:
             return "failed", "stopped at the control plane's request"
         if died:
             return "failed", died
+        if lost:
+            return SERVICE_LOST, lost
+        if done.get("lost"):
+            return SERVICE_LOST, f"the GPU-sharing service crashed under the attempt: {done.get('error') or ''}"[:500]
         state = done["state"]
         if state == "succeeded":
             return "succeeded", ""

@@ -3,14 +3,23 @@
 The loop is a state machine advanced by :meth:`TrainLoop.step`, one optimizer step per call, so that a
 runtime may interleave the steps of several jobs (e.g. on one shared GPU). :meth:`TrainLoop.run` is the
 plain single-job driver: start, step until done or stopped, finish.
+
+A runtime that steps several jobs on one device thread (the GPU-sharing service) keeps network and disk work
+off that thread: :meth:`TrainLoop.prefetch` downloads the job's checkpoint before the job is admitted, and
+:meth:`TrainLoop.use_host_io` makes checkpoints and the final artifacts a consistent CPU snapshot taken on the
+device thread, serialized and uploaded by a per-job :class:`HostIO` thread (:meth:`TrainLoop.wait_host_io`
+waits for them).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +74,24 @@ class TrainLoop:
         self._epoch = _Accumulator()
         self._last_train: dict[str, float] = {}
         self._samples = 0
+        self._prefetched: tuple[dict[str, Any] | None] | None = None
+        self.host_io: HostIO | None = None
+
+    # -- host work off the device thread -----------------------------------------------------------------
+    def use_host_io(self) -> HostIO:
+        """Upload checkpoints and the final artifacts on a background thread (see :class:`HostIO`)."""
+        if self.host_io is None:
+            self.host_io = HostIO(name=f"train-io-{self.ctx.attempt_id[:8]}")
+        return self.host_io
+
+    def wait_host_io(self, timeout: float | None = None) -> None:
+        """Wait for the queued uploads; raises the first upload error (the attempt must then fail)."""
+        if self.host_io is not None:
+            self.host_io.wait(timeout)
+
+    def prefetch(self) -> None:
+        """Download and load the job's latest checkpoint now (any thread), so :meth:`start` does no I/O."""
+        self._prefetched = (self.ctx.restore(),)
 
     # -- position ----------------------------------------------------------------------------------------
     @property
@@ -94,7 +121,10 @@ class TrainLoop:
             self.total_steps = min(self.total_steps, self.spec["max_steps"])
         self.started = True
 
-        state = self.ctx.restore()
+        if self._prefetched is not None:
+            (state,), self._prefetched = self._prefetched, None
+        else:
+            state = self.ctx.restore()
         if state is not None:
             self.load_state_dict(state)
             self.resumed_from = self.step_count
@@ -156,7 +186,11 @@ class TrainLoop:
     def checkpoint(self) -> None:
         if self._checkpoint_step == self.step_count:
             return
-        self.ctx.checkpoint(self.state_dict())
+        if self.host_io is not None:
+            # A consistent CPU copy now (training goes on); serialization and upload on the host thread.
+            self.host_io.checkpoint(self.ctx.checkpoint, cpu_snapshot(self.state_dict()))
+        else:
+            self.ctx.checkpoint(self.state_dict())
         self._checkpoint_step = self.step_count
 
     def state_dict(self) -> dict[str, Any]:
@@ -206,19 +240,24 @@ class TrainLoop:
             "train": self._last_train,
             "eval": self.last_eval,
         }
+        weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
+        if self.host_io is not None:
+            self.host_io.submit(self._store_results, cpu_snapshot(weights), dict(summary))
+        else:
+            self._store_results(weights, summary)
+        return summary
+
+    def _store_results(self, weights: dict[str, Any], summary: dict[str, Any]) -> None:
+        """Upload ``model.pt`` and ``metrics.json``, then log the end of training."""
         with tempfile.TemporaryDirectory(prefix="strata-train-") as directory:
             model_path = Path(directory) / "model.pt"
-            weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
             torch.save({"workload": self.name, "spec": self.spec, "state_dict": weights}, model_path)
             self.ctx.artifact(model_path, "model.pt")
             metrics_path = Path(directory) / "metrics.json"
             metrics_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
             self.ctx.artifact(metrics_path, "metrics.json")
-        results = ", ".join(
-            f"{name} {value:.4f}" for name, value in {**self._last_train, **self.last_eval}.items()
-        )
+        results = ", ".join(f"{name} {value:.4f}" for name, value in {**summary["train"], **summary["eval"]}.items())
         self.ctx.log(f"done: {self.name} ran {self.step_count} steps; {results}")
-        return summary
 
     def run(self) -> bool:
         """Train to the end (True) or until ``ctx.should_stop()`` (False, after a checkpoint)."""
@@ -234,6 +273,94 @@ class TrainLoop:
             self.step()
         self.finish()
         return True
+
+
+def cpu_snapshot(value: Any) -> Any:
+    """A deep copy of ``value`` with every tensor cloned to the CPU: it no longer changes when training goes on."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        items = [(key, cpu_snapshot(item)) for key, item in value.items()]
+        try:
+            return type(value)(items)
+        except TypeError:  # e.g. a defaultdict
+            return dict(items)
+    if isinstance(value, list):
+        return [cpu_snapshot(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(cpu_snapshot(item) for item in value)
+    return copy.deepcopy(value)
+
+
+class HostIO:
+    """A job's host-side work (checkpoint serialization and upload, artifact uploads) on a background thread.
+
+    The thread starts when there is work and ends when there is none, so an idle job holds no thread. Work
+    runs in order. A checkpoint waiting behind a slow upload is replaced by a newer one (only the latest
+    checkpoint matters: each overwrites the last), so a slow store costs memory for at most one pending copy.
+    The first error is kept and raised by :meth:`wait`; later work still runs.
+    """
+
+    def __init__(self, name: str = "train-io"):
+        self.name = name
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str, Callable[..., Any], tuple]] = []
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.done = 0  # work items finished
+        self.superseded = 0  # checkpoints replaced by a newer one before they were stored
+
+    def checkpoint(self, save: Callable[[dict[str, Any]], None], state: dict[str, Any]) -> None:
+        with self._cond:
+            for index, (kind, _, _) in enumerate(self._queue):
+                if kind == "checkpoint":
+                    self._queue[index] = ("checkpoint", save, (state,))
+                    self.superseded += 1
+                    return
+        self._put("checkpoint", save, (state,))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._put("call", fn, args)
+
+    def _put(self, kind: str, fn: Callable[..., Any], args: tuple) -> None:
+        with self._cond:
+            self._queue.append((kind, fn, args))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._thread = None
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+                _, fn, args = self._queue.pop(0)
+                self._busy = True
+            try:
+                fn(*args)
+            except BaseException as error:  # noqa: BLE001 -- kept for wait()
+                with self._cond:
+                    self.error = self.error or error
+            with self._cond:
+                self.done += 1
+
+    @property
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._queue and self._thread is None
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the queued work is done; raise the first error, or TimeoutError."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._queue and self._thread is None, timeout):
+                raise TimeoutError(f"{self.name}: uploads still running after {timeout:g} s")
+            error = self.error
+        if error is not None:
+            raise error
 
 
 class _Accumulator:

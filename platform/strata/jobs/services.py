@@ -180,6 +180,15 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
     return bool(ended)
 
 
+# ``finish`` outcome of an attempt whose node's GPU-sharing service died under it. The attempt is recorded as
+# NODE_LOST with a reason starting with SERVICE_LOST_REASON and the job is requeued without counting a
+# failure, as for a lost node -- except that the SERVICE_LOST_LIMIT-th such loss of one job fails the job (a
+# job that crashes the service would otherwise take it down forever).
+SERVICE_LOST = "service_lost"
+SERVICE_LOST_REASON = "GPU-sharing service died"
+SERVICE_LOST_LIMIT = 3
+
+
 def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: str = "") -> Job:
     """The node reports that an attempt's child exited. Decides the job's next state."""
     from strata.scheduling.tasks import request_pass
@@ -188,19 +197,34 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
         attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
         job = attempt.job
         job.refresh_from_db()
+        final = False
         if job.state == S.CANCELLED:
             outcome = Attempt.Outcome.CANCELLED
         elif job.state == S.PREEMPTED:
             outcome = Attempt.Outcome.PREEMPTED
+        elif outcome == SERVICE_LOST:
+            outcome, reason, final = _service_lost(job, attempt, reason)
         _release(attempt, outcome, reason)
-        _after_attempt(job, attempt, outcome, reason)
+        _after_attempt(job, attempt, outcome, reason, final=final)
     transaction.on_commit(request_pass)
     job.refresh_from_db()
     return job
 
 
-def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str) -> None:
-    """Move the job on after its attempt ended with ``outcome``."""
+def _service_lost(job: Job, attempt: Attempt, detail: str) -> tuple[str, str, bool]:
+    """``(outcome, reason, final)`` for an attempt whose GPU-sharing service died: a node loss (requeue, no
+    failure counted) unless the job already lost its service SERVICE_LOST_LIMIT - 1 times (then it fails)."""
+    losses = 1 + Attempt.objects.filter(job_id=job.pk, outcome=Attempt.Outcome.NODE_LOST,
+                                        exit_reason__startswith=SERVICE_LOST_REASON).exclude(pk=attempt.pk).count()
+    suffix = f" ({detail})" if detail else ""
+    if losses >= SERVICE_LOST_LIMIT:
+        return (Attempt.Outcome.FAILED,
+                f"{SERVICE_LOST_REASON} under this job {losses} times; not requeued again{suffix}", True)
+    return Attempt.Outcome.NODE_LOST, f"{SERVICE_LOST_REASON}; requeued{suffix}", False
+
+
+def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, final: bool = False) -> None:
+    """Move the job on after its attempt ended with ``outcome``; ``final``: a failure that is not retried."""
     Outcome = Attempt.Outcome
     if job.state == S.PREEMPTED:
         transition(job, S.PREEMPTED, S.QUEUED, f"requeued after preemption ({reason or 'preempted'})")
@@ -208,10 +232,11 @@ def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str) -> Non
         if outcome == Outcome.SUCCEEDED:
             transition(job, job.state, S.SUCCEEDED, "all steps finished")
         elif outcome == Outcome.NODE_LOST:
-            transition(job, job.state, S.QUEUED, f"requeued: {reason or 'node lost'}")
+            reason = reason or "node lost"
+            transition(job, job.state, S.QUEUED, reason if "requeued" in reason else f"requeued: {reason}")
         else:
             failures = job.failures + 1
-            if failures < job.max_attempts and outcome != Outcome.TIME_LIMIT:
+            if failures < job.max_attempts and outcome != Outcome.TIME_LIMIT and not final:
                 transition(job, job.state, S.QUEUED,
                            f"attempt {attempt.number} failed ({reason}); retrying ({failures}/{job.max_attempts})",
                            failures=failures)

@@ -1,4 +1,5 @@
-"""SwitchFlow stages: splitting, bit-identical preemptible training, and preemption bounded by one stage."""
+"""SwitchFlow stages: splitting, bit-identical preemptible training, and preemption bounded by one stage (or,
+serving in place between operators, by one operator)."""
 
 import random
 import time
@@ -93,8 +94,9 @@ def test_inference_preempts_training_within_one_stage():
     model = wide_mlp()
     stages = split_sequential(model, [2, 2, 2, 2, 1])
     inputs, targets = torch.randn(256, 768), torch.randint(0, 10, (256,))
+    # Stage boundaries only: the bound this test checks is one stage.
     training = StagedSession(stages, torch.optim.SGD(model.parameters(), lr=1e-3),
-                             batch=lambda step: (inputs, targets), steps=10**6)
+                             batch=lambda step: (inputs, targets), steps=10**6, operator_preemption=False)
     served = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     rng = random.Random(1)
     with DeviceExecutor("cpu", "1GiB", "pack", measure_iterations=0) as executor:
@@ -119,3 +121,90 @@ def test_inference_preempts_training_within_one_stage():
     assert preemption["max_s"] <= longest_stage + 0.01
     assert preemption["p50_s"] < step_time / 3
     assert sorted(latencies)[len(latencies) // 2] < step_time / 2
+
+
+def test_requests_served_between_operators_leave_training_bit_identical():
+    spec = TrainSpec().validate({"workload": "tiny-gpt", "seed": 5, "hidden": 32, "batch_size": 8})
+    steps = 3
+    staged = StagedWorkloadSession(lambda: builtin_workload("tiny-gpt"), spec, 4, steps=steps)
+    staged.start(torch.device("cpu"))
+    served_model = builtin_workload("tiny-gpt")
+    served_model.setup(TrainSpec().validate({"workload": "tiny-gpt"}), torch.device("cpu"))
+    served_model = served_model.model.eval()
+    request = torch.randint(0, 95, (1, 16), generator=torch.Generator().manual_seed(0))
+    expected = served_model(request).detach()
+    rng = random.Random(2)
+    state = {"pending": False, "other": False}
+    actions, outputs = set(), []
+
+    def should_yield():
+        if rng.random() < 0.05:
+            state["pending"] = True  # a request arrives
+        if rng.random() < 0.002:
+            state["other"] = True  # a reason to give the device up at the next stage boundary
+        return state["pending"] or state["other"]
+
+    def serve_pending():
+        if not state["pending"]:
+            return 0.0
+        began = time.perf_counter()
+        actions.add(staged._plan[staged._position][0])
+        with torch.inference_mode():
+            outputs.append(served_model(request))
+        state["pending"] = False
+        return time.perf_counter() - began
+
+    should_yield.serve_pending = serve_pending
+    progress, yields = None, 0
+    while progress is not Progress.DONE:
+        progress = staged.step(should_yield)
+        if progress is Progress.YIELDED:
+            yields += 1
+            state["other"] = False
+    # Requests were served inside forward, backward and the optimizer step, not only between stages.
+    assert {"forward", "backward", "step"} <= actions
+    assert staged.inline_points == len(outputs) > 20
+    assert all(torch.equal(output, expected) for output in outputs)
+
+    plain = builtin_workload("tiny-gpt")
+    plain.setup(spec, torch.device("cpu"))
+    for step in range(steps):
+        plain.train_step(plain.batch(*divmod(step, plain.steps_per_epoch())))
+    for (name, left), right in zip(staged.workload.model.state_dict().items(),
+                                   plain.model.state_dict().values(), strict=True):
+        assert torch.equal(left, right), name
+    for left, right in zip(staged.workload.optimizer.state_dict()["state"].values(),
+                           plain.optimizer.state_dict()["state"].values(), strict=True):
+        assert all(torch.equal(left[key], right[key]) for key in left)
+
+
+def test_inference_preempts_training_within_one_operator():
+    torch.manual_seed(0)
+    model = wide_mlp()
+    stages = split_sequential(model, [len(model)])  # one stage: stage boundaries alone would not help
+    inputs, targets = torch.randn(256, 768), torch.randint(0, 10, (256,))
+    training = StagedSession(stages, torch.optim.Adam(model.parameters(), lr=1e-3),
+                             batch=lambda step: (inputs, targets), steps=10**6)
+    served = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    rng = random.Random(1)
+    with DeviceExecutor("cpu", "1GiB", "pack", measure_iterations=0) as executor:
+        executor.serve("served", InferenceSession(served), MemoryRequest(2**20, 2**20))
+        executor.submit("train", training, MemoryRequest(64 * 2**20, 64 * 2**20))
+        while executor.job_status("train")["steps"] < 2:
+            time.sleep(0.005)
+        latencies = []
+        for _ in range(12):
+            time.sleep(rng.uniform(0.01, 0.05))
+            sent = time.perf_counter()
+            executor.infer("served", torch.randn(1, 32)).result(10)
+            latencies.append(time.perf_counter() - sent)
+        status = executor.status()
+        steps = executor.job_status("train")["steps"]
+        executor.cancel("train")
+    longest_stage = training.longest_action_s  # the whole forward or backward: one stage
+    preemption = status["counters"]["preemption_latency"]
+    assert training.inline_points >= 8
+    assert steps >= 2 and preemption["count"] >= 8
+    # Served between two operators: far below the one (long) stage the request arrived in.
+    assert preemption["p50_s"] < longest_stage / 4
+    assert sorted(latencies)[len(latencies) // 2] < longest_stage / 2

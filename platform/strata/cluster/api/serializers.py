@@ -136,5 +136,6 @@ class ReportSerializer(AttemptCallSerializer):
 
 
 class FinishSerializer(AttemptCallSerializer):
-    outcome = serializers.ChoiceField(choices=["succeeded", "failed", "time_limit"])
+    # service_lost: the node's GPU-sharing service died under the attempt (requeued without a failure).
+    outcome = serializers.ChoiceField(choices=["succeeded", "failed", "time_limit", "service_lost"])
     reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
