@@ -41,7 +41,7 @@ bench: install
 
 # Saves the main pages as PNG files in docs/img (the README shows them), from the browser tests.
 screenshots: install browser
-	STRATA_SCREENSHOT_DIR=$(CURDIR)/docs/img $(BIN)/python -m pytest -q tests/e2e/test_browser.py
+	STRATA_SCREENSHOT_DIR=$(CURDIR)/docs/img $(BIN)/python -m pytest -q tests/e2e/test_browser.py tests/e2e/test_browser_gpushare.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

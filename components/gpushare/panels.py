@@ -61,7 +61,10 @@ def gantt(slices: list[dict[str, Any]], labels: dict[int, str], origin: float | 
         "margin": {"l": 90, "r": 10, "t": 10, "b": 40},
     }
     if origin is not None:
-        layout["xaxis"]["range"] = [origin * 1000.0, time.time() * 1000.0]
+        # From the first slice drawn (not before ``origin``) to now: a few seconds of sharing stay visible
+        # instead of a sliver at the right edge of an empty ten minutes.
+        first = min((piece["start"] for piece in slices), default=origin)
+        layout["xaxis"]["range"] = [max(origin, first - 1.0) * 1000.0, time.time() * 1000.0]
     return {"data": list(traces.values()), "layout": layout}
 
 

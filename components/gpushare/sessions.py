@@ -225,13 +225,28 @@ class TrainLoopSession(Session):
     :class:`~components.train.loop.HostIO` thread. The job's executor state then ends before its files are
     stored: call :meth:`wait_host_io` (off the execution thread) before treating the job as finished. Call
     ``loop.prefetch()`` before submitting the session so that ``start`` does not download the checkpoint.
+
+    **Stage preemption** (``staged=True``, the default): for a workload whose ``train_step`` is a built-in
+    one (``mlp-digits``, ``cnn-synthetic``, ``tiny-gpt``, see
+    :meth:`~components.gpushare.stages.StagedTrainStep.supports`), each step runs as
+    :meth:`TrainLoop.step_stages` backed by :class:`~components.gpushare.stages.StagedTrainStep` (``stages``:
+    its stage count or sizes, default one per layer). When the executor asks it to yield (an inference
+    request, a higher-priority job, a cancel), the step stops at the next stage boundary and
+    ``step`` returns ``Progress.YIELDED``; the next ``step`` call resumes it. Results are bit-identical to
+    unpreempted ``TrainLoop.step`` calls. Other workloads (entrypoints) run whole steps.
     """
 
-    def __init__(self, loop: Any, memory_request: MemoryRequest | None = None, *, host_io: bool = False):
+    def __init__(self, loop: Any, memory_request: MemoryRequest | None = None, *, host_io: bool = False,
+                 staged: bool = True, stages: Any = None):
         self.loop = loop
         self._request = memory_request
         self.summary: dict[str, Any] | None = None
         self.stopped = False
+        self.staged = staged
+        self.stages = stages
+        self.train_step: Any = None  # the StagedTrainStep, once started (None: whole steps)
+        self._pending: Any = None  # the suspended TrainLoop.step_stages() generator
+        self.yields = 0
         if host_io:
             loop.use_host_io()
 
@@ -245,14 +260,33 @@ class TrainLoopSession(Session):
     def start(self, device) -> None:
         if not self.loop.started:
             self.loop.start()
+        if self.staged:
+            from components.gpushare.stages import StagedTrainStep
+
+            if StagedTrainStep.supports(self.loop.workload):
+                self.train_step = StagedTrainStep(self.loop.workload, self.stages)
+
+    @property
+    def mid_iteration(self) -> bool:
+        return self._pending is not None
 
     def step(self, should_yield=never) -> Progress:
-        if self.loop.ctx.should_stop():
-            self.loop.checkpoint()
-            self.stopped = True
-            return Progress.DONE
-        if not self.loop.done:
-            self.loop.step()
+        if self._pending is None:
+            if self.loop.ctx.should_stop():
+                self.loop.checkpoint()
+                self.stopped = True
+                return Progress.DONE
+            if not self.loop.done:
+                self._pending = self.loop.step_stages(self.train_step)
+        if self._pending is not None:
+            try:
+                while True:
+                    next(self._pending)  # runs up to the next stage boundary
+                    if should_yield():
+                        self.yields += 1
+                        return Progress.YIELDED
+            except StopIteration:
+                self._pending = None
         if self.loop.done:
             self.summary = self.loop.finish()
             return Progress.DONE
@@ -265,6 +299,11 @@ class TrainLoopSession(Session):
 
     def resident(self) -> tuple[Any, ...]:
         return (self.loop.workload,)
+
+    def close(self) -> None:
+        if self._pending is not None:  # cancelled mid-step: drop the step's activations
+            self._pending.close()
+            self._pending = None
 
     def result(self) -> dict[str, Any] | None:
         return self.summary if not self.stopped else {"stopped_at_step": self.loop.step_count}

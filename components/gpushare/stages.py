@@ -27,7 +27,7 @@ any two stages of training (:meth:`DeviceExecutor.serve` / :meth:`DeviceExecutor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
@@ -407,6 +407,95 @@ class StagedWorkloadSession(StagedSession):
 
     def resident(self) -> tuple[Any, ...]:
         return (self.workload,) if self.workload is not None else ()
+
+
+class StagedTrainStep:
+    """The ``train_step`` of a built-in workload as a resumable generator that yields at stage boundaries.
+
+    ``step = StagedTrainStep(workload)`` (after ``workload.setup``); ``metrics = yield from step(batch)``
+    runs forward 1..k, loss (+ ``zero_grad``), backward k..1 and the optimizer step -- the actions of
+    :class:`StagedSession` -- yielding the next action's name between two actions (never after the optimizer
+    step: while the generator is suspended the parameters and optimizer state are those before the step).
+    It returns what ``workload.train_step(batch)`` returns (``loss``, ``accuracy``, ``samples``), and the
+    parameters, optimizer state and metrics are bit-identical to it, however often it was suspended.
+
+    Only for workloads whose ``train_step`` is the built-in one (cross-entropy on a model that
+    :func:`as_sequential` can split): see :meth:`supports`. ``stages``: a count (balanced by parameter
+    count) or explicit sizes; default one stage per layer (finest boundaries).
+    """
+
+    def __init__(self, workload: Any, stages: int | Sequence[int] | None = None):
+        if not self.supports(workload):
+            raise TypeError(f"cannot stage the train_step of {type(workload).__name__}")
+        self.workload = workload
+        layers = as_sequential(workload.model)
+        self.stages = split_sequential(layers, stages if stages is not None else [1] * len(layers))
+        count = len(self.stages)
+        self.plan = ([("forward", i) for i in range(count)] + [("loss", -1)]
+                     + [("backward", i) for i in reversed(range(count))] + [("step", -1)])
+        self.action_durations: dict[str, float] = {}
+        self.longest_action_s = 0.0
+
+    @staticmethod
+    def supports(workload: Any) -> bool:
+        """True for a set-up workload whose ``train_step`` is the built-in classification or TinyGPT one
+        (not overridden) and whose model :func:`as_sequential` handles."""
+        from components.train.workloads import ClassificationWorkload, TinyGPTWorkload
+
+        train_step = getattr(type(workload), "train_step", None)
+        if train_step not in (ClassificationWorkload.train_step, TinyGPTWorkload.train_step):
+            return False
+        model = getattr(workload, "model", None)
+        if not isinstance(model, nn.Module) or getattr(workload, "optimizer", None) is None:
+            return False
+        try:
+            as_sequential(model)
+        except TypeError:
+            return False
+        return True
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> Generator[str, None, dict[str, Any]]:
+        inputs_, targets = batch
+        optimizer = self.workload.optimizer
+        stages, last = self.stages, len(self.stages) - 1
+        inputs: list[Any] = []
+        outputs: list[Any] = []
+        loss = logits = None
+        for position, (action, index) in enumerate(self.plan):
+            name = f"{action} {index}" if index >= 0 else action
+            if position:
+                yield name
+            began = time.perf_counter()
+            if action == "forward":
+                if index == 0:
+                    self.workload.model.train()
+                    x = inputs_
+                else:
+                    # Cut the graph here so backward can stop at this boundary too.
+                    x = outputs[index - 1].detach().requires_grad_(True)
+                inputs.append(x)
+                outputs.append(stages[index](x))
+            elif action == "loss":
+                logits = outputs[-1]
+                loss = sequence_cross_entropy(logits, targets)
+                optimizer.zero_grad(set_to_none=True)
+            elif action == "backward":
+                if index == last:
+                    loss.backward()
+                else:
+                    output, downstream = outputs[index], inputs[index + 1]
+                    if output.requires_grad and downstream.grad is not None:
+                        torch.autograd.backward(output, grad_tensors=downstream.grad)
+                if index + 1 < len(inputs):
+                    inputs[index + 1] = None  # this stage's activations are no longer needed
+                outputs[index] = None
+            else:
+                optimizer.step()
+            duration = time.perf_counter() - began
+            self.action_durations[name] = duration
+            self.longest_action_s = max(self.longest_action_s, duration)
+        accuracy = (logits.detach().argmax(dim=-1) == targets).float().mean()
+        return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets)}
 
 
 class InferenceSession(Session):

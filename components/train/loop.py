@@ -2,7 +2,9 @@
 
 The loop is a state machine advanced by :meth:`TrainLoop.step`, one optimizer step per call, so that a
 runtime may interleave the steps of several jobs (e.g. on one shared GPU). :meth:`TrainLoop.run` is the
-plain single-job driver: start, step until done or stopped, finish.
+plain single-job driver: start, step until done or stopped, finish. :meth:`TrainLoop.step_stages` is the same
+step as a generator suspended at stage boundaries (given a staged ``train_step``), so that a shared device can
+preempt a job inside an iteration.
 
 A runtime that steps several jobs on one device thread (the GPU-sharing service) keeps network and disk work
 off that thread: :meth:`TrainLoop.prefetch` downloads the job's checkpoint before the job is admitted, and
@@ -19,7 +21,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,7 @@ class TrainLoop:
         self._samples = 0
         self._prefetched: tuple[dict[str, Any] | None] | None = None
         self.host_io: HostIO | None = None
+        self._in_step = False  # a step_stages() generator is suspended mid-step
 
     # -- host work off the device thread -----------------------------------------------------------------
     def use_host_io(self) -> HostIO:
@@ -144,12 +147,45 @@ class TrainLoop:
 
     def step(self) -> dict[str, float] | None:
         """Run one optimizer step; returns the metrics it reported, if this was a reporting step."""
+        epoch, index = self._position_of_next_step()
+        values = dict(self.workload.train_step(self.workload.batch(epoch, index)))
+        return self._after_step(values, epoch, index)
+
+    def step_stages(
+        self, train_step: Callable[[Any], Generator[Any, None, dict[str, Any]]] | None = None
+    ) -> Generator[Any, None, dict[str, float] | None]:
+        """One step as a resumable generator: what :meth:`step` does, suspended at stage boundaries.
+
+        ``train_step(batch)`` is a generator computing exactly what ``workload.train_step(batch)`` does and
+        returning its metrics (e.g. :class:`components.gpushare.stages.StagedTrainStep`); this generator
+        yields whatever it yields. The resume that finishes it also does the step's bookkeeping (metrics,
+        evaluation at the end of an epoch, checkpoint) and returns what :meth:`step` returns. Without
+        ``train_step`` the step runs whole on the first resume. While it is suspended the loop is between
+        steps (the step count, the parameters and the optimizer state are those before it), so a checkpoint
+        taken then is consistent; another step may not begin until it is finished or closed.
+        """
+        epoch, index = self._position_of_next_step()
+        self._in_step = True
+        try:
+            batch = self.workload.batch(epoch, index)
+            if train_step is None:
+                values = dict(self.workload.train_step(batch))
+            else:
+                values = dict((yield from train_step(batch)))
+        finally:
+            self._in_step = False
+        return self._after_step(values, epoch, index)
+
+    def _position_of_next_step(self) -> tuple[int, int]:
         if not self.started:
             raise RuntimeError("call start() before step()")
         if self.done:
             raise RuntimeError(f"{self.name} already ran all {self.total_steps} steps")
-        epoch, index = divmod(self.step_count, self.steps_per_epoch)
-        values = dict(self.workload.train_step(self.workload.batch(epoch, index)))
+        if self._in_step:
+            raise RuntimeError(f"{self.name}: a staged step is still in progress")
+        return divmod(self.step_count, self.steps_per_epoch)
+
+    def _after_step(self, values: dict[str, Any], epoch: int, index: int) -> dict[str, float] | None:
         samples = int(values.pop("samples", self.spec["batch_size"]))
         self.step_count += 1
         self._samples += samples

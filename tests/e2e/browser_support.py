@@ -7,6 +7,7 @@ Playwright never downloads a browser here: it launches ``/usr/bin/chromium`` (De
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -111,3 +112,16 @@ class Browser:
 
     def close(self) -> None:
         self.context.close()
+
+
+@contextlib.contextmanager
+def admin_session(browser, cluster, tmp_path: Path):
+    """A browser logged in as the cluster's admin. On exit it checks that no page asked for a host other
+    than 127.0.0.1 (the UI must work offline)."""
+    session = Browser(browser, cluster, tmp_path)
+    try:
+        session.login(cluster.credentials["username"], cluster.credentials["password"])
+        yield session
+        assert not session.external_requests, f"pages asked for hosts other than 127.0.0.1: {session.external_requests}"
+    finally:
+        session.close()

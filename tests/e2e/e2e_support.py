@@ -5,6 +5,7 @@ in a temporary home. Every process group started here is killed in teardown.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -205,23 +206,26 @@ def training_children(pgid: int) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """``strata up`` with one local virtual GPU, shared by a module's tests."""
-    running = Cluster(tmp_path_factory.mktemp("strata-e2e-home"), virtual_gpus=1)
+@contextlib.contextmanager
+def running_cluster(home: Path, virtual_gpus: int):
+    """A started :class:`Cluster` in ``home``, stopped (every process group killed) on exit."""
+    running = Cluster(home, virtual_gpus=virtual_gpus)
     try:
         running.start()
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """``strata up`` with one local virtual GPU, shared by a module's tests."""
+    with running_cluster(tmp_path_factory.mktemp("strata-e2e-home"), virtual_gpus=1) as running:
+        yield running
 
 
 @pytest.fixture
 def bare_cluster(tmp_path):
     """``strata up --virtual-gpus 0``: a control plane and scheduler without a node; tests start nodes."""
-    running = Cluster(tmp_path / "home", virtual_gpus=0)
-    try:
-        running.start()
+    with running_cluster(tmp_path / "home", virtual_gpus=0) as running:
         yield running
-    finally:
-        running.stop()

@@ -7,8 +7,8 @@ Each test logs in through the login form and uses the pages as a person would. W
 from __future__ import annotations
 
 import pytest
-from browser_support import Browser
-from e2e_support import Cluster, wait_for
+from browser_support import Browser, admin_session
+from e2e_support import Cluster, running_cluster, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -18,21 +18,14 @@ LONG_SPEC = {"workload": "mlp-digits", "epochs": 400, "batch_size": 16, "log_eve
 @pytest.fixture(scope="module")
 def ui_cluster(tmp_path_factory):
     """``strata up`` with two virtual GPUs, shared by this module's tests."""
-    running = Cluster(tmp_path_factory.mktemp("strata-ui-home"), virtual_gpus=2)
-    try:
-        running.start()
+    with running_cluster(tmp_path_factory.mktemp("strata-ui-home"), virtual_gpus=2) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture
 def admin(browser, ui_cluster, tmp_path):
-    session = Browser(browser, ui_cluster, tmp_path)
-    session.login(ui_cluster.credentials["username"], ui_cluster.credentials["password"])
-    yield session
-    assert not session.external_requests, f"pages asked for hosts other than 127.0.0.1: {session.external_requests}"
-    session.close()
+    with admin_session(browser, ui_cluster, tmp_path) as session:
+        yield session
 
 
 def cancel_all(cluster: Cluster) -> None:

@@ -82,8 +82,9 @@ def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
     for job_id, allocation in fractional.items():
         device = allocation.device
         sharing = device.sharing or {}
+        # The device's latest report while the attempt runs; what the attempt kept from it once it has ended.
         entry = next((job for job in sharing.get("jobs", []) if job.get("attempt") == str(allocation.attempt_id)),
-                     None) or {}
+                     None) or latest[job_id].sharing or {}
         shares[job_id] = {
             "gpus": allocation.share, "gpu_memory": allocation.memory,
             "device": f"{device.node.name}:gpu{device.index}", "shared": True,

@@ -109,6 +109,9 @@ def _epoch(value: float):
     return datetime.fromtimestamp(value, tz=UTC)
 
 
+SHARED_JOB_FIELDS = ("state", "lane", "persistent", "ephemeral", "steps")
+
+
 def sharing_record(node: Node, devices: dict[int, Device], reports: list[dict], now) -> None:
     """Store each device service's report: the latest state (without slices) on ``Device.sharing`` and the
     slices as ShareSlice rows. Attempts that are unknown or not on this node are dropped, and slices that
@@ -150,6 +153,9 @@ def sharing_record(node: Node, devices: dict[int, Device], reports: list[dict], 
             "reported_at": now.timestamp(), "slices_until": until,
         }
         Device.objects.filter(pk=device.pk).update(sharing=state)
+        for job in state["jobs"]:
+            Attempt.objects.filter(pk=job["attempt"]).update(sharing={
+                "policy": report["policy"], **{key: job.get(key) for key in SHARED_JOB_FIELDS}})
     # A device whose service is no longer reported shares nothing now.
     stale = [device.pk for device in devices.values() if device.sharing and device.pk not in reported]
     if stale:

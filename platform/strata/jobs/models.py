@@ -97,6 +97,10 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     exit_reason = models.CharField(max_length=500, blank=True)
+    # What a device's GPU-sharing service last measured for this attempt (lane, persistent and per-iteration
+    # memory, steps), kept after the attempt ends, when the device's own report no longer lists it. Null when
+    # the attempt never ran shared (the scheduler writes attempts with raw multi-row inserts).
+    sharing = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]

@@ -182,6 +182,11 @@ def test_job_share_field(world):
     listed = {job["name"]: job["share"] for job in client.get("/api/v1/jobs/").json()["results"]}
     assert listed["whole"] is None and listed["half"]["lane"] == 0
 
+    # Once the service stops listing the attempt (it ended), the job keeps what was last measured.
+    _beat(world, node, [_report([], index=allocation.device.index, policy="srtf")])
+    share = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()["share"]
+    assert share["lane"] == 0 and share["persistent"] == 100 * 2**20 and share["ephemeral"] == 50 * 2**20
+
 
 def test_job_list_share_does_not_query_per_job(world, submit, run_pass, make_node):
     client = world["alice_api"]
