@@ -122,7 +122,8 @@ def cluster_page(request):
         request, "cluster", **table_context(team_ids, devices), range=range_key, ranges=list(RANGES),
         grid=facts, poll_seconds=POLL_MS // 1000, panels=_panel_entries(team_ids),
         live={"charts": f"{reverse('dashboard:cluster-charts')}?range={range_key}",
-              "tables": reverse("dashboard:cluster-tables"), "poll_ms": POLL_MS},
+              "tables": reverse("dashboard:cluster-tables"), "panels": reverse("dashboard:cluster-panels"),
+              "poll_ms": POLL_MS},
         figures=[{"name": name, "json": figure_json(figures[name])} for name in CHARTS])
     return render(request, "dashboard/cluster.html", context)
 
@@ -147,8 +148,16 @@ def cluster_tables(request):
     return render(request, "dashboard/cluster_live.html", table_context(visible_team_ids(request)))
 
 
+@live_login_required
+@require_GET
+def cluster_panels(request):
+    """The component panels as an HTML fragment, for live refreshes."""
+    return render(request, "dashboard/cluster_panels.html", {"panels": _panel_entries(visible_team_ids(request))})
+
+
 urlpatterns = [
     path("cluster/", cluster_page, name="cluster"),
     path("cluster/charts/", cluster_charts, name="cluster-charts"),
     path("cluster/tables/", cluster_tables, name="cluster-tables"),
+    path("cluster/panels/", cluster_panels, name="cluster-panels"),
 ]

@@ -66,7 +66,7 @@ def test_login_required(client):
     assert response.status_code == 302 and response["Location"].startswith("/login/")
     # The endpoints the page polls answer 401, so the page reloads to the login form instead of swapping the
     # login form's HTML into its tables.
-    for url in ("/cluster/charts/", "/cluster/tables/"):
+    for url in ("/cluster/charts/", "/cluster/tables/", "/cluster/panels/"):
         assert client.get(url).status_code == 401
 
 
@@ -224,3 +224,8 @@ def test_cluster_panels_render(world, monkeypatch):
     assert "Fleet summary" in fleet and "<td>n1:0</td><td>2</td>" in fleet
     assert 'data-panel="chart"' in html and embedded(html, "panel-fig-demo-chart")["data"][0]["type"] == "bar"
     assert 'data-panel="broken"' in html and "RuntimeError: boom" in html
+
+    # The same panels, re-rendered alone for the page's live refresh.
+    fragment = logged_in(world["bob"]).get("/cluster/panels/").content.decode()
+    assert "<html" not in fragment and "Fleet summary" in fragment and "<td>n1:0</td><td>2</td>" in fragment
+    assert embedded(fragment, "panel-fig-demo-chart")["data"][0]["type"] == "bar"
