@@ -172,3 +172,10 @@ def test_only_cluster_admins_may_change_quotas(make_team, make_user, make_token,
     assert bad.status_code == 400 and {"max_gpus", "weight"} <= set(bad.json())
     assert root.patch("/api/v1/quotas/alpha/", {"team": "beta"}, format="json").status_code == 200
     assert Quota.objects.get(team=team).team.slug == "alpha"
+    # Sizes read like the web editor's: "16GiB" or bytes; a bad size names the field.
+    sized = root.patch("/api/v1/quotas/alpha/", {"max_gpu_memory": "16GiB"}, format="json")
+    assert sized.status_code == 200 and sized.json()["max_gpu_memory"] == 16 * 2**30
+    assert Quota.objects.get(team=team).max_gpu_memory == 16 * 2**30
+    wrong = root.patch("/api/v1/quotas/alpha/", {"max_gpu_memory": "lots"}, format="json")
+    assert wrong.status_code == 400 and "max_gpu_memory" in wrong.json()
+    assert root.patch("/api/v1/quotas/alpha/", {"max_gpu_memory": None}, format="json").json()["max_gpu_memory"] is None

@@ -11,10 +11,23 @@ def _limit_field(name: str) -> serializers.Field:
     return field_class(min_value=minimum, max_value=maximum, allow_null=nullable, required=False)
 
 
+class ByteSizeField(serializers.Field):
+    """Bytes, or a size such as "16GiB" (parsed by quota_clean, like the web editor); null is unlimited."""
+
+    def to_internal_value(self, data):
+        try:
+            return quota_clean({"max_gpu_memory": data})["max_gpu_memory"]
+        except QuotaInvalid as error:
+            raise serializers.ValidationError(error.errors["max_gpu_memory"]) from None
+
+    def to_representation(self, value):
+        return value
+
+
 class QuotaSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     max_gpus = _limit_field("max_gpus")
-    max_gpu_memory = _limit_field("max_gpu_memory")
+    max_gpu_memory = ByteSizeField(allow_null=True, required=False)
     max_concurrent_jobs = _limit_field("max_concurrent_jobs")
     gpu_hours = _limit_field("gpu_hours")
     window_hours = _limit_field("window_hours")
