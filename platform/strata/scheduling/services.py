@@ -73,10 +73,32 @@ def load_capacity(now=None) -> CapacityIndex:
     return CapacityIndex(list(nodes.values()))
 
 
+# Memory reserved for a shared job that measured its needs before: its measured peak plus this margin
+# (allocator fragmentation, a larger batch at an epoch's end).
+MEASURED_HEADROOM = 1.1
+
+
+def _measured_memory() -> dict:
+    """Queued jobs whose earlier attempts ran in a GPU-sharing service: job id -> the most device memory one
+    measured (persistent + per-iteration peak), so the next attempt is placed on what the job really uses."""
+    measured: dict = {}
+    rows = Attempt.objects.filter(job__state=S.QUEUED, sharing__isnull=False).values_list("job_id", "sharing")
+    for job_id, sharing in rows:
+        total = int((sharing or {}).get("persistent") or 0) + int((sharing or {}).get("ephemeral") or 0)
+        if total > measured.get(job_id, 0):
+            measured[job_id] = total
+    return measured
+
+
 def _queue_by_team(quotas: dict[int, Quota]) -> dict[int, deque]:
     queues: dict[int, list] = defaultdict(list)
+    measured = _measured_memory()
     rows = Job.objects.filter(state=S.QUEUED).values_list("id", "team_id", "priority", "queued_at", "resources", "reason")
     for job_id, team_id, priority, queued_at, resources, reason in rows:
+        if job_id in measured and 0 < float(resources.get("gpus", 0)) < 1 and not resources.get("gpu_memory"):
+            # A fractional job without an explicit memory request reserves what it measured, not a
+            # memory slice proportional to its share: it goes where that fits, or waits.
+            resources = {**resources, "gpu_memory": int(measured[job_id] * MEASURED_HEADROOM)}
         boost = quotas[team_id].priority if team_id in quotas else 0
         queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason))
     return {team: deque(sorted(items, key=lambda item: (item[0], item[1]))) for team, items in queues.items()}

@@ -93,6 +93,26 @@ def test_memory_limits_packing_of_fractions(alpha, submit, make_node, run_pass):
     assert Counter(state(job) for job in jobs) == {JobState.SCHEDULED: 2, JobState.QUEUED: 1}
 
 
+def test_a_shared_job_is_placed_on_the_memory_it_measured(alpha, submit, make_node, run_pass):
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    holder = submit(user, team, gpus=0.25, memory=6 * GiB, name="holder")
+    run_pass()
+    assert state(holder) == JobState.SCHEDULED  # n1's device: 0.75 GPU and 2 GiB left
+    # A quarter-GPU job whose earlier shared attempt measured 3 GiB (its share alone would reserve 2 GiB).
+    job = submit(user, team, gpus=0.25, name="measured")
+    Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now(), outcome="node_lost",
+                           sharing={"lane": 0, "persistent": 2 * GiB, "ephemeral": GiB})
+    run_pass()
+    assert state(job) == JobState.QUEUED, "3.3 GiB does not fit the 2 GiB left: it must wait or go elsewhere"
+    make_node("n2", gpus=1, memory=8 * GiB)
+    run_pass()
+    assert state(job) == JobState.SCHEDULED
+    (allocation,) = allocations(job)
+    assert allocation.device.node.name == "n2"
+    assert allocation.memory == int(3 * GiB * 1.1) and allocation.share == pytest.approx(0.25)
+
+
 def test_gang_placement_is_all_or_nothing(alpha, submit, make_node, run_pass):
     user, team = alpha
     make_node("n1", gpus=1)
