@@ -72,7 +72,7 @@ QUICK = {
     "switch_steps": 40, "checkpoint_switches": 30,
     "trace_jobs": 8, "trace_scale": 0.5, "load": 0.8,
     "pack_jobs": 4, "pack_steps": 60, "host_ms": 4.0,
-    "requests": 60, "request_interval_ms": 30.0, "train_alone_s": 1.0,
+    "requests": 200, "request_interval_ms": 30.0, "train_alone_s": 1.0,
 }
 FULL = {
     "switch_steps": 200, "checkpoint_switches": 200,
