@@ -64,6 +64,8 @@ JOB_LIMIT = 256  # jobs (and lanes) per heartbeat: the control plane refuses mor
 SLICE_MERGE_GAP_S = 0.005  # consecutive units of one job closer than this are one slice
 STOP_GRACE_S = 10.0  # on shutdown: how long jobs get to checkpoint before they are dropped
 HOST_IO_WAIT_S = 900.0  # how long an ended job's checkpoint and artifact uploads may take
+SERVING_REPORT_S = 2.0  # how often a serve attempt reports its request figures
+SERVING_METRICS = ("requests", "errors", "p50_ms", "p99_ms")
 
 
 _ENDED = {"succeeded", "failed", "cancelled", "rejected"}
@@ -115,6 +117,7 @@ class _Attempt:
     loop: Any
     send: Any  # callable sending one message to the connection that submitted the job
     session: Any = None  # the TrainLoopSession
+    serving: Any = None  # the components.serving.endpoint.ServingHandle of a serve attempt
     acked: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
 
@@ -188,6 +191,8 @@ class DeviceService:
         with self._lock:
             if attempt_id in self.attempts:
                 return {"ok": False, "reason": f"attempt {attempt_id} already runs here"}, None
+        if payload.get("kind") == "serve":
+            return self._run_serve(payload, send, owned)
         try:
             spec, factory = self._build_workload(payload)
             workload = factory()
@@ -234,6 +239,61 @@ class DeviceService:
                  "admission": {"status": admission.status, "lane": admission.lane,
                                "position": admission.position, "reason": admission.reason}}
         return reply, entry.acked.set
+
+    def _run_serve(self, payload: dict, send, owned: list[str]) -> tuple[dict, Any]:
+        """A ``serve`` attempt: its model becomes an inference endpoint of this device's executor (a lane of its
+        own; its requests go before training work, and a staged training job yields to them at its next stage
+        or operator boundary), answering gRPC ``Predict`` calls until the attempt is stopped."""
+        from components.runtime.registry import get_kind
+        from components.serving.endpoint import serve_host, start_serving
+        from components.serving.model import load_served_model
+
+        attempt_id = str(payload["attempt"])
+        if int(payload.get("world_size", 1)) != 1:
+            return {"ok": False, "reason": "multi-worker serve jobs do not share a device"}, None
+        try:
+            spec = get_kind("serve").validate(payload["spec"])
+        except Exception as error:  # the child path reports it
+            return {"ok": False, "reason": f"cannot run here: {error}"}, None
+        ctx = self._context(payload)
+        ctx.spec = spec
+        try:
+            served = load_served_model(ctx.source_artifact("model.pt"))
+            handle = start_serving(self.executor(), attempt_id, served, host=serve_host(), port=spec["port"],
+                                   request_timeout_s=spec["request_timeout_s"], max_rows=spec["max_rows"],
+                                   source_job=spec["model"]["job"], priority=int(payload.get("priority") or 0))
+        except Exception as error:
+            ctx.close()
+            return {"ok": False, "reason": f"cannot serve here: {error.__class__.__name__}: {error}"}, None
+        entry = _Attempt(attempt_id, ctx, None, send, serving=handle)
+        with self._lock:
+            self.attempts[attempt_id] = entry
+        ctx.set_endpoint(handle.address)
+        ctx.log(f"attempt {payload.get('number', 1)} serving {served.workload} from job {spec['model']['job']} on "
+                f"{handle.address}, shared: in the GPU-sharing service of {self.label} (pid {os.getpid()}, policy "
+                f"{self.policy}, share {float(payload['device']['share']):g})")
+        owned.append(attempt_id)
+        threading.Thread(target=self._watch_serving, args=(entry,), name=f"serve-{attempt_id[:8]}",
+                         daemon=True).start()
+        threading.Thread(target=self._wait, args=(entry,), name=f"wait-{attempt_id[:8]}", daemon=True).start()
+        reply = {"ok": True, "pid": os.getpid(), "attempt": attempt_id,
+                 "admission": {"status": "admitted", "lane": None, "position": None, "reason": ""}}
+        return reply, entry.acked.set
+
+    @staticmethod
+    def _watch_serving(entry: _Attempt, interval: float = SERVING_REPORT_S) -> None:
+        """Report the endpoint's figures; stop it once the attempt is asked to stop (cancel, preemption)."""
+        step = 0
+        while not entry.ended.is_set():
+            if entry.ctx.should_stop():
+                entry.serving.stop()
+                return
+            if entry.ended.wait(interval):
+                return
+            step += 1
+            stats = entry.serving.stats()
+            entry.ctx.metrics({name: float(stats[name]) for name in SERVING_METRICS
+                               if isinstance(stats.get(name), int | float)}, step)
 
     def _build_workload(self, payload: dict):
         if payload.get("kind") != "train":
@@ -282,7 +342,9 @@ class DeviceService:
         common = {"job_id": payload["job"], "attempt_id": payload["attempt"], "spec": payload["spec"],
                   "devices": devices, "rank": payload.get("rank", 0), "world_size": payload.get("world_size", 1)}
         if self.local_root is not None:
-            return LocalContext(**common, workdir=self.local_root / str(payload["attempt"]))
+            # ``sources`` (tests): name -> local path of the source job's artifacts, for serve attempts.
+            return LocalContext(**common, workdir=self.local_root / str(payload["attempt"]),
+                                sources={name: Path(path) for name, path in (payload.get("sources") or {}).items()})
         from components.runtime.client import ControlPlaneClient
         from components.runtime.remote import RemoteContext
 
@@ -318,6 +380,9 @@ class DeviceService:
                     "checkpoint saved")
         elif state == "failed":
             ctx.log(error or "failed in the device service", level="error")
+        elif state == "cancelled" and entry.serving is not None:
+            state = "stopped"  # how a serve attempt ends: stopped on request
+            ctx.log(f"stopped serving on {entry.serving.address}")
         elif state == "cancelled":
             ctx.log("dropped by the device service without a checkpoint", level="warning")
         with contextlib.suppress(Exception):
@@ -343,6 +408,9 @@ class DeviceService:
         if entry is None:
             return False
         entry.ctx.request_stop()  # the session checkpoints and ends at its next step
+        if entry.serving is not None:
+            entry.serving.stop()  # no more requests, then the endpoint leaves the executor
+            return True
         executor = self._executor
         if executor is not None:
             with contextlib.suppress(KeyError):

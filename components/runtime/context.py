@@ -71,6 +71,15 @@ class Context(abc.ABC):
     def artifact(self, path: str | Path, name: str | None = None) -> None:
         """Store the file at ``path`` as a job artifact named ``name`` (default: its file name)."""
 
+    # -- inputs from other jobs and served endpoints ------------------------------------------------------
+    def source_artifact(self, name: str = "model.pt") -> Path:
+        """A local copy of artifact ``name`` of the job this one reads from (``spec.model.job`` of a ``serve``
+        job). Raises :class:`FileNotFoundError` when that job has no such artifact."""
+        raise FileNotFoundError(f"{type(self).__name__} has no source job to read {name!r} from")
+
+    def set_endpoint(self, address: str) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
+        """Publish the ``host:port`` where this attempt serves requests (the job's ``endpoint`` field)."""
+
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def _save_checkpoint_bytes(self, data: bytes) -> None: ...
@@ -118,6 +127,8 @@ class LocalContext(Context):
     logs: list[tuple[float, str, str]] = field(default_factory=list)
     metric_points: list[tuple[str, float, int]] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
+    sources: dict[str, Path] = field(default_factory=dict)  # artifacts of the source job, by name
+    endpoint: str | None = None
     echo: bool = False
 
     def __post_init__(self):
@@ -141,6 +152,15 @@ class LocalContext(Context):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(source.read_bytes())
         self.artifacts[target.name] = target
+
+    def source_artifact(self, name: str = "model.pt") -> Path:
+        if name not in self.sources:
+            raise FileNotFoundError(f"the source job has no artifact {name!r}")
+        return Path(self.sources[name])
+
+    def set_endpoint(self, address: str) -> None:
+        self.endpoint = address
+        self.log(f"serving on {address}")
 
     def _checkpoint_path(self) -> Path:
         return self.workdir / "checkpoint.pt"

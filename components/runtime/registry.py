@@ -15,6 +15,7 @@ from components.runtime.spec import KindSpec
 
 BUILTIN_KINDS: dict[str, str] = {
     "train": "components.train.spec:TrainSpec",
+    "serve": "components.serving.spec:ServeSpec",
 }
 
 _lock = threading.Lock()

@@ -8,6 +8,7 @@ about a second even when the worker's own poll is slower.
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class RemoteContext(Context):
     _thread: threading.Thread | None = field(default=None, repr=False)
     _closed: threading.Event = field(default_factory=threading.Event, repr=False)
     stale: bool = False
+    _endpoint: str | None = field(default=None, repr=False)
+    _sources: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._flush_loop, name="strata-report", daemon=True)
@@ -54,8 +57,10 @@ class RemoteContext(Context):
         with self._lock:
             logs, metrics = self._logs, self._metrics
             self._logs, self._metrics = [], []
+            endpoint = {"endpoint": self._endpoint} if self._endpoint else {}
         try:
-            answer = self.client.post(self._path("report/"), {**self._auth(), "logs": logs, "metrics": metrics})
+            answer = self.client.post(self._path("report/"), {**self._auth(), "logs": logs, "metrics": metrics,
+                                                              **endpoint})
         except ApiError as error:
             if error.status == 409:  # this attempt was ended by the control plane: stop at once
                 self.stale = True
@@ -77,6 +82,30 @@ class RemoteContext(Context):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.flush()
+        if self._sources is not None:
+            self._sources.cleanup()
+
+    def set_endpoint(self, address: str) -> None:
+        """Sent with every report, so the control plane learns it on the next flush (and again after a
+        failed one)."""
+        with self._lock:
+            self._endpoint = address
+        self.log(f"serving on {address}")
+
+    def source_artifact(self, name: str = "model.pt") -> Path:
+        if self._sources is None:
+            self._sources = tempfile.TemporaryDirectory(prefix="strata-source-")
+        target = Path(self._sources.name) / name
+        if not target.exists():
+            try:
+                response = self.client.request("GET", self._path(f"sources/{name}/"), params=self._auth(),
+                                               raw=True, timeout=600)
+            except ApiError as error:
+                if error.status == 404:
+                    raise FileNotFoundError(f"the source job has no artifact {name!r}") from error
+                raise
+            target.write_bytes(response.content)
+        return target
 
     def artifact(self, path: str | Path, name: str | None = None, kind: str = "artifact") -> None:
         source = Path(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
@@ -12,6 +13,18 @@ class SpecError(ValueError):
     def __init__(self, errors: dict[str, str]):
         self.errors = dict(errors)
         super().__init__("; ".join(f"{field}: {message}" for field, message in self.errors.items()))
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """A job this spec reads from: ``job`` (an id) at ``field``, which must be a ``kind`` job of the same team
+    that SUCCEEDED and stored ``artifact``. The control plane checks it at submit; the node downloads the
+    artifact through ``Context.source_artifact``."""
+
+    field: str
+    job: str
+    kind: str
+    artifact: str
 
 
 class KindSpec(abc.ABC):
@@ -36,6 +49,10 @@ class KindSpec(abc.ABC):
     @abc.abstractmethod
     def json_schema(self) -> dict[str, Any]:
         """A JSON Schema of the spec, used for docs and generated forms."""
+
+    def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
+        """Other jobs a normalized ``spec`` reads artifacts from (none by default)."""
+        return []
 
 
 class Checker:

@@ -32,6 +32,8 @@ SERVICE_ACK_SECONDS = 120.0  # the first job of a service imports torch and buil
 # The ``finish`` outcome of an attempt whose GPU-sharing service died under it: the control plane requeues
 # the job without counting a failure, as for a lost node (up to a limit; see jobs.services.attempt_finish).
 SERVICE_LOST = "service_lost"
+# Kinds whose fractional attempts run inside their device's GPU-sharing service.
+SHARED_KINDS = ("train", "serve")
 
 
 def load_config() -> dict:
@@ -73,12 +75,14 @@ class AttemptRunner:
 
     # -- shared devices: the GPU-sharing service ------------------------------------------------------------
     def shared_allocation(self, claim: dict) -> dict | None:
-        """The device of a ``train`` attempt that gets a fraction of one device on this node, or None.
+        """The device of a ``train`` or ``serve`` attempt that gets a fraction of one device on this node, or
+        None.
 
         Such an attempt runs inside that device's GPU-sharing service (components.gpushare.service), which
         interleaves it with the device's other fractional jobs; everything else runs in child processes."""
         sharing = self.config.get("gpushare") or {}
-        if not sharing.get("socket_dir") or claim.get("kind") != "train" or int(claim.get("world_size", 1)) != 1:
+        if (not sharing.get("socket_dir") or claim.get("kind") not in SHARED_KINDS
+                or int(claim.get("world_size", 1)) != 1):
             return None
         mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
         if len(mine) != 1 or not mine[0].get("device"):

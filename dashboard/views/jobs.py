@@ -173,7 +173,7 @@ def _submit(request, submission: forms.Submission, nonce: str | None) -> Job | N
     try:
         job, _ = services.job_submit(user=request.user, team=submission.team, data=submission.data,
                                      idempotency_key=forms.idempotency_key(nonce, submission))
-    except services.QuotaRejected as error:
+    except services.SubmitRejected as error:
         submission.errors[error.field] = error.message
         return None
     except services.IdempotencyConflict:
@@ -466,7 +466,7 @@ def job_resubmit(request, job_id):
     job = _job(request, job_id)
     try:
         new_job = services.job_resubmit(job, user=request.user)
-    except services.QuotaRejected as error:
+    except services.SubmitRejected as error:
         messages.error(request, f"Not resubmitted: {error.message}")
         return redirect("dashboard:job-detail", job.pk)
     messages.success(request, f"Resubmitted {job.name} as a new job: {new_job.state.lower()}.")

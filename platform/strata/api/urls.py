@@ -27,6 +27,7 @@ urlpatterns = [
     path(f"{ATTEMPT}/report/", cluster.AttemptReportView.as_view(), name="attempt-report"),
     path(f"{ATTEMPT}/finish/", cluster.AttemptFinishView.as_view(), name="attempt-finish"),
     path(f"{ATTEMPT}/artifacts/<str:name>/", cluster.AttemptArtifactView.as_view(), name="attempt-artifact"),
+    path(f"{ATTEMPT}/sources/<str:name>/", cluster.AttemptSourceView.as_view(), name="attempt-source"),
     path(f"{ATTEMPT}/checkpoint/", cluster.AttemptCheckpointView.as_view(), name="attempt-checkpoint"),
     *router.urls,
 ]

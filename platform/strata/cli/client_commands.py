@@ -57,6 +57,10 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
             reason = f" ({job['reason']})" if job["reason"] else ""
             print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
             last_state = job["state"]
+        if job.get("endpoint"):  # a serve job runs until cancelled: waiting ends once it answers requests
+            print(f"serving on {job['endpoint']} (strata infer {job_id} --input rows.json; "
+                  f"strata cancel {job_id} to stop)", flush=True)
+            return 0
         points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
         if points:
             after = points[-1]["id"]
@@ -106,6 +110,34 @@ def logs(args) -> int:
 def cancel(args) -> int:
     job = _client(args).post(f"jobs/{args.job}/cancel/")
     print(f"job {job['id']}: {job['state']}")
+    return 0
+
+
+def infer(args) -> int:
+    """One Predict call to a running serve job's endpoint; prints ``{"outputs", "argmax"?}`` as JSON."""
+    job = _client(args).get(f"jobs/{args.job}/")
+    if job["kind"] != "serve":
+        raise ValueError(f"job {args.job} is a {job['kind']} job; only serve jobs answer inference requests")
+    if not job.get("endpoint"):
+        raise RuntimeError(f"job {args.job} is {job['state']} and has no endpoint yet")
+    source = sys.stdin.read() if args.input == "-" else Path(args.input).read_text()
+    try:
+        data = json.loads(source)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{args.input} is not JSON: {error}") from None
+    rows = data.get("inputs") if isinstance(data, dict) else data
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{args.input} must hold a non-empty list of rows, or {{\"inputs\": [...]}}")
+    from components.serving.client import ServingError, predict  # grpc, numpy: only for this command
+
+    try:
+        outputs = predict(job["endpoint"], rows, timeout=args.timeout)
+    except ServingError as error:
+        raise RuntimeError(str(error)) from None
+    answer = {"outputs": outputs.tolist()}
+    if outputs.ndim == 2:  # class scores per row
+        answer["argmax"] = outputs.argmax(axis=1).tolist()
+    print(json.dumps(answer))
     return 0
 
 

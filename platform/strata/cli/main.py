@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job")
 
+    infer = commands.add_parser("infer", help="send inputs to a running serve job's gRPC endpoint")
+    infer.add_argument("job", help="the serve job's id")
+    infer.add_argument("--input", default="-", help="JSON file with a list of rows, or {\"inputs\": rows} "
+                                                     "('-' for stdin)")
+    infer.add_argument("--timeout", type=float, default=10.0, help="the request's deadline in seconds")
+
     quota = commands.add_parser("quota", help="show quotas and usage; admins: --set field=value")
     quota.add_argument("team", nargs="?")
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
@@ -103,7 +109,7 @@ def dispatch(args) -> int:
         return run_benchmark(args.component, quick=args.quick, output=args.output)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
-                "quota": client.quota}
+                "quota": client.quota, "infer": client.infer}
     return handlers[args.command](args)
 
 

@@ -38,3 +38,15 @@ def submit_team(request, slug: str | None) -> Team:
     if team is None:
         raise SubmitTeamError(f"unknown team {slug!r}")
     return team
+
+
+def source_artifact(job: Job, name: str):
+    """Artifact ``name`` of a job that ``job``'s spec reads from (same team only), or None."""
+    from components.runtime.registry import get_kind
+    from strata.jobs.models import Artifact
+
+    for ref in get_kind(job.kind).sources(job.spec):
+        if ref.artifact == name:
+            return Artifact.objects.filter(job_id=ref.job, job__team_id=job.team_id, name=name,
+                                           kind=Artifact.Kind.ARTIFACT).first()
+    return None

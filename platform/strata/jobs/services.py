@@ -34,10 +34,16 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different request body."""
 
 
-class QuotaRejected(Exception):
+class SubmitRejected(Exception):
+    """A submitted job cannot be accepted; ``field`` names the part of the request at fault (a 400)."""
+
     def __init__(self, field: str, message: str):
         self.field, self.message = field, message
         super().__init__(message)
+
+
+class QuotaRejected(SubmitRejected):
+    """The job can never run under its team's quota."""
 
 
 class StaleAttempt(Exception):
@@ -66,6 +72,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) ->
                 raise IdempotencyConflict(idempotency_key)
             return existing, False
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, **data)
+    check_sources(team, job.kind, job.spec)
     quota = Quota.objects.filter(team=team).first()
     if quota is not None and (reason := never_fits(quota, job)):
         raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
@@ -85,6 +92,23 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) ->
     job.refresh_from_db()
     transaction.on_commit(request_pass)
     return job, True
+
+
+def check_sources(team, kind: str, spec: dict) -> None:
+    """Every job a spec reads from must be a job of ``team`` of the right kind that SUCCEEDED and stored the
+    artifact. Another team's job is reported exactly like a missing one."""
+    from components.runtime.registry import get_kind
+
+    for ref in get_kind(kind).sources(spec):
+        source = Job.objects.filter(pk=ref.job, team=team).only("kind", "state").first()
+        if source is None:
+            raise SubmitRejected(ref.field, f"no job {ref.job} in team {team.slug}")
+        if source.kind != ref.kind:
+            raise SubmitRejected(ref.field, f"job {ref.job} is a {source.kind} job, not a {ref.kind} job")
+        if source.state != S.SUCCEEDED:
+            raise SubmitRejected(ref.field, f"job {ref.job} is {source.state}; it must have SUCCEEDED")
+        if not Artifact.objects.filter(job_id=source.pk, name=ref.artifact, kind=Artifact.Kind.ARTIFACT).exists():
+            raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
 
 
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
@@ -151,9 +175,13 @@ def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
     return attempt
 
 
-def attempt_report(attempt: Attempt, *, logs=(), metrics=()) -> None:
-    """Append log lines and metric points sent by a running attempt."""
+def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | None = None) -> None:
+    """Append log lines and metric points sent by a running attempt; record where it serves requests."""
     now = timezone.now()
+    if endpoint and endpoint != attempt.endpoint:
+        Attempt.objects.filter(pk=attempt.pk).update(endpoint=endpoint)
+        attempt.endpoint = endpoint
+        job_event(attempt.job_id, "endpoint", f"serving on {endpoint}", attempt=attempt, endpoint=endpoint)
     limit = settings.STRATA_MAX_LOG_LINES_PER_JOB
     if logs:
         room = limit - LogLine.objects.filter(job_id=attempt.job_id).count()

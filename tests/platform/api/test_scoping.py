@@ -13,7 +13,7 @@ from strata.jobs.models import Attempt, Job, JobState
 
 PREFIX = "/api/v1/"
 NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
-               "attempt-artifact", "attempt-checkpoint"}
+               "attempt-artifact", "attempt-checkpoint", "attempt-source"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 

@@ -15,6 +15,7 @@ from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.cluster import services
 from strata.cluster.api import serializers as s
 from strata.cluster.models import Device, Node
+from strata.jobs import selectors as job_selectors
 from strata.jobs import services as job_services
 from strata.jobs.models import Artifact
 from strata.jobs.storage import get_storage
@@ -127,7 +128,7 @@ class AttemptReportView(NodeAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         attempt = job_services.attempt_for_node(attempt_id, data["token"], _node(data))
-        job_services.attempt_report(attempt, logs=data["logs"], metrics=data["metrics"])
+        job_services.attempt_report(attempt, logs=data["logs"], metrics=data["metrics"], endpoint=data.get("endpoint"))
         return Response({"stop": job_services.attempt_stop_requested(attempt)})
 
 
@@ -168,6 +169,17 @@ class AttemptArtifactView(NodeAPIView):
         except ValueError as error:
             return Response({"detail": str(error)}, status=413)
         return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
+
+
+class AttemptSourceView(NodeAPIView):
+    """GET artifact ``name`` of a job the attempt's spec reads from (``spec.model.job`` of a serve job)."""
+
+    def get(self, request, attempt_id, name):
+        attempt = _attempt_from_query(request, attempt_id)
+        artifact = job_selectors.source_artifact(attempt.job, name)
+        if artifact is None:
+            raise Http404("the source job has no such artifact")
+        return FileResponse(get_storage().open(artifact.storage_key), content_type="application/octet-stream")
 
 
 class AttemptCheckpointView(NodeAPIView):

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
-from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
+from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, JobState, LogLine, MetricPoint
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
@@ -119,7 +119,7 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Attempt
         fields = ["id", "number", "node", "gpu_share", "dispatched_at", "started_at", "ended_at", "outcome",
-                  "exit_reason", "allocations"]
+                  "exit_reason", "endpoint", "allocations"]
         read_only_fields = fields
 
 
@@ -141,14 +141,23 @@ class JobSerializer(serializers.ModelSerializer):
     share = serializers.SerializerMethodField(
         help_text="The job's share of a shared GPU (its latest attempt's fractional allocation); null for "
                   "whole-GPU jobs and jobs not placed yet.")
+    endpoint = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
-                  "finished_at", "share", "attempts"]
+                  "finished_at", "share", "endpoint", "attempts"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "string", "nullable": True,
+                          "description": "host:port of the gRPC endpoint while a serve job runs; null otherwise."})
+    def get_endpoint(self, job):
+        if job.state != JobState.RUNNING:
+            return None
+        attempts = [attempt for attempt in job.attempts.all() if attempt.ended_at is None and attempt.endpoint]
+        return attempts[-1].endpoint if attempts else None
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "gpus": {"type": "number"}, "gpu_memory": {"type": "integer"}, "device": {"type": "string"},
@@ -166,7 +175,7 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobListSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
-        fields = [f for f in JobSerializer.Meta.fields if f != "attempts"]
+        fields = [f for f in JobSerializer.Meta.fields if f not in ("attempts", "endpoint")]
         read_only_fields = fields
 
 

@@ -1,0 +1,129 @@
+"""A serve job reads the model of a finished train job: checked at submit, fetched by the node, endpoint shown."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+
+from strata.jobs.models import Attempt, JobEvent, JobState
+
+NODE = "/api/v1/node/attempts"
+
+
+@pytest.fixture
+def cluster(make_team, make_user, make_token, make_node, node_token, api):
+    team, other = make_team("alpha"), make_team("beta")
+    user, stranger = make_user("alice", team), make_user("bob", other)
+    node = make_node("n1", gpus=1)
+    return {"team": team, "other": other, "user": user, "stranger": stranger, "node": node,
+            "agent": api(node_token), "client": api(make_token(user, team)),
+            "foreign": api(make_token(stranger, other))}
+
+
+def _node_call(cluster, attempt, verb, **body):
+    return cluster["agent"].post(f"{NODE}/{attempt.pk}/{verb}/",
+                                 {"node": str(cluster["node"].pk), "token": attempt.fencing_token, **body},
+                                 format="json")
+
+
+def _run(cluster, submit, run_pass, user, team, *, outcome="succeeded", model: bytes | None = b"model-bytes"):
+    """A train job of ``team`` run to its end through the node protocol, storing ``model`` as model.pt."""
+    from strata.jobs.services import artifact_store
+
+    job = submit(user, team, gpus=0.5)
+    run_pass()
+    attempt = Attempt.objects.get(job=job, ended_at__isnull=True)
+    assert _node_call(cluster, attempt, "claim").status_code == 200
+    if model is not None:
+        artifact_store(attempt, "model.pt", io.BytesIO(model))
+    assert _node_call(cluster, attempt, "finish", outcome=outcome).status_code == 200
+    job.refresh_from_db()
+    return job
+
+
+def _serve(client, job_id, **spec):
+    return client.post("/api/v1/jobs/", {"kind": "serve", "name": "serve-it", "resources": {"gpus": 0.25},
+                                         "spec": {"model": {"job": str(job_id)}, **spec}}, format="json")
+
+
+def test_serve_spec_errors_name_the_field(cluster):
+    client = cluster["client"]
+    response = client.post("/api/v1/jobs/", {"kind": "serve", "spec": {}}, format="json")
+    assert response.status_code == 400 and "spec.model" in response.json()
+    response = _serve(client, "not-a-uuid", port=70000, max_rows=0, extra=1)
+    assert response.status_code == 400
+    assert set(response.json()) == {"spec.model.job", "spec.port", "spec.max_rows", "spec.extra"}
+
+
+def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster, submit, run_pass):
+    client = cluster["client"]
+    missing = uuid.uuid4()
+    response = _serve(client, missing)
+    assert response.status_code == 400
+    assert response.json() == {"spec.model.job": [f"no job {missing} in team alpha"]}
+
+    foreign = _run(cluster, submit, run_pass, cluster["stranger"], cluster["other"])
+    response = _serve(client, foreign.pk)
+    # Another team's job reads exactly like a missing one: nothing about it leaks.
+    assert response.status_code == 400
+    assert response.json() == {"spec.model.job": [f"no job {foreign.pk} in team alpha"]}
+
+    failed = _run(cluster, submit, run_pass, cluster["user"], cluster["team"], outcome="failed")
+    failed.refresh_from_db()
+    assert failed.state != JobState.SUCCEEDED
+    response = _serve(client, failed.pk)
+    assert response.status_code == 400 and "it must have SUCCEEDED" in response.json()["spec.model.job"][0]
+
+    no_model = _run(cluster, submit, run_pass, cluster["user"], cluster["team"], model=None)
+    assert no_model.state == JobState.SUCCEEDED
+    response = _serve(client, no_model.pk)
+    assert response.json() == {"spec.model.job": [f"job {no_model.pk} has no model.pt artifact"]}
+
+    good = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    response = _serve(client, good.pk)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["kind"] == "serve" and body["spec"] == {"model": {"job": str(good.pk)}, "port": 0,
+                                                       "request_timeout_s": 10.0, "max_rows": 1024}
+    serve = _serve(client, body["id"])  # a serve job is not a train job
+    assert serve.json() == {"spec.model.job": [f"job {body['id']} is a serve job, not a train job"]}
+
+
+def test_node_fetches_the_source_model_and_publishes_the_endpoint(cluster, submit, run_pass):
+    client = cluster["client"]
+    source = _run(cluster, submit, run_pass, cluster["user"], cluster["team"], model=b"\x00trained-weights\xff")
+    job_id = _serve(client, source.pk).json()["id"]
+    run_pass()
+    attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
+    assert _node_call(cluster, attempt, "claim").status_code == 200
+    auth = {"node": str(cluster["node"].pk), "token": attempt.fencing_token}
+    response = cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", auth)
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"\x00trained-weights\xff"
+    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/metrics.json/", auth).status_code == 404
+    stale = {**auth, "token": "not-the-token"}
+    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", stale).status_code in (404, 409)
+
+    assert client.get(f"/api/v1/jobs/{job_id}/").json()["endpoint"] is None
+    bad = _node_call(cluster, attempt, "report", endpoint="no port here")
+    assert bad.status_code == 400 and "endpoint" in bad.json()
+    assert _node_call(cluster, attempt, "report", endpoint="127.0.0.1:50123").status_code == 200
+    assert _node_call(cluster, attempt, "report", endpoint="127.0.0.1:50123").status_code == 200
+    detail = client.get(f"/api/v1/jobs/{job_id}/").json()
+    assert detail["state"] == JobState.RUNNING and detail["endpoint"] == "127.0.0.1:50123"
+    assert detail["attempts"][0]["endpoint"] == "127.0.0.1:50123"
+    assert JobEvent.objects.filter(job_id=job_id, kind="endpoint").count() == 1  # once, not per report
+    assert cluster["foreign"].get(f"/api/v1/jobs/{job_id}/").status_code == 404
+
+    assert _node_call(cluster, attempt, "finish", outcome="succeeded").status_code == 200
+    assert client.get(f"/api/v1/jobs/{job_id}/").json()["endpoint"] is None  # not serving any more
+
+
+def test_a_train_attempt_has_no_sources(cluster, submit, run_pass):
+    job = submit(cluster["user"], cluster["team"], gpus=0.5)
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    auth = {"node": str(cluster["node"].pk), "token": attempt.fencing_token}
+    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", auth).status_code == 404
