@@ -245,7 +245,8 @@ class DeviceService:
         own; its requests go before training work, and a staged training job yields to them at its next stage
         or operator boundary), answering gRPC ``Predict`` calls until the attempt is stopped."""
         from components.runtime.registry import get_kind
-        from components.serving.endpoint import serve_host, start_serving
+        from components.serving.component import serving_hosts
+        from components.serving.endpoint import start_serving
         from components.serving.model import load_served_model
 
         attempt_id = str(payload["attempt"])
@@ -259,7 +260,9 @@ class DeviceService:
         ctx.spec = spec
         try:
             served = load_served_model(ctx.source_artifact("model.pt"))
-            handle = start_serving(self.executor(), attempt_id, served, host=serve_host(), port=spec["port"],
+            host, advertised = serving_hosts()
+            handle = start_serving(self.executor(), attempt_id, served, host=host, advertise_host=advertised,
+                                   port=spec["port"],
                                    request_timeout_s=spec["request_timeout_s"], max_rows=spec["max_rows"],
                                    source_job=spec["model"]["job"], priority=int(payload.get("priority") or 0))
         except Exception as error:
@@ -363,6 +366,8 @@ class DeviceService:
             status = {"state": "failed", "error": f"the device executor crashed: {error!r}", "steps": 0}
         state, error, result = status["state"], status.get("error"), status.get("result")
         ctx = entry.ctx
+        if entry.serving is not None:
+            entry.serving.stop()  # the endpoint ended in the executor: its gRPC server goes too (idempotent)
         if entry.session is not None:
             # Checkpoints and final artifacts are stored by the job's host thread: the attempt is not done
             # (and its end not reported) before they are.

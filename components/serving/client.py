@@ -1,0 +1,109 @@
+"""A thin client of a ``serve`` job's gRPC endpoint (numpy in, numpy out; no torch).
+
+Usage::
+
+    from components.serving.client import describe, predict
+
+    describe("127.0.0.1:50051")["input_shape"]  # [64] for mlp-digits
+    labels = predict("127.0.0.1:50051", digits.data[:8] / 16).argmax(axis=1)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+
+from components.serving import serving_pb2, serving_pb2_grpc
+
+MAX_MESSAGE_BYTES = 64 * 2**20  # the server's limit too
+_WIRE = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
+
+
+class ServingError(Exception):
+    """A call the endpoint answered with an error status (or could not be reached: ``UNAVAILABLE``).
+
+    ``code`` is the :class:`grpc.StatusCode`, ``details`` the server's explanation.
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def _wire_dtype(array: np.ndarray, dtype: str | None) -> str:
+    if dtype is not None:
+        if dtype not in _WIRE:
+            raise ValueError(f"dtype must be one of {', '.join(_WIRE)}, got {dtype!r}")
+        return dtype
+    # Python floats arrive as float64 and ints as the platform's integer: send what the models take.
+    if array.dtype.kind == "f":
+        return "float32"
+    if array.dtype.kind in "iub":
+        return "int64"
+    raise ValueError(f"cannot send an array of dtype {array.dtype}; pass dtype='float32' or 'int64'")
+
+
+def encode(array_like: Any, dtype: str | None = None) -> serving_pb2.Tensor:
+    """``array_like`` as a wire tensor: cast to ``dtype`` ("float32" / "int64"), by default float32 for floats
+    and int64 for integers."""
+    array = np.asarray(array_like)
+    name = _wire_dtype(array, dtype)
+    data = np.ascontiguousarray(array, dtype=_WIRE[name]).tobytes()
+    return serving_pb2.Tensor(shape=list(array.shape), dtype=name, data=data)
+
+
+def decode(message: serving_pb2.Tensor) -> np.ndarray:
+    wire = _WIRE.get(message.dtype)
+    if wire is None:
+        raise ValueError(f"the server sent dtype {message.dtype!r}")
+    return np.frombuffer(message.data, dtype=wire).reshape(tuple(message.shape)).astype(wire.newbyteorder("="))
+
+
+def _call(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = serving_pb2_grpc.InferenceStub(channel)
+        try:
+            return getattr(stub, method)(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise ServingError(error.code(), error.details() or "") from None
+
+
+def predict(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0) -> np.ndarray:
+    """Run the model at ``address`` ("host:port") on a batch of rows; returns its output as a numpy array.
+
+    ``timeout`` is the call's deadline in seconds (None: the server's ``request_timeout_s`` applies). Raises
+    :class:`ServingError`.
+    """
+    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout)
+    return decode(reply.output)
+
+
+def predict_timed(address: str, array_like: Any, *, dtype: str | None = None,
+                  timeout: float | None = 10.0) -> tuple[np.ndarray, float]:
+    """Like :func:`predict`, also returning the server's own time for the call (``server_ms``)."""
+    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout)
+    return decode(reply.output), reply.server_ms
+
+
+def describe(address: str, timeout: float | None = 5.0) -> dict[str, Any]:
+    """What the endpoint serves: ``workload``, ``source_job``, ``input_shape``, ``input_dtype``,
+    ``output_shape``, ``output_dtype``, ``max_rows``, ``input_limit``."""
+    info = _call(address, "Describe", serving_pb2.DescribeRequest(), timeout)
+    return {
+        "workload": info.workload,
+        "source_job": info.source_job,
+        "input_shape": list(info.input_shape),
+        "input_dtype": info.input_dtype,
+        "output_shape": list(info.output_shape),
+        "output_dtype": info.output_dtype,
+        "max_rows": info.max_rows,
+        "input_limit": info.input_limit,
+    }
+
+
+__all__ = ["ServingError", "decode", "describe", "encode", "predict", "predict_timed"]

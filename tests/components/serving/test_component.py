@@ -1,0 +1,101 @@
+"""ServeComponent: the child-process path of a serve job, driven through a LocalContext."""
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from components.runtime.context import DeviceHandle, LocalContext
+from components.runtime.spec import SpecError
+from components.serving.client import ServingError, describe, predict
+from components.serving.component import ServeComponent, serving_hosts
+from components.serving.model import load_served_model
+
+SOURCE_JOB = "0d4f3c1a-8b7e-4f60-a2d9-6c5b4e3f2a10"
+
+
+class QuickServe(ServeComponent):
+    metrics_every_s = 0.1
+    stop_poll_s = 0.02
+    stop_grace_s = 0.5
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def start(ctx):
+    errors = []
+
+    def run():
+        try:
+            QuickServe().run(ctx)
+        except BaseException as error:  # reported by the caller's assertions
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="serve-attempt")
+    thread.start()
+    return thread, errors
+
+
+def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, digits_model, digits_test_set):
+    ctx = LocalContext(job_id="serve-job", attempt_id="a1", spec={"model": {"job": SOURCE_JOB}}, workdir=tmp_path,
+                       devices=[DeviceHandle("virtual", 0, 2**30)], sources={"model.pt": digits_model})
+    thread, errors = start(ctx)
+    try:
+        wait_for(lambda: ctx.endpoint is not None or errors)
+        assert not errors
+        assert ctx.endpoint.startswith("127.0.0.1:")
+        assert ctx.spec == {"model": {"job": SOURCE_JOB}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024}
+        info = describe(ctx.endpoint)
+        assert (info["workload"], info["source_job"], info["max_rows"]) == ("mlp-digits", SOURCE_JOB, 1024)
+        features, labels = digits_test_set
+        answer = predict(ctx.endpoint, features)
+        served = load_served_model(digits_model)
+        import torch
+
+        with torch.inference_mode():
+            assert np.array_equal(answer, served.module(torch.from_numpy(features)).numpy())
+        assert (answer.argmax(axis=1) == labels).mean() > 0.85
+        wait_for(lambda: any(name == "requests" and value >= 1 for name, value, _ in ctx.metric_points))
+    finally:
+        ctx.request_stop()
+        thread.join(10)
+    assert not thread.is_alive() and not errors
+    with pytest.raises(ServingError) as caught:
+        predict(ctx.endpoint, features[:1], timeout=2)
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+
+    names = {name for name, _, _ in ctx.metric_points}
+    assert {"requests", "errors", "p50_ms", "p99_ms"} <= names
+    steps = [step for name, _, step in ctx.metric_points if name == "requests"]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    messages = [message for _, _, message in ctx.logs]
+    assert any(message.startswith(f"serving on {ctx.endpoint}") for message in messages)
+    assert any(message.startswith(f"serving mlp-digits of job {SOURCE_JOB} on {ctx.endpoint}") for message in messages)
+    assert messages[-1] == "stopped serving after 1 requests (0 errors)"
+
+
+def test_serve_run_fails_without_a_model(tmp_path):
+    ctx = LocalContext(job_id="serve-job", attempt_id="a2", spec={"model": {"job": SOURCE_JOB}}, workdir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="model.pt"):
+        QuickServe().run(ctx)
+    ctx.spec = {"model": {"job": "not-a-uuid"}}
+    with pytest.raises(SpecError):
+        QuickServe().run(ctx)
+
+
+def test_serving_hosts_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("STRATA_SERVING_HOST", raising=False)
+    monkeypatch.delenv("STRATA_SERVING_ADVERTISE_HOST", raising=False)
+    assert serving_hosts() == ("127.0.0.1", "127.0.0.1")
+    monkeypatch.setenv("STRATA_SERVING_HOST", "0.0.0.0")
+    host, advertised = serving_hosts()
+    assert host == "0.0.0.0" and advertised not in ("0.0.0.0", "")
+    monkeypatch.setenv("STRATA_SERVING_ADVERTISE_HOST", "node-7.example")
+    assert serving_hosts() == ("0.0.0.0", "node-7.example")
