@@ -42,7 +42,7 @@ from strata.api.throttles import SubmitThrottle
 from strata.jobs import services
 from strata.jobs.api.serializers import JobSerializer
 from strata.jobs.models import Artifact, Job, JobState
-from strata.jobs.selectors import jobs_visible, jobs_with_attempts
+from strata.jobs.selectors import jobs_visible, jobs_with_attempts, serving_endpoint
 
 PAGE_SIZE = 50
 INITIAL_LOG_LINES = 2000
@@ -357,11 +357,18 @@ def _panels(job: Job, team_ids) -> list[dict[str, Any]]:
     return panels
 
 
+def _source_job(job: Job) -> Job | None:
+    """The job whose model a serve job serves (same team: submit checked it)."""
+    refs = registry.get_kind(job.kind).sources(job.spec) if job.kind in registry.kinds() else []
+    return Job.objects.filter(pk=refs[0].job, team_id=job.team_id).only("name").first() if refs else None
+
+
 def _fragments(request, job: Job) -> dict[str, str]:
     context = {"job": job, "attempts": _attempt_rows(job), "artifacts": _artifacts(job),
                "checkpoint": job.artifacts.filter(kind=Artifact.Kind.CHECKPOINT).order_by("-created_at").first(),
                "resources": resources_text(job.resources), "duration": _duration(job),
-               "time_limit": forms.format_duration(job.time_limit)}
+               "time_limit": forms.format_duration(job.time_limit), "endpoint": serving_endpoint(job),
+               "source_job": _source_job(job)}
     return {
         "attempts_html": render_to_string("dashboard/jobs_attempts.html", context, request),
         "artifacts_html": render_to_string("dashboard/jobs_artifacts.html", context, request),

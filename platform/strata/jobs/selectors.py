@@ -50,3 +50,14 @@ def source_artifact(job: Job, name: str):
             return Artifact.objects.filter(job_id=ref.job, job__team_id=job.team_id, name=name,
                                            kind=Artifact.Kind.ARTIFACT).first()
     return None
+
+
+def serving_endpoint(job: Job) -> str | None:
+    """Where a RUNNING job answers requests (its live attempt's reported ``host:port``), else None. Uses the
+    prefetched attempts when there are some."""
+    from strata.jobs.models import JobState
+
+    if job.state != JobState.RUNNING:
+        return None
+    live = [attempt for attempt in job.attempts.all() if attempt.ended_at is None and attempt.endpoint]
+    return max(live, key=lambda attempt: attempt.number).endpoint if live else None

@@ -127,3 +127,44 @@ def test_a_train_attempt_has_no_sources(cluster, submit, run_pass):
     attempt = Attempt.objects.get(job=job)
     auth = {"node": str(cluster["node"].pk), "token": attempt.fencing_token}
     assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", auth).status_code == 404
+
+
+def test_the_job_page_shows_the_source_model_and_the_endpoint(cluster, submit, run_pass):
+    from django.test import Client
+
+    source = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    job_id = _serve(cluster["client"], source.pk).json()["id"]
+    browser = Client()
+    browser.force_login(cluster["user"])
+    page = browser.get(f"/jobs/{job_id}/").content.decode()
+    assert f'href="/jobs/{source.pk}/"' in page and 'id="job-endpoint"' not in page
+    run_pass()
+    attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
+    _node_call(cluster, attempt, "claim")
+    _node_call(cluster, attempt, "report", endpoint="127.0.0.1:50999")
+    page = browser.get(f"/jobs/{job_id}/").content.decode()
+    assert 'id="job-endpoint">127.0.0.1:50999' in page
+    assert f"strata infer {job_id}" in page
+
+
+def test_the_web_form_submits_a_serve_job_and_names_a_bad_source(cluster, submit, run_pass):
+    from django.test import Client
+
+    source = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    browser = Client()
+    browser.force_login(cluster["user"])
+    form = {"kind": "serve", "name": "web-serve", "team": "alpha", "spec.model": f'{{"job": "{source.pk}"}}',
+            "spec.port": "", "spec.request_timeout_s": "", "spec.max_rows": "", "priority": "0",
+            "max_attempts": "3", "time_limit": "10m", "resources.gpus": "0.25", "resources.gpu_memory": "",
+            "resources.workers": ""}
+    response = browser.post("/jobs/new/", form)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    from strata.jobs.models import Job
+
+    job = Job.objects.get(name="web-serve")
+    assert job.kind == "serve" and job.spec["model"] == {"job": str(source.pk)}
+    missing = uuid.uuid4()
+    page = browser.post("/jobs/new/", {**form, "name": "bad", "spec.model": f'{{"job": "{missing}"}}'})
+    assert page.status_code == 400 or "no job" in page.content.decode()
+    assert f"no job {missing} in team alpha" in page.content.decode()
+    assert not Job.objects.filter(name="bad").exists()

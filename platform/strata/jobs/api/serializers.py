@@ -7,7 +7,7 @@ from rest_framework import serializers
 from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
-from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, JobState, LogLine, MetricPoint
+from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
@@ -154,10 +154,9 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field({"type": "string", "nullable": True,
                           "description": "host:port of the gRPC endpoint while a serve job runs; null otherwise."})
     def get_endpoint(self, job):
-        if job.state != JobState.RUNNING:
-            return None
-        attempts = [attempt for attempt in job.attempts.all() if attempt.ended_at is None and attempt.endpoint]
-        return attempts[-1].endpoint if attempts else None
+        from strata.jobs.selectors import serving_endpoint
+
+        return serving_endpoint(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "gpus": {"type": "number"}, "gpu_memory": {"type": "integer"}, "device": {"type": "string"},
