@@ -168,3 +168,16 @@ def test_the_web_form_submits_a_serve_job_and_names_a_bad_source(cluster, submit
     assert page.status_code == 400 or "no job" in page.content.decode()
     assert f"no job {missing} in team alpha" in page.content.decode()
     assert not Job.objects.filter(name="bad").exists()
+
+
+def test_the_example_serve_file_validates():
+    from pathlib import Path
+
+    import yaml
+
+    from strata.jobs.api.serializers import JobSubmitSerializer
+
+    body = yaml.safe_load((Path(__file__).parents[3] / "examples/jobs/serve-digits.yaml").read_text())
+    serializer = JobSubmitSerializer(data=body)
+    assert serializer.is_valid(), serializer.errors
+    assert serializer.validated_data["spec"]["max_rows"] == 1024
