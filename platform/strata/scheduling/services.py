@@ -7,6 +7,7 @@ so passes triggered by submits and by the beat tick never interleave.
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import secrets
 import time
@@ -17,7 +18,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import F, Max, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from strata.cluster.models import Device, Node
@@ -76,6 +79,33 @@ def load_capacity(now=None) -> CapacityIndex:
 # Memory reserved for a shared job that measured its needs before: its measured peak plus this margin
 # (allocator fragmentation, a larger batch at an epoch's end).
 MEASURED_HEADROOM = 1.1
+# How many of the most recent measured attempts a pass reads to lend their measurement to the first attempt of
+# a job of the same kind and spec (Salus: such jobs have the same memory profile, and a sweep resubmits one
+# spec many times). It bounds the pass's work however long the history grows.
+PROFILE_WINDOW = 5000
+
+
+def _measured_total(sharing) -> int:
+    """Device memory one shared attempt measured: persistent bytes plus the per-iteration peak."""
+    sharing = sharing or {}
+    return int(sharing.get("persistent") or 0) + int(sharing.get("ephemeral") or 0)
+
+
+def _bytes(value) -> int:
+    """A measured size read out of JSON by the database: a number, its text, or (unreported) null or 'null'."""
+    try:
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
+class _CanonicalSpecs(dict):
+    """A spec's JSON text as the database returns it -> its canonical JSON (keys sorted, no spaces), so that
+    identical specs compare equal whatever their key order; each distinct text is parsed once."""
+
+    def __missing__(self, text: str) -> str:
+        self[text] = canonical = json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+        return canonical
 
 
 def _measured_memory() -> dict:
@@ -84,24 +114,68 @@ def _measured_memory() -> dict:
     measured: dict = {}
     rows = Attempt.objects.filter(job__state=S.QUEUED, sharing__isnull=False).values_list("job_id", "sharing")
     for job_id, sharing in rows:
-        total = int((sharing or {}).get("persistent") or 0) + int((sharing or {}).get("ephemeral") or 0)
+        total = _measured_total(sharing)
         if total > measured.get(job_id, 0):
             measured[job_id] = total
     return measured
 
 
-def _queue_by_team(quotas: dict[int, Quota]) -> dict[int, deque]:
+def _measured_profiles(canonical: _CanonicalSpecs) -> dict:
+    """(kind, canonical spec) -> the most device memory one of the PROFILE_WINDOW most recent measured
+    attempts (running ones first, then by end, newest first) of a job of that kind and spec measured, in any
+    team: memory sizes are not secret, and specs are equal only when identical."""
+    profiles: dict = {}
+    # Only the two numbers and the spec's text come back: parsing 5,000 JSON documents was half the cost.
+    rows = (Attempt.objects.filter(sharing__isnull=False)
+            .annotate(spec_text=Cast("job__spec", TextField()), persistent=KeyTextTransform("persistent", "sharing"),
+                      ephemeral=KeyTextTransform("ephemeral", "sharing"))
+            .order_by(F("ended_at").desc(nulls_first=True))
+            .values_list("job__kind", "spec_text", "persistent", "ephemeral")[:PROFILE_WINDOW])
+    for kind, text, persistent, ephemeral in rows:
+        total = _bytes(persistent) + _bytes(ephemeral)
+        if total > 0:
+            key = (kind, canonical[text])
+            if total > profiles.get(key, 0):
+                profiles[key] = total
+    return profiles
+
+
+def _queue_by_team(quotas: dict[int, Quota]) -> tuple[dict[int, deque], dict]:
+    """The queued jobs of each team in priority order, and job id -> where the memory a job reserves came
+    from, for jobs that reserve a measurement instead of what they asked for."""
     queues: dict[int, list] = defaultdict(list)
+    notes: dict = {}
+    canonical = _CanonicalSpecs()
     measured = _measured_memory()
-    rows = Job.objects.filter(state=S.QUEUED).values_list("id", "team_id", "priority", "queued_at", "resources", "reason")
-    for job_id, team_id, priority, queued_at, resources, reason in rows:
-        if job_id in measured and 0 < float(resources.get("gpus", 0)) < 1 and not resources.get("gpu_memory"):
-            # A fractional job without an explicit memory request reserves what it measured, not a
-            # memory slice proportional to its share: it goes where that fits, or waits.
-            resources = {**resources, "gpu_memory": int(measured[job_id] * MEASURED_HEADROOM)}
+    profiles = _measured_profiles(canonical)
+    kinds = {kind for kind, _ in profiles}
+    rows = Job.objects.filter(state=S.QUEUED)
+    fields = ["id", "team_id", "priority", "queued_at", "resources", "reason"]
+    if kinds:  # specs matter only when a job of their kind measured something; fetched as text, not parsed
+        rows, fields = rows.annotate(spec_text=Cast("spec", TextField())), [*fields, "kind", "spec_text"]
+    lending, reserved = bool(measured or kinds), {}
+    # The headroom never makes a measurement that fits the largest device unplaceable.
+    largest = (Device.objects.aggregate(largest=Max("memory_total"))["largest"] or 0) if lending else 0
+    for job_id, team_id, priority, queued_at, resources, reason, *kind_spec in rows.values_list(*fields):
+        if lending and 0 < float(resources.get("gpus", 0)) < 1 and not resources.get("gpu_memory"):
+            # A fractional job without an explicit memory request reserves what it measured, not a memory
+            # slice proportional to its share: it goes where that fits, or waits. Its first attempt reserves
+            # what the latest jobs of its kind and spec measured; its own measurements take precedence.
+            used, source = measured.get(job_id, 0), "its earlier attempts measured"
+            if not used and kind_spec and kind_spec[0] in kinds:
+                kind, text = kind_spec
+                used, source = profiles.get((kind, canonical[text]), 0), "jobs with the same spec measured"
+            if used:
+                if (used, source) not in reserved:  # a sweep's jobs share a few of these
+                    memory = min(int(used * MEASURED_HEADROOM), max(used, largest))
+                    note = f"{memory / 2**30:.2f} GiB reserved: {MEASURED_HEADROOM:g} x what {source}"
+                    reserved[used, source] = memory, note
+                memory, notes[job_id] = reserved[used, source]
+                resources = {**resources, "gpu_memory": memory}
         boost = quotas[team_id].priority if team_id in quotas else 0
         queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason))
-    return {team: deque(sorted(items, key=lambda item: (item[0], item[1]))) for team, items in queues.items()}
+    ordered = {team: deque(sorted(items, key=lambda item: (item[0], item[1]))) for team, items in queues.items()}
+    return ordered, notes
 
 
 def _held_by_team() -> dict[int, float]:
@@ -121,7 +195,7 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         _lock()
         now = timezone.now()
         quotas = {quota.team_id: quota for quota in Quota.objects.all()}
-        queues = _queue_by_team(quotas)
+        queues, notes = _queue_by_team(quotas)
         if not queues:
             result.seconds = time.perf_counter() - started
             return result
@@ -154,6 +228,8 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
                 if not doomed:
                     failed_shapes.append((gpus, memory, workers, key))
                 why = "waiting: no node has free devices that fit"
+                if job_id in notes:
+                    why += f" ({notes[job_id]})"
                 if preemption_budget > 0 and workers == 1:
                     preemption_budget -= 1
                     victims = _preempt_for(job_id, -neg_priority, resources, selector, capacity, quotas)
@@ -167,7 +243,7 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         result.placed = len(placements)
         result.waiting = len(waiting)
         _set_reasons(waiting)
-        result.dispatches = _create_attempts(placements, now)
+        result.dispatches = _create_attempts(placements, now, notes)
         if dispatch and result.dispatches:
             from strata.scheduling.dispatch import publish_all
 
@@ -227,7 +303,9 @@ def _value_preparer(field):
     return lambda value: field.get_db_prep_save(value, connection)
 
 
-def _create_attempts(placements, now) -> list[tuple[str, str, str]]:
+def _create_attempts(placements, now, notes=None) -> list[tuple[str, str, str]]:
+    """Record an attempt, its allocations and a SCHEDULED event (with ``notes[job_id]``, where the memory it
+    reserves came from, if any) for each placement, and mark the jobs SCHEDULED. Returns the dispatches."""
     if not placements:
         return []
     job_ids = [job_id for job_id, _, _ in placements]
@@ -243,8 +321,10 @@ def _create_attempts(placements, now) -> list[tuple[str, str, str]]:
         for rank, slot, milli, memory in taken:
             allocations.append((attempt_id, slot.id, rank, milli / FULL, memory, True))
         where = ", ".join(sorted({f"{slot.index}" for _, slot, _, _ in taken}))
-        events.append((job_id, attempt_id, now, "state", {"state": S.SCHEDULED},
-                       f"SCHEDULED: attempt {number} placed on devices {where} ({share:g} GPU)"))
+        message = f"SCHEDULED: attempt {number} placed on devices {where} ({share:g} GPU)"
+        if notes and job_id in notes:
+            message += f"; {notes[job_id]}"
+        events.append((job_id, attempt_id, now, "state", {"state": S.SCHEDULED}, message))
         for node_id in dict.fromkeys(slot.node_id for _, slot, _, _ in taken):
             dispatches.append((f"node.{node_id}", str(attempt_id), token))
     changed = Job.objects.filter(pk__in=job_ids, state=S.QUEUED).update(

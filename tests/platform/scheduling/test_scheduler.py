@@ -312,3 +312,152 @@ def test_node_labels_select_nodes(alpha, submit, make_node, run_pass):
     run_pass()
     assert allocations(job)[0].device.node.name == "fast"
     assert state(other) == JobState.QUEUED
+
+
+# --- a shared job's first attempt borrows what jobs of the same kind and spec measured ------------------------
+
+SPEC = {"workload": "mlp-digits", "epochs": 1}  # the spec every job of the ``submit`` fixture has
+
+
+@pytest.fixture
+def finished(make_team, make_user, submit):
+    """A finished quarter-GPU job of another team whose shared attempt measured ``persistent + ephemeral``
+    bytes; ``ended=False`` leaves the attempt running (its node still reports it)."""
+    beta = make_team("beta")
+    bob = make_user("bob", beta)
+
+    def make(persistent: int | None, ephemeral: int | None, *, spec=SPEC, kind: str = "train", ended: bool = True,
+             state=JobState.SUCCEEDED, name: str = "done"):
+        job = submit(bob, beta, gpus=0.25, name=name)
+        Job.objects.filter(pk=job.pk).update(state=state, kind=kind, spec=spec)
+        Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now() if ended else None,
+                               outcome="succeeded" if ended else "",
+                               sharing={"policy": "fair", "lane": 0, "persistent": persistent, "ephemeral": ephemeral})
+        return job
+
+    return make
+
+
+def with_spec(job, spec, kind: str = "train"):
+    Job.objects.filter(pk=job.pk).update(spec=spec, kind=kind)
+    return job
+
+
+def test_a_first_attempt_reserves_what_a_job_of_the_same_spec_measured(alpha, submit, make_node, run_pass,
+                                                                      finished):
+    from strata.jobs.models import JobEvent
+
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    finished(GiB, GiB // 2)  # another team's job of the same spec measured 1.5 GiB
+    job = submit(user, team, gpus=0.25, name="sweep-2")
+    assert not Attempt.objects.filter(job=job).exists()
+    run_pass()
+    assert state(job) == JobState.SCHEDULED
+    (allocation,) = allocations(job)
+    assert allocation.memory == int(1.5 * GiB * 1.1)  # not 0.25 x 8 GiB = 2 GiB
+    assert allocation.share == pytest.approx(0.25)
+    event = JobEvent.objects.filter(job=job, kind="state", data__state=JobState.SCHEDULED).get()
+    assert event.message.endswith("; 1.65 GiB reserved: 1.1 x what jobs with the same spec measured")
+
+
+def test_borrowed_measurements_let_two_jobs_share_a_device_their_shares_would_not(alpha, submit, make_node,
+                                                                                  run_pass, finished):
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    holder = with_spec(submit(user, team, gpus=0.25, memory=5 * GiB, name="holder"), {"other": True})
+    run_pass()
+    assert state(holder) == JobState.SCHEDULED  # n1's device: 0.75 GPU and 3 GiB left
+    finished(GiB, GiB // 4)  # 1.25 GiB measured: 1.375 GiB reserved each, 2.75 GiB for both
+    jobs = [submit(user, team, gpus=0.25, name=f"sweep-{i}") for i in range(2)]
+    assert run_pass().placed == 2, "two proportional slices (2 x 2 GiB) would not fit the 3 GiB left"
+    assert [a.memory for job in jobs for a in allocations(job)] == [int(1.25 * GiB * 1.1)] * 2
+    assert {a.device.node.name for job in jobs for a in allocations(job)} == {"n1"}
+
+
+def test_a_borrowed_measurement_places_a_first_attempt_elsewhere(alpha, submit, make_node, run_pass, finished):
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    holder = with_spec(submit(user, team, gpus=0.5, memory=6 * GiB, name="holder"), {"other": True})
+    run_pass()
+    assert state(holder) == JobState.SCHEDULED  # n1's device: 0.5 GPU and 2 GiB left
+    finished(2 * GiB, GiB)  # 3 GiB measured: 3.3 GiB reserved, which n1 no longer has
+    job = submit(user, team, gpus=0.25, name="sweep")
+    run_pass()
+    assert state(job) == JobState.QUEUED
+    assert Job.objects.get(pk=job.pk).reason == (
+        "waiting: no node has free devices that fit (3.30 GiB reserved: 1.1 x what jobs with the same spec measured)")
+    make_node("n2", gpus=1, memory=8 * GiB)
+    # A job of another spec reserves its proportional 2 GiB, which n1 still has (best fit puts it there).
+    control = with_spec(submit(user, team, gpus=0.25, name="control"), {"workload": "mlp-digits", "epochs": 2})
+    assert run_pass().placed == 2
+    (allocation,) = allocations(job)
+    assert allocation.device.node.name == "n2" and allocation.memory == int(3 * GiB * 1.1)
+    (allocation,) = allocations(control)
+    assert allocation.device.node.name == "n1" and allocation.memory == 2 * GiB
+
+
+def test_only_the_same_kind_and_spec_lend_a_measurement(alpha, submit, make_node, run_pass, finished):
+    user, team = alpha
+    make_node("n1", gpus=4, memory=8 * GiB)
+    finished(GiB, GiB // 2, spec={"epochs": 1, "workload": "mlp-digits"})  # SPEC, keys in another order
+    finished(3 * GiB, 0, kind="tune", name="other-kind")
+    same = submit(user, team, gpus=0.25, name="same")
+    other_spec = with_spec(submit(user, team, gpus=0.25, name="other-spec"), {"workload": "mlp-digits", "epochs": 2})
+    other_kind = with_spec(submit(user, team, gpus=0.25, name="other-kind"), SPEC, kind="tune2")
+    explicit = submit(user, team, gpus=0.25, memory=GiB, name="explicit")  # an explicit request is kept
+    whole = submit(user, team, gpus=1, name="whole")  # whole devices are not shared
+    assert run_pass().placed == 5
+    assert [a.memory for a in allocations(same)] == [int(1.5 * GiB * 1.1)]
+    assert [a.memory for a in allocations(other_spec)] == [2 * GiB]
+    assert [a.memory for a in allocations(other_kind)] == [2 * GiB]
+    assert [a.memory for a in allocations(explicit)] == [GiB]
+    assert [a.memory for a in allocations(whole)] == [8 * GiB]
+    assert Job.objects.get(pk=other_spec.pk).reason == "placed; waiting for the node to start it"
+
+
+def test_a_jobs_own_measurement_wins_over_a_borrowed_one(alpha, submit, make_node, run_pass, finished):
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    finished(3 * GiB, GiB)  # 4 GiB measured by another job of the same spec
+    job = submit(user, team, gpus=0.25, name="rerun")
+    Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now(), outcome="node_lost",
+                           sharing={"lane": 0, "persistent": GiB // 2, "ephemeral": GiB // 2})
+    run_pass()
+    (allocation,) = allocations(job)
+    assert allocation.memory == int(GiB * 1.1)
+
+
+def test_the_most_recent_measurements_are_read_first(alpha, submit, make_node, run_pass, finished, monkeypatch):
+    from strata.scheduling import services
+
+    user, team = alpha
+    make_node("n1", gpus=4, memory=8 * GiB)
+    old = finished(4 * GiB, 0, name="old")
+    Attempt.objects.filter(job=old).update(ended_at=timezone.now() - timedelta(days=1))
+    finished(GiB, 0, name="newer")
+    finished(None, None, name="unreported")  # the service reported no sizes (yet): skipped
+    Attempt.objects.filter(job__name="unreported").update(sharing={"lane": 0, "persistent": None})
+    monkeypatch.setattr(services, "PROFILE_WINDOW", 3)
+    first = submit(user, team, gpus=0.25, name="first")
+    run_pass()
+    assert [a.memory for a in allocations(first)] == [int(4 * GiB * 1.1)]  # the largest of the window
+    monkeypatch.setattr(services, "PROFILE_WINDOW", 2)
+    second = submit(user, team, gpus=0.25, name="second")
+    run_pass()
+    assert [a.memory for a in allocations(second)] == [int(GiB * 1.1)]  # the day-old attempt is out of it
+    finished(2 * GiB, 0, ended=False, state=JobState.RUNNING, name="running")  # a running attempt is newest
+    monkeypatch.setattr(services, "PROFILE_WINDOW", 1)
+    third = submit(user, team, gpus=0.25, name="third")
+    run_pass()
+    assert [a.memory for a in allocations(third)] == [int(2 * GiB * 1.1)]
+
+
+def test_headroom_never_makes_a_measurement_that_fits_unplaceable(alpha, submit, make_node, run_pass, finished):
+    user, team = alpha
+    make_node("n1", gpus=1, memory=8 * GiB)
+    finished(7 * GiB, GiB // 2)  # 7.5 GiB measured: x 1.1 would be 8.25 GiB, more than any device
+    job = submit(user, team, gpus=0.25, name="big")
+    run_pass()
+    (allocation,) = allocations(job)
+    assert allocation.memory == 8 * GiB  # capped at the largest device, still at least what was measured
