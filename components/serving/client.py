@@ -10,6 +10,8 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
+import threading
 from typing import Any
 
 import grpc
@@ -62,15 +64,37 @@ def decode(message: serving_pb2.Tensor) -> np.ndarray:
     return np.frombuffer(message.data, dtype=wire).reshape(tuple(message.shape)).astype(wire.newbyteorder("="))
 
 
+_channels: dict[str, tuple[grpc.Channel, serving_pb2_grpc.InferenceStub]] = {}
+_channels_lock = threading.Lock()
+
+
+def _stub(address: str) -> serving_pb2_grpc.InferenceStub:
+    """One channel per address for the life of the process: a new channel per call costs a TCP and HTTP/2
+    handshake, about 1 ms of every request on loopback. Channels are thread-safe and reconnect by themselves."""
+    with _channels_lock:
+        if address not in _channels:
+            options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+            channel = grpc.insecure_channel(address, options=options)
+            _channels[address] = channel, serving_pb2_grpc.InferenceStub(channel)
+        return _channels[address][1]
+
+
+@atexit.register
+def close_channels() -> None:
+    """Close every cached channel (they are also closed when the process exits)."""
+    with _channels_lock:
+        channels = [channel for channel, _ in _channels.values()]
+        _channels.clear()
+    for channel in channels:
+        channel.close()
+
+
 def _call(address: str, method: str, request: Any, timeout: float | None) -> Any:
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = serving_pb2_grpc.InferenceStub(channel)
-        try:
-            return getattr(stub, method)(request, timeout=timeout)
-        except grpc.RpcError as error:
-            raise ServingError(error.code(), error.details() or "") from None
+    try:
+        return getattr(_stub(address), method)(request, timeout=timeout)
+    except grpc.RpcError as error:
+        raise ServingError(error.code(), error.details() or "") from None
 
 
 def predict(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0) -> np.ndarray:
@@ -106,4 +130,4 @@ def describe(address: str, timeout: float | None = 5.0) -> dict[str, Any]:
     }
 
 
-__all__ = ["ServingError", "decode", "describe", "encode", "predict", "predict_timed"]
+__all__ = ["ServingError", "close_channels", "decode", "describe", "encode", "predict", "predict_timed"]

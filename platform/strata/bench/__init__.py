@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, str] = {
     "dashboard": "strata.bench.dashboard:main",
     # Runs on a node's Python (torch); imported only when this benchmark is asked for.
     "gpushare": "components.gpushare.bench:main",
+    "serving": "components.serving.bench:main",
 }
 
 

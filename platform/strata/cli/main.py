@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
 
     bench = commands.add_parser("bench", help="run a benchmark")
-    bench.add_argument("component", help="what to measure: control-plane, dashboard, gpushare")
+    bench.add_argument("component", help="what to measure: control-plane, dashboard, gpushare, serving")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     bench.add_argument("--output", help="also write the results as JSON here")
     return parser

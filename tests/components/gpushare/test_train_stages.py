@@ -166,10 +166,13 @@ def test_a_high_priority_job_preempts_a_train_loop_within_one_stage_and_the_loop
     assert_same_run(loop, ctx, plain, plain_ctx)
 
 
-def test_an_inference_request_preempts_a_train_loop_at_a_stage_boundary(tmp_path):
+@pytest.mark.parametrize("operator_preemption", [False, True])
+def test_an_inference_request_preempts_a_train_loop_at_a_stage_boundary(tmp_path, operator_preemption):
+    """Requests are served at the next stage boundary (the loop yields), or, with operator-level preemption,
+    in place between two of the step's operators; either way the run is bit-identical to an unpreempted one."""
     spec = TrainSpec().validate({"workload": "tiny-gpt", "hidden": 64, "batch_size": 32, "max_steps": 10})
     loop, ctx = make_loop(tmp_path, "train", spec)
-    session = TrainLoopSession(loop)
+    session = TrainLoopSession(loop, operator_preemption=operator_preemption)
     model = torch.nn.Linear(8, 2)
     with DeviceExecutor("cpu", "1GiB", "pack") as executor:
         executor.serve("served", InferenceSession(model), MemoryRequest(2**16, 2**16))
@@ -181,7 +184,10 @@ def test_an_inference_request_preempts_a_train_loop_at_a_stage_boundary(tmp_path
             executor.infer("served", torch.ones(1, 8)).result(10)
         status = executor.wait("train", 60)
     assert status["state"] == "succeeded"
-    assert session.yields >= 1
+    if operator_preemption:
+        assert session.inline_points >= 1 and session.yields == 0
+    else:
+        assert session.yields >= 1 and session.inline_points == 0
     plain, plain_ctx = make_loop(tmp_path, "plain", spec)
     assert plain.run()
     assert_same_run(loop, ctx, plain, plain_ctx)
