@@ -235,10 +235,14 @@ class DeviceService:
             return {"ok": False, "reason": f"rejected by the device service: {admission.reason}"}, None
         owned.append(attempt_id)
         threading.Thread(target=self._wait, args=(entry,), name=f"wait-{attempt_id[:8]}", daemon=True).start()
-        reply = {"ok": True, "pid": os.getpid(), "attempt": attempt_id,
-                 "admission": {"status": admission.status, "lane": admission.lane,
-                               "position": admission.position, "reason": admission.reason}}
-        return reply, entry.acked.set
+        return self._accepted(entry, admission), entry.acked.set
+
+    @staticmethod
+    def _accepted(entry: _Attempt, admission) -> dict:
+        """The reply to a ``run`` the service took: its pid and the job's admission (admitted or waiting)."""
+        return {"ok": True, "pid": os.getpid(), "attempt": entry.attempt_id,
+                "admission": {"status": admission.status, "lane": admission.lane,
+                              "position": admission.position, "reason": admission.reason}}
 
     def _run_serve(self, payload: dict, send, owned: list[str]) -> tuple[dict, Any]:
         """A ``serve`` attempt: its model becomes an inference endpoint of this device's executor (a lane of its
@@ -279,9 +283,7 @@ class DeviceService:
         threading.Thread(target=self._watch_serving, args=(entry,), name=f"serve-{attempt_id[:8]}",
                          daemon=True).start()
         threading.Thread(target=self._wait, args=(entry,), name=f"wait-{attempt_id[:8]}", daemon=True).start()
-        reply = {"ok": True, "pid": os.getpid(), "attempt": attempt_id,
-                 "admission": {"status": "admitted", "lane": None, "position": None, "reason": ""}}
-        return reply, entry.acked.set
+        return self._accepted(entry, handle.admission), entry.acked.set
 
     @staticmethod
     def _watch_serving(entry: _Attempt, interval: float = SERVING_REPORT_S) -> None:

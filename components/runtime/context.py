@@ -115,6 +115,10 @@ class Context(abc.ABC):
     def flush(self) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
         """Push buffered reports out; called by the runtime when ``run`` returns."""
 
+    def close(self) -> None:
+        """Flush, and release what the context holds (threads, downloaded files); once, when the attempt ends."""
+        self.flush()
+
 
 @dataclass
 class LocalContext(Context):
