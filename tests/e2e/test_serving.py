@@ -109,3 +109,14 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     assert cluster.job(busy)["state"] == "RUNNING"
     cluster.api("POST", f"jobs/{busy}/cancel/")
     assert cluster.wait_state(busy, TERMINAL, 60)["state"] == "CANCELLED"
+
+    # A whole-GPU serve job runs the same endpoint in a child process of its own.
+    whole = cluster.submit({"name": "e2e-serve-whole", "kind": "serve", "resources": {"gpus": 1},
+                            "spec": {"model": {"job": trained}}})["id"]
+    address = wait_for(lambda: cluster.job(whole).get("endpoint"), 90, message="the whole-GPU endpoint")
+    assert training_children(cluster.process.pid), "a whole-GPU serve job runs in a child process"
+    scores = predict(address, x_test[:50])
+    assert (scores.argmax(axis=1) == y_test[:50]).mean() > 0.85
+    cluster.api("POST", f"jobs/{whole}/cancel/")
+    assert cluster.wait_state(whole, TERMINAL, 60)["state"] == "CANCELLED"
+    wait_for(lambda: not training_children(cluster.process.pid), 30, message="the child to exit")
