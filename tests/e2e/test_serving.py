@@ -75,11 +75,12 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     assert cluster.job(busy)["state"] == "RUNNING"
 
     # The CLI sends rows from a file and prints the scores and classes.
-    (tmp_path / "rows.json").write_text(json.dumps({"inputs": x_test[:3].tolist()}))
+    (tmp_path / "rows.json").write_text(json.dumps({"inputs": (x_test[:3] * 16).round().astype(int).tolist()}))
     answer = cluster.cli("infer", served, "--input", str(tmp_path / "rows.json"))
     assert answer.returncode == 0, (answer.stdout, answer.stderr)
     printed = json.loads(answer.stdout)
-    assert printed["argmax"] == predict(address, x_test[:3]).argmax(axis=1).tolist()
+    # Whole numbers in JSON are sent as the model's float32 input, not as int64 (an INVALID_ARGUMENT).
+    assert printed["argmax"] == predict(address, (x_test[:3] * 16).round()).argmax(axis=1).tolist()
     bad = cluster.cli("infer", served, "--input", "-", env=None)
     assert bad.returncode != 0 and "error" in bad.stderr
 

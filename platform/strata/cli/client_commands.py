@@ -128,10 +128,13 @@ def infer(args) -> int:
     rows = data.get("inputs") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{args.input} must hold a non-empty list of rows, or {{\"inputs\": [...]}}")
-    from components.serving.client import ServingError, predict  # grpc, numpy: only for this command
+    from components.serving.client import ServingError, describe, predict  # grpc, numpy: only for this command
 
     try:
-        outputs = predict(job["endpoint"], rows, timeout=args.timeout)
+        # JSON has no float32 or int64: send the rows as the model's input type ([[0, 5, 16]] is floats for a
+        # digits model, token ids for a language model).
+        dtype = describe(job["endpoint"], timeout=args.timeout)["input_dtype"]
+        outputs = predict(job["endpoint"], rows, dtype=dtype, timeout=args.timeout)
     except ServingError as error:
         raise RuntimeError(str(error)) from None
     answer = {"outputs": outputs.tolist()}
