@@ -128,7 +128,11 @@ def infer(args) -> int:
     rows = data.get("inputs") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{args.input} must hold a non-empty list of rows, or {{\"inputs\": [...]}}")
-    from components.serving.client import ServingError, describe, predict  # grpc, numpy: only for this command
+    from components.serving.client import (  # grpc, numpy: only for this command
+        ServingError,
+        describe,
+        predict,
+    )
 
     try:
         # JSON has no float32 or int64: send the rows as the model's input type ([[0, 5, 16]] is floats for a
