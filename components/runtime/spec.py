@@ -54,6 +54,11 @@ class KindSpec(abc.ABC):
         """Other jobs a normalized ``spec`` reads artifacts from (none by default)."""
         return []
 
+    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any]) -> str | None:
+        """Why the source job (of the right kind, SUCCEEDED, with the artifact) still cannot be read from, given
+        its spec; None when it can. Checked at submit."""
+        return None
+
 
 class Checker:
     """Collects field errors while a spec is validated, so a user sees every bad field at once."""

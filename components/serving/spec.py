@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
 FIELDS = {"model", "port", "request_timeout_s", "max_rows"}
+SERVABLE_WORKLOADS = ("mlp-digits", "cnn-synthetic", "tiny-gpt")  # components.serving.model.BUILDERS
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
 
@@ -51,6 +52,13 @@ class ServeSpec(KindSpec):
 
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
         return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind="train", artifact="model.pt")]
+
+    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any]) -> str | None:
+        if source_spec.get("entrypoint"):
+            # Its model class is user code that the serving side cannot rebuild (components.serving.model).
+            return (f"job {ref.job} trained user code ({source_spec['entrypoint']}); only built-in workloads "
+                    f"can be served: {', '.join(SERVABLE_WORKLOADS)}")
+        return None
 
     def json_schema(self) -> dict[str, Any]:
         return {

@@ -99,8 +99,9 @@ def check_sources(team, kind: str, spec: dict) -> None:
     artifact. Another team's job is reported exactly like a missing one."""
     from components.runtime.registry import get_kind
 
-    for ref in get_kind(kind).sources(spec):
-        source = Job.objects.filter(pk=ref.job, team=team).only("kind", "state").first()
+    kind_spec = get_kind(kind)
+    for ref in kind_spec.sources(spec):
+        source = Job.objects.filter(pk=ref.job, team=team).only("kind", "state", "spec").first()
         if source is None:
             raise SubmitRejected(ref.field, f"no job {ref.job} in team {team.slug}")
         if source.kind != ref.kind:
@@ -109,6 +110,8 @@ def check_sources(team, kind: str, spec: dict) -> None:
             raise SubmitRejected(ref.field, f"job {ref.job} is {source.state}; it must have SUCCEEDED")
         if not Artifact.objects.filter(job_id=source.pk, name=ref.artifact, kind=Artifact.Kind.ARTIFACT).exists():
             raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
+        if problem := kind_spec.source_problem(ref, source.spec):
+            raise SubmitRejected(ref.field, problem)
 
 
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:

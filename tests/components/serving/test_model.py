@@ -90,3 +90,10 @@ def test_bad_files_fail_clearly(tmp_path, digits_model):
     torch.save({**saved, "workload": "cnn-synthetic"}, tmp_path / "mislabelled.pt")
     with pytest.raises(ValueError, match="no 4-d tensor '0.weight'"):
         load_served_model(tmp_path / "mislabelled.pt")
+
+
+def test_the_light_spec_names_exactly_the_workloads_that_can_be_rebuilt():
+    from components.serving.model import BUILDERS
+    from components.serving.spec import SERVABLE_WORKLOADS
+
+    assert set(SERVABLE_WORKLOADS) == set(BUILDERS)

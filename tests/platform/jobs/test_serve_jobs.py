@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from strata.jobs.models import Attempt, JobEvent, JobState
+from strata.jobs.models import Attempt, Job, JobEvent, JobState
 
 NODE = "/api/v1/node/attempts"
 
@@ -80,6 +80,13 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     assert no_model.state == JobState.SUCCEEDED
     response = _serve(client, no_model.pk)
     assert response.json() == {"spec.model.job": [f"job {no_model.pk} has no model.pt artifact"]}
+
+    user_code = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    Job.objects.filter(pk=user_code.pk).update(spec={"entrypoint": "my_pkg.train:main", "epochs": 1})
+    response = _serve(client, user_code.pk)
+    assert response.json() == {"spec.model.job": [
+        f"job {user_code.pk} trained user code (my_pkg.train:main); only built-in workloads can be served: "
+        "mlp-digits, cnn-synthetic, tiny-gpt"]}
 
     good = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
     response = _serve(client, good.pk)
