@@ -21,6 +21,7 @@ import yaml
 from django.conf import settings
 
 from components.runtime.registry import get_kind
+from strata.api.values import value_problems
 from strata.jobs.api.serializers import SUBMIT_FIELDS, JobSubmitSerializer
 from strata.jobs.selectors import SubmitTeamError, submit_team
 
@@ -288,9 +289,13 @@ def parse_document(text: str) -> dict[str, Any]:
             raise DocumentError(f"invalid YAML: {problem}") from None
         except RecursionError:
             raise DocumentError("the document is nested too deeply") from None
+        except ValueError as error:  # an integer too long to convert (Python's 4300-digit limit)
+            raise DocumentError(f"invalid YAML: a number is out of range ({str(error).split(':')[0]})") from None
     if not isinstance(data, dict):
         raise DocumentError("the document must be a mapping with at least 'kind' and 'spec'")
     _check_json_values(data, "", 0)
+    if problems := value_problems(data):
+        raise DocumentError("; ".join(f"{field}: {message}" for field, message in problems.items()))
     return data
 
 

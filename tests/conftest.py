@@ -153,3 +153,48 @@ def run_pass(db):
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+class LoginClock:
+    """The login guard's injected clock (``strata.accounts.login_guard.clock``), moved by the tests."""
+
+    def __init__(self):
+        from django.utils import timezone
+
+        self.now = timezone.now()
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        from datetime import timedelta
+
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def login_policy(settings):
+    """The login guard's documented defaults, whatever the environment says."""
+    settings.STRATA_LOGIN_FREE_FAILURES = 5
+    settings.STRATA_LOGIN_LOCKOUT_FAILURES = 10
+    settings.STRATA_LOGIN_ADDRESS_FREE_FAILURES = 20
+    settings.STRATA_LOGIN_ADDRESS_LOCKOUT_FAILURES = 50
+    settings.STRATA_LOGIN_USER_FREE_FAILURES = 10
+    settings.STRATA_LOGIN_BACKOFF_SECONDS = 1.0
+    settings.STRATA_LOGIN_BACKOFF_MAX_SECONDS = 60.0
+    settings.STRATA_LOGIN_LOCKOUT_SECONDS = 900.0
+    settings.STRATA_LOGIN_WINDOW_SECONDS = 3600.0
+    settings.STRATA_LOGIN_KNOWN_ADDRESS_DAYS = 30.0
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 0}
+    return settings
+
+
+@pytest.fixture
+def login_clock(db, login_policy, monkeypatch):
+    """The login guard's clock, under the documented policy; old counters are never purged at random."""
+    from strata.accounts import login_guard
+
+    now = LoginClock()
+    monkeypatch.setattr(login_guard, "clock", now)
+    monkeypatch.setattr(login_guard, "PURGE_CHANCE", 0.0)
+    return now

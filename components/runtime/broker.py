@@ -1,13 +1,57 @@
 """Celery broker configuration shared by the control plane and the node agents.
 
 ``filesystem:///abs/dir`` is the embedded broker: kombu's filesystem transport spooling messages as files in
-one directory, so ``strata up`` needs no server. ``redis://`` and ``amqp://`` URLs pass through unchanged.
+one directory (written atomically: :class:`AtomicFilesystemTransport`), so ``strata up`` needs no server.
+``redis://`` and ``amqp://`` URLs pass through unchanged.
 """
 
 from __future__ import annotations
 
+import os
+import uuid
+from contextlib import suppress
 from pathlib import Path
+from time import monotonic
 from urllib.parse import urlparse
+
+from kombu.exceptions import ChannelError
+from kombu.transport import TRANSPORT_ALIASES, filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
+
+# The embedded broker's transport: kombu's filesystem transport, with messages written atomically (below).
+EMBEDDED_SCHEME = "strata-filesystem"
+
+
+class _AtomicChannel(filesystem.Channel):
+    """Writes each message under a temporary name and renames it into place when complete.
+
+    kombu's own ``_put`` creates ``<time>_<uuid>.<queue>.msg`` and then writes into it, while a consumer in
+    another process lists the folder and moves any ``.msg`` file away at once: it can take an empty or partial
+    file, fail to decode it, and crash the consuming worker (the message is lost with it). A rename is atomic on
+    POSIX, and the temporary name does not end in ``.<queue>.msg``, so a consumer only ever sees whole messages.
+    """
+
+    def _put(self, queue, payload, **kwargs):
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        partial = os.path.join(self.data_folder_out, f".{name}.partial")
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(str_to_bytes(dumps(payload)))
+            os.replace(partial, final)
+        except OSError as error:
+            with suppress(OSError):
+                os.unlink(partial)
+            raise ChannelError(f"Cannot add file {final!r} to directory") from error
+
+
+class AtomicFilesystemTransport(filesystem.Transport):
+    Channel = _AtomicChannel
+
+
+# Every process that builds broker settings imports this module first, so the scheme resolves everywhere.
+TRANSPORT_ALIASES.setdefault(EMBEDDED_SCHEME, f"{__name__}:AtomicFilesystemTransport")
 
 # Celery settings both sides must agree on: JSON only, late acks, one message at a time.
 COMMON_CELERY_SETTINGS = {
@@ -34,7 +78,7 @@ def celery_broker_options(url: str, prefix: str | None = None) -> dict:
         for folder in ("queue", "processed", "control"):
             (spool / folder).mkdir(parents=True, exist_ok=True)
         return {
-            "broker_url": "filesystem://",
+            "broker_url": f"{EMBEDDED_SCHEME}://",
             "broker_transport_options": {
                 "data_folder_in": str(spool / "queue"),
                 "data_folder_out": str(spool / "queue"),

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import requests
 
 RETRY_STATUSES = {502, 503, 504}
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as the control plane stores it: NUL characters and lone surrogates (which it refuses with a
+    400) become U+FFFD, so one odd byte in a job's output never blocks its reports."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 class ApiError(Exception):
@@ -18,11 +26,19 @@ class ApiError(Exception):
         super().__init__(message)
 
 
+def _plain_text(body: str, limit: int = 200) -> str:
+    """A non-JSON error body (a proxy's HTML page, say) as one short line: its title, else its text."""
+    title = re.search(r"<title[^>]*>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
+    text = title.group(1) if title else re.sub(r"<[^>]+>", " ", body)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _describe(response: requests.Response) -> tuple[str, Any]:
     try:
         payload = response.json()
     except ValueError:
-        return f"HTTP {response.status_code}: {response.text[:200]}", None
+        return f"HTTP {response.status_code}: {_plain_text(response.text)}", None
     if isinstance(payload, dict) and "detail" in payload and len(payload) == 1:
         return f"HTTP {response.status_code}: {payload['detail']}", payload
     if isinstance(payload, dict):

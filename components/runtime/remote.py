@@ -8,12 +8,13 @@ about a second even when the worker's own poll is slower.
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.runtime.client import ApiError, ControlPlaneClient
+from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 from components.runtime.context import Context
 
 log = logging.getLogger(__name__)
@@ -46,12 +47,17 @@ class RemoteContext(Context):
 
     def log(self, message: str, level: str = "info") -> None:
         with self._lock:
-            self._logs.append({"level": level, "message": str(message)})
+            self._logs.append({"level": storable_text(str(level))[:16], "message": storable_text(str(message))})
 
     def metrics(self, values: dict[str, float], step: int) -> None:
+        points = [{"name": storable_text(str(name)), "step": int(step), "value": float(value)}
+                  for name, value in values.items()]
+        bad = [point["name"] for point in points if not math.isfinite(point["value"])]
         with self._lock:
-            self._metrics.extend({"name": name, "step": int(step), "value": float(value)}
-                                 for name, value in values.items())
+            self._metrics.extend(point for point in points if math.isfinite(point["value"]))
+            if bad:  # JSON has no NaN or infinity: say so in the log rather than lose the whole report
+                self._logs.append({"level": "warning",
+                                   "message": f"step {int(step)}: {', '.join(bad)} not finite; not recorded"})
 
     def flush(self) -> None:
         with self._lock:
@@ -65,6 +71,9 @@ class RemoteContext(Context):
             if error.status == 409:  # this attempt was ended by the control plane: stop at once
                 self.stale = True
                 self.request_stop()
+                return
+            if error.status == 400:  # the control plane will never take this batch: drop it, keep running
+                log.warning("report refused, %d log lines and %d metrics dropped: %s", len(logs), len(metrics), error)
                 return
             with self._lock:  # keep them for the next flush
                 self._logs[:0], self._metrics[:0] = logs, metrics

@@ -107,6 +107,13 @@ class Checker:
             self.errors[self._path(name)] = f"must be one of: {', '.join(choices)}"
         return value
 
+    def not_null(self, *names: str) -> None:
+        """Report each of ``names`` that is present and null: for fields whose null is no value (``number``
+        and ``string`` return None for an explicit null, which only a nullable field may take)."""
+        for name in names:
+            if name in self.spec and self.spec[name] is None:
+                self.errors[self._path(name)] = "must not be null"
+
     def boolean(self, name: str, default: bool) -> bool:
         value = self.spec.get(name, default)
         if not isinstance(value, bool):

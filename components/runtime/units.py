@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _BYTE_UNITS = {
@@ -35,11 +36,16 @@ def parse_bytes(value: int | float | str) -> int:
     if isinstance(value, int | float):
         if value < 0 or value != value:  # NaN is the only value unequal to itself
             raise ValueError("a size cannot be negative")
+        if value == math.inf:
+            raise ValueError("a size must be finite")
         return int(value)
     match = _QUANTITY.match(str(value))
     if not match or match.group(2).lower() not in _BYTE_UNITS:
-        raise ValueError(f"invalid size {value!r}: use a number with an optional unit such as 512MiB or 8GiB")
-    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+        raise ValueError(f"invalid size {_shown(value)}: use a number with an optional unit such as 512MiB or 8GiB")
+    size = float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
+    if not math.isfinite(size):
+        raise ValueError(f"size {_shown(value)} is too large")
+    return int(size)
 
 
 def parse_duration(value: int | float | str) -> float:
@@ -49,8 +55,22 @@ def parse_duration(value: int | float | str) -> float:
     if isinstance(value, int | float):
         if value < 0 or value != value:
             raise ValueError("a duration cannot be negative")
-        return float(value)
-    match = _QUANTITY.match(str(value))
-    if not match or match.group(2).lower() not in _DURATION_UNITS:
-        raise ValueError(f"invalid duration {value!r}: use seconds or a unit such as 90s, 15m, 2h")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("a duration must be finite") from None
+    else:
+        match = _QUANTITY.match(str(value))
+        if not match or match.group(2).lower() not in _DURATION_UNITS:
+            raise ValueError(f"invalid duration {_shown(value)}: use seconds or a unit such as 90s, 15m, 2h")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be finite")
+    return seconds
+
+
+def _shown(value) -> str:
+    """``value`` quoted for a message, shortened, and escaped where it could not be encoded."""
+    text = str(value)
+    text = text if len(text) <= 40 else text[:40] + "..."
+    return repr(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))

@@ -21,7 +21,7 @@ from pathlib import Path
 from celery import Celery
 
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
-from components.runtime.client import ApiError, ControlPlaneClient
+from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 
 log = logging.getLogger("strata.node.worker")
 STOP_GRACE_SECONDS = float(os.environ.get("STRATA_STOP_GRACE_SECONDS", "10"))
@@ -224,7 +224,7 @@ class AttemptRunner:
             line = line.rstrip("\n")
             self.tail.append(line)
             with self.logs_lock:
-                self.pending_logs.append({"level": "stdout", "message": f"[rank {rank}] {line}"})
+                self.pending_logs.append({"level": "stdout", "message": storable_text(f"[rank {rank}] {line}")})
         stream.close()
 
     def start(self, claim: dict) -> None:
@@ -264,6 +264,9 @@ class AttemptRunner:
         except ApiError as error:
             if error.status == 409:
                 return True
+            if error.status == 400:  # the control plane will never take these: drop them, keep running
+                log.warning("attempt %s: report refused, %d log lines dropped: %s", self.attempt_id, len(logs), error)
+                return False
             with self.logs_lock:
                 self.pending_logs[:0] = logs
             return False

@@ -26,13 +26,19 @@ _WIRE = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
 class ServingError(Exception):
     """A call the endpoint answered with an error status (or could not be reached: ``UNAVAILABLE``).
 
-    ``code`` is the :class:`grpc.StatusCode`, ``details`` the server's explanation.
+    ``code`` is the :class:`grpc.StatusCode`, ``details`` the server's explanation, on one line (a malformed
+    request is ``INVALID_ARGUMENT`` with details naming what is wrong).
     """
 
     def __init__(self, code: grpc.StatusCode, details: str):
+        details = _one_line(details)
         super().__init__(f"{code.name}: {details}")
         self.code = code
         self.details = details
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
 
 
 def _wire_dtype(array: np.ndarray, dtype: str | None) -> str:
@@ -50,10 +56,17 @@ def _wire_dtype(array: np.ndarray, dtype: str | None) -> str:
 
 def encode(array_like: Any, dtype: str | None = None) -> serving_pb2.Tensor:
     """``array_like`` as a wire tensor: cast to ``dtype`` ("float32" / "int64"), by default float32 for floats
-    and int64 for integers."""
-    array = np.asarray(array_like)
+    and int64 for integers. Raises ``ValueError`` (one line) when ``array_like`` is not a rectangular array of
+    numbers of that type."""
+    try:
+        array = np.asarray(array_like)
+    except (ValueError, TypeError, OverflowError) as error:  # ragged rows, say
+        raise ValueError(f"the rows are not a rectangular array of numbers: {_one_line(error)}") from None
     name = _wire_dtype(array, dtype)
-    data = np.ascontiguousarray(array, dtype=_WIRE[name]).tobytes()
+    try:
+        data = np.ascontiguousarray(array, dtype=_WIRE[name]).tobytes()
+    except (ValueError, TypeError, OverflowError) as error:  # "abc", or an integer past int64
+        raise ValueError(f"the rows cannot be sent as {name}: {_one_line(error)}") from None
     return serving_pb2.Tensor(shape=list(array.shape), dtype=name, data=data)
 
 

@@ -6,6 +6,8 @@ on its shared executor instead; this component is the path where the attempt has
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import socket
 import time
@@ -15,18 +17,71 @@ from components.runtime.component import Component
 from components.runtime.context import Context
 from components.serving.spec import ServeSpec
 
-HOST_ENV = "STRATA_SERVING_HOST"  # interface the endpoint binds; 0.0.0.0 to serve other machines
+log = logging.getLogger(__name__)
+
+HOST_ENV = "STRATA_SERVING_HOST"  # interface the endpoint binds: a loopback address unless INSECURE_BIND_ENV
 ADVERTISE_ENV = "STRATA_SERVING_ADVERTISE_HOST"  # host published in the job's endpoint
+# The endpoint has no authentication yet: binding a non-loopback interface is an operator's explicit choice.
+INSECURE_BIND_ENV = "STRATA_SERVING_INSECURE_BIND"
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class InsecureBindError(ValueError):
+    """The endpoint was asked to bind a non-loopback interface without the explicit opt-in."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and the loopback addresses (127.0.0.0/8, ::1, also as ``[::1]`` or IPv4-mapped)."""
+    name = host.strip()
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if name.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # another host name: it could resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def insecure_bind_allowed() -> bool:
+    """Whether the node's operator opted in to a non-loopback bind (``STRATA_SERVING_INSECURE_BIND=1``)."""
+    return os.environ.get(INSECURE_BIND_ENV, "").strip().lower() in _TRUE
+
+
+def check_bind_host(host: str, *, insecure: bool | None = None, source: str = "") -> None:
+    """Refuse to serve on ``host`` unless it is a loopback address or ``insecure`` (default: the environment's
+    opt-in) allows it: the endpoint has no authentication yet, so anyone who can reach the port could call
+    the model. Raises :class:`InsecureBindError` naming the fix."""
+    if is_loopback(host):
+        return
+    if insecure is None:
+        insecure = insecure_bind_allowed()
+    if insecure:
+        log.warning("the serving endpoint binds %r, which is not a loopback address, and has no authentication: "
+                    "any process that can reach the port can call the model (%s is set)", host, INSECURE_BIND_ENV)
+        return
+    origin = f" (from {source})" if source else ""
+    raise InsecureBindError(
+        f"the serving endpoint will not bind {host!r}{origin}: it has no authentication yet, so it listens on a "
+        f"loopback address only (127.0.0.1, ::1 or localhost). Set {INSECURE_BIND_ENV}=1 on the node to bind "
+        f"{host!r} anyway; then any process that can reach the port can call the model"
+    )
 
 
 def serving_hosts() -> tuple[str, str]:
     """``(bind host, advertised host)`` from ``STRATA_SERVING_HOST`` / ``STRATA_SERVING_ADVERTISE_HOST``.
 
-    A wildcard bind host is published as this machine's host name: a client cannot dial 0.0.0.0.
+    The bind host must be a loopback address unless ``STRATA_SERVING_INSECURE_BIND=1`` (raises
+    :class:`InsecureBindError`). A wildcard bind host is published as this machine's host name: a client
+    cannot dial 0.0.0.0.
     """
     host = os.environ.get(HOST_ENV, "").strip() or DEFAULT_HOST
+    check_bind_host(host, source=HOST_ENV)
     advertised = os.environ.get(ADVERTISE_ENV, "").strip()
     if not advertised:
         advertised = socket.gethostname() if host in WILDCARD_HOSTS else host
@@ -54,6 +109,7 @@ class ServeComponent(Component):
     def run(self, ctx: Context) -> None:
         spec: dict[str, Any] = ServeSpec().validate(ctx.spec)
         ctx.spec = spec
+        host, advertised = serving_hosts()  # a refused bind fails the attempt before anything is loaded
         from components.train.component import torch_threads
 
         threads = torch_threads()
@@ -72,7 +128,6 @@ class ServeComponent(Component):
         # FIFO: the endpoint is the executor's only job, so the policy never has a choice to make.
         executor = DeviceExecutor(ctx.torch_device, memory_budget=budget, policy="fifo", name=label)
         try:
-            host, advertised = serving_hosts()
             handle = start_serving(
                 executor, f"serve-{ctx.attempt_id}", served, host=host, port=spec["port"],
                 request_timeout_s=spec["request_timeout_s"], max_rows=spec["max_rows"], source_job=source,

@@ -36,11 +36,14 @@ from components.gpushare.executor import DeviceExecutor, ExecutorClosed, percent
 from components.gpushare.lanes import Admission, MemoryRequest
 from components.gpushare.stages import InferenceSession
 from components.serving import serving_pb2, serving_pb2_grpc
+from components.serving.component import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 2**20
+MAX_DIMS = 8  # most dimensions a request tensor may have (the built-in models take 2 or 4)
+MAX_DETAILS = 1000  # longest status message sent back (one line; gRPC carries it in a header)
 DEFAULT_MAX_CONCURRENT_RPCS = 64
 DEFAULT_WORKERS = 8
 LATENCY_WINDOW = 1000  # latest successful requests the percentiles are taken over
@@ -87,6 +90,10 @@ class AdmissionRejected(ValueError):
     """The executor can never fit the model next to its budget: nothing was started."""
 
 
+# How close to its deadline a call that gRPC ends counts as timed out rather than cancelled (clock rounding).
+DEADLINE_SLACK_S = 0.05
+
+
 class _Abandoned(Exception):
     """Raised on the execution thread instead of running a request whose caller is gone."""
 
@@ -111,9 +118,14 @@ class _Call:
 
     def caller_gone(self) -> None:
         """The caller stopped listening: answer now, and skip the request if it is still queued. (Also called
-        after a normal reply, when it changes nothing.)"""
+        after a normal reply, when it changes nothing.) gRPC ends a call whose deadline passed the same way as
+        one its client cancelled; the deadline tells them apart (on a busy machine gRPC's cancellation can
+        come before the endpoint's own timer)."""
         self.abandoned.set()
-        self.settle(None, CallCancelled("the call was cancelled by the client"))
+        if time.monotonic() >= self.deadline - DEADLINE_SLACK_S:
+            self.settle(None, RequestTimedOut("the deadline passed before the device answered"))
+        else:
+            self.settle(None, CallCancelled("the call was cancelled by the client"))
 
     def settle(self, result: Any, error: BaseException | None = None) -> None:
         try:
@@ -226,6 +238,11 @@ class ServingEndpoint:
         if rows > reply_rows:
             raise InvalidRequest(f"the answer to {rows} rows would exceed the {MAX_MESSAGE_BYTES >> 20} MiB message "
                                  f"limit: send at most {reply_rows} rows per request")
+        if inputs.is_floating_point():
+            finite = torch.isfinite(inputs).reshape(rows, -1).all(dim=1)
+            if not bool(finite.all()):
+                row = int((~finite).nonzero()[0, 0])
+                raise InvalidRequest(f"inputs must be finite numbers: row {row} holds NaN or infinity")
         if served.input_limit:
             low, high = int(inputs.min()), int(inputs.max())
             if low < 0 or high >= served.input_limit:
@@ -245,7 +262,14 @@ class ServingEndpoint:
         started = time.perf_counter()
         call = None
         try:
-            self.check(inputs)
+            try:
+                self.check(inputs)
+            except InvalidRequest:
+                raise
+            except Exception as error:  # a request the checks did not foresee is still the caller's fault
+                log.warning("endpoint %s: checking a request raised", self.name, exc_info=True)
+                raise InvalidRequest(f"the request could not be checked: {type(error).__name__}: "
+                                     f"{one_line(error)}") from error
             timeout = self.request_timeout_s if timeout is None else float(timeout)
             if timeout <= 0:
                 raise RequestTimedOut("the deadline passed before the request reached the model")
@@ -347,18 +371,60 @@ class ServingEndpoint:
 
 
 # -- gRPC ----------------------------------------------------------------------------------------------------
+def one_line(text: Any, limit: int = MAX_DETAILS) -> str:
+    """``text`` on one line (whitespace runs become one space), at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _count(number: int) -> str:
+    return str(number) if number < 10**12 else f"{float(number):.3g}"
+
+
 def decode_tensor(message: serving_pb2.Tensor) -> torch.Tensor:
-    """The tensor in ``message``; :class:`InvalidRequest` when it is malformed."""
-    wire = WIRE_DTYPES.get(message.dtype)
+    """The tensor in ``message``; :class:`InvalidRequest`, naming the problem, when it is malformed.
+
+    Everything is checked in Python integers before numpy or torch sees the data: the dtype is one of
+    ``WIRE_DTYPES``; the shape has 1 to ``MAX_DIMS`` dimensions, each at least 1 (an empty batch or a zero
+    dimension is refused); ``prod(shape)`` elements fit in a ``MAX_MESSAGE_BYTES`` message; and ``data`` is
+    exactly ``prod(shape)`` elements. Whether the tensor fits the model is :meth:`ServingEndpoint.check`'s
+    business.
+    """
+    name = message.dtype
+    wire = WIRE_DTYPES.get(name)
     if wire is None:
-        raise InvalidRequest(f"dtype {message.dtype!r} is not supported: use one of {', '.join(WIRE_DTYPES)}")
-    shape = tuple(message.shape)
+        if not name:
+            raise InvalidRequest(f"the tensor has no dtype: use one of {', '.join(WIRE_DTYPES)}")
+        raise InvalidRequest(f"dtype {_clip(name)!r} is not supported: use one of {', '.join(WIRE_DTYPES)}")
+    dims = len(message.shape)  # before anything walks a shape that may have millions of entries
+    if dims == 0:
+        raise InvalidRequest("the tensor has no shape (a scalar): send a batch, [rows, ...]")
+    if dims > MAX_DIMS:
+        raise InvalidRequest(f"the shape has {dims} dimensions; at most {MAX_DIMS} are accepted")
+    shape = [int(size) for size in message.shape]
     if any(size < 0 for size in shape):
-        raise InvalidRequest(f"shape {list(shape)} has a negative dimension")
-    expected = math.prod(shape) * wire[0].itemsize
-    if len(message.data) != expected:
-        raise InvalidRequest(f"data holds {len(message.data)} bytes; shape {list(shape)} of {message.dtype} needs "
-                             f"{expected}")
+        raise InvalidRequest(f"shape {shape} has a negative dimension")
+    if shape[0] == 0:
+        raise InvalidRequest(f"the batch is empty (shape {shape}): send at least one row")
+    if 0 in shape:
+        raise InvalidRequest(f"shape {shape} has a dimension of 0: every dimension must be at least 1")
+    itemsize = wire[0].itemsize
+    elements = math.prod(shape)  # a Python int: no overflow, however large the dimensions
+    needed = elements * itemsize
+    if needed > MAX_MESSAGE_BYTES:
+        raise InvalidRequest(f"shape {shape} describes {_count(elements)} {name} elements ({_count(needed)} bytes), "
+                             f"more than a {MAX_MESSAGE_BYTES >> 20} MiB message can carry")
+    size = len(message.data)
+    if size % itemsize:
+        raise InvalidRequest(f"data holds {size} bytes, not a whole number of {name} elements "
+                             f"({itemsize} bytes each)")
+    if size != needed:
+        raise InvalidRequest(f"data holds {size} bytes ({size // itemsize} elements); shape {shape} of {name} "
+                             f"needs {needed} bytes ({elements} elements)")
     array = np.frombuffer(message.data, dtype=wire[0]).reshape(shape)
     # A native-order, writable copy: torch must not alias the (read-only) message buffer.
     return torch.from_numpy(array.astype(wire[0].newbyteorder("="), copy=True))
@@ -373,16 +439,67 @@ def encode_tensor(tensor: torch.Tensor) -> serving_pb2.Tensor:
     return serving_pb2.Tensor(shape=list(tensor.shape), dtype=name, data=data)
 
 
+class _Unparsed:
+    """A request whose bytes are not a valid message (bad wire format, a string that is not UTF-8): the
+    handler answers it INVALID_ARGUMENT instead of gRPC's own INTERNAL "Exception deserializing request"."""
+
+    def __init__(self, kind: str, error: Exception):
+        self.reason = f"the request is not a valid {kind} message: {one_line(error, 300)}"
+
+
+def _tolerant_parser(message_type) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as error:
+            return _Unparsed(message_type.DESCRIPTOR.full_name, error)
+
+    return parse
+
+
+def add_servicer(servicer: InferenceServicer, server: grpc.Server) -> None:
+    """``serving_pb2_grpc.add_InferenceServicer_to_server``, but with request parsers that never raise."""
+    handlers = {
+        "Predict": grpc.unary_unary_rpc_method_handler(
+            servicer.Predict, request_deserializer=_tolerant_parser(serving_pb2.PredictRequest),
+            response_serializer=serving_pb2.PredictReply.SerializeToString),
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe, request_deserializer=_tolerant_parser(serving_pb2.DescribeRequest),
+            response_serializer=serving_pb2.ModelInfo.SerializeToString),
+    }
+    service = serving_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
+
+
 class InferenceServicer(serving_pb2_grpc.InferenceServicer):
-    """The gRPC face of a :class:`ServingEndpoint`: decode, call it, map its faults to status codes."""
+    """The gRPC face of a :class:`ServingEndpoint`: decode, call it, map its faults to status codes.
+
+    A request that cannot be parsed, decoded or checked is ``INVALID_ARGUMENT`` whatever went wrong, with a
+    one-line message; a failure after that (the model, the runtime) is ``INTERNAL``.
+    """
 
     def __init__(self, endpoint: ServingEndpoint):
         self.endpoint = endpoint
 
+    def _inputs(self, request) -> torch.Tensor:
+        if isinstance(request, _Unparsed):
+            raise InvalidRequest(request.reason)
+        if not request.HasField("input"):
+            raise InvalidRequest("the request has no input tensor")
+        try:
+            return decode_tensor(request.input)
+        except InvalidRequest:
+            raise
+        except Exception as error:  # a malformed tensor the checks did not foresee
+            log.warning("endpoint %s: decoding a request raised", self.endpoint.name, exc_info=True)
+            raise InvalidRequest(f"the input tensor could not be decoded: {type(error).__name__}: "
+                                 f"{one_line(error)}") from error
+
     def Predict(self, request, context):  # noqa: N802 -- the generated servicer's name
         status, details = None, ""
         try:
-            inputs = decode_tensor(request.input)
+            inputs = self._inputs(request)
         except InvalidRequest as fault:
             self.endpoint.record_fault(fault.status)
             status, details = fault.status, str(fault)
@@ -400,9 +517,11 @@ class InferenceServicer(serving_pb2_grpc.InferenceServicer):
                 log.exception("Predict on %s failed", self.endpoint.name)
                 self.endpoint.record_fault("INTERNAL")
                 status, details = "INTERNAL", f"{type(error).__name__}: {error}"
-        context.abort(grpc.StatusCode[status], details)
+        context.abort(grpc.StatusCode[status], one_line(details))
 
     def Describe(self, request, context):  # noqa: N802 -- the generated servicer's name
+        if isinstance(request, _Unparsed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         if self.endpoint.closed:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"endpoint {self.endpoint.name!r} is stopping")
         return serving_pb2.ModelInfo(**self.endpoint.info())
@@ -510,16 +629,21 @@ def start_serving(
     advertise_host: str | None = None,
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
     workers: int = DEFAULT_WORKERS,
+    insecure_bind: bool | None = None,
 ) -> ServingHandle:
     """Register ``served`` in ``executor`` as endpoint ``name`` and serve it over gRPC on ``host:port``.
 
     ``port`` 0 picks a free port. ``memory_request`` defaults to :func:`endpoint_memory` (weights plus a
     ``max_rows`` forward pass). Raises :class:`AdmissionRejected` when the executor can never fit it,
     ``ValueError`` when ``name`` is taken, :class:`~components.gpushare.executor.ExecutorClosed` when the
-    executor is shutting down, and ``OSError`` when the port cannot be bound; nothing is left running then.
+    executor is shutting down, ``OSError`` when the port cannot be bound, and
+    :class:`~components.serving.component.InsecureBindError` when ``host`` is not a loopback address (the
+    endpoint has no authentication yet) and ``insecure_bind`` (default: ``STRATA_SERVING_INSECURE_BIND=1`` in
+    the environment) does not allow it; nothing is left running then.
     An admission that has to wait for memory is accepted: requests queue (within their deadlines) until the
     executor admits the endpoint. ``advertise_host`` is the host put in ``address`` (default ``host``).
     """
+    check_bind_host(host, insecure=insecure_bind)
     endpoint = ServingEndpoint(executor, name, served, request_timeout_s=request_timeout_s, max_rows=max_rows,
                                source_job=source_job)
     request = memory_request if memory_request is not None else endpoint_memory(served, max_rows)
@@ -540,7 +664,7 @@ def start_serving(
         ],
         maximum_concurrent_rpcs=max(1, max_concurrent_rpcs),
     )
-    serving_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(endpoint), server)
+    add_servicer(InferenceServicer(endpoint), server)
     try:
         try:
             bound = server.add_insecure_port(_dial_address(host, port))
@@ -565,6 +689,7 @@ __all__ = [
     "CallCancelled",
     "EndpointUnavailable",
     "InferenceServicer",
+    "InsecureBindError",
     "InvalidRequest",
     "ModelFailed",
     "RequestTimedOut",
@@ -572,6 +697,8 @@ __all__ = [
     "ServingEndpoint",
     "ServingFault",
     "ServingHandle",
+    "add_servicer",
+    "decode_tensor",
     "endpoint_memory",
     "start_serving",
 ]

@@ -27,8 +27,10 @@ if _version_not_supported:
 
 
 class InferenceStub:
-    """A trained model on a (shared) device. Errors: INVALID_ARGUMENT (dtype, shape, row count or token range
-    does not match ModelInfo), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
+    """A trained model on a (shared) device. No authentication yet: the endpoint listens on the node's loopback
+    interface only. Errors: INVALID_ARGUMENT (any malformed request: a message that does not parse, a malformed
+    tensor, or one whose dtype, shape, row count, token range or non-finite floats do not match ModelInfo; the
+    details name the problem), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
     call has none), UNAVAILABLE (the endpoint is stopping or stopped), RESOURCE_EXHAUSTED (too many calls in
     flight), INTERNAL (the model raised: the details carry its error).
     """
@@ -52,8 +54,10 @@ class InferenceStub:
 
 
 class InferenceServicer:
-    """A trained model on a (shared) device. Errors: INVALID_ARGUMENT (dtype, shape, row count or token range
-    does not match ModelInfo), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
+    """A trained model on a (shared) device. No authentication yet: the endpoint listens on the node's loopback
+    interface only. Errors: INVALID_ARGUMENT (any malformed request: a message that does not parse, a malformed
+    tensor, or one whose dtype, shape, row count, token range or non-finite floats do not match ModelInfo; the
+    details name the problem), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
     call has none), UNAVAILABLE (the endpoint is stopping or stopped), RESOURCE_EXHAUSTED (too many calls in
     flight), INTERNAL (the model raised: the details carry its error).
     """
@@ -94,8 +98,10 @@ def add_InferenceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Inference:
-    """A trained model on a (shared) device. Errors: INVALID_ARGUMENT (dtype, shape, row count or token range
-    does not match ModelInfo), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
+    """A trained model on a (shared) device. No authentication yet: the endpoint listens on the node's loopback
+    interface only. Errors: INVALID_ARGUMENT (any malformed request: a message that does not parse, a malformed
+    tensor, or one whose dtype, shape, row count, token range or non-finite floats do not match ModelInfo; the
+    details name the problem), DEADLINE_EXCEEDED (the client's deadline, or the job's request_timeout_s when the
     call has none), UNAVAILABLE (the endpoint is stopping or stopped), RESOURCE_EXHAUSTED (too many calls in
     flight), INTERNAL (the model raised: the details carry its error).
     """

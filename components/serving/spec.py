@@ -43,6 +43,7 @@ class ServeSpec(KindSpec):
             elif job is not None and "spec.model.job" not in inner.errors and not _UUID.match(job):
                 inner.errors["spec.model.job"] = "must be a job id (a UUID)"
             check.errors.update(inner.errors)
+        check.not_null("port", "request_timeout_s", "max_rows")  # none of them is nullable (json_schema)
         port = check.number("port", 0, kind=int, minimum=0, maximum=65535)
         timeout = check.number("request_timeout_s", 10.0, minimum=0.01, maximum=600)
         max_rows = check.number("max_rows", 1024, kind=int, minimum=1, maximum=65536)

@@ -5,9 +5,15 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.shortcuts import redirect
 
+from strata.accounts.forms import GuardedAuthenticationForm
+
 
 class LoginView(auth_views.LoginView):
+    """Password guessing is slowed down, then locked out, by the authentication backend
+    (``strata.accounts.login_guard``); a refused attempt shows how long to wait and answers 429."""
+
     template_name = "dashboard/login.html"
+    authentication_form = GuardedAuthenticationForm
     redirect_authenticated_user = True
 
 

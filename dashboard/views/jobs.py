@@ -39,6 +39,7 @@ from dashboard.views.common import (
 from strata.accounts.models import Membership
 from strata.accounts.selectors import visible_team_ids
 from strata.api.throttles import SubmitThrottle
+from strata.api.values import value_problems
 from strata.jobs import services
 from strata.jobs.api.serializers import JobSerializer
 from strata.jobs.models import Artifact, Job, JobState
@@ -248,6 +249,8 @@ def job_validate(request):
             return json_reply({"valid": False, "errors": {"document": "the request is not JSON"}}, status=400)
         if not isinstance(payload, dict):
             return json_reply({"valid": False, "errors": {"document": "expected a JSON object"}}, status=400)
+        if problems := value_problems(payload):
+            return json_reply({"valid": False, "errors": problems}, status=400)
         try:
             document = forms.parse_document(payload.get("document"))
         except forms.DocumentError as error:

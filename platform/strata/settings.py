@@ -58,13 +58,16 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "strata.api.head.HeadResponseMiddleware",  # outermost: a HEAD response keeps its headers, loses its body
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "strata.api.middleware.BodySizeLimitMiddleware",
+    "strata.api.middleware.RequestTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "strata.accounts.login_guard.LoginGuardMiddleware",  # 429 + Retry-After when the login guard refused
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -121,12 +124,35 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/jobs/"
 
+# --- login guard (strata.accounts.login_guard; docs/security.md) ------------------------------------
+# Every password login goes through this backend, which refuses guessing before it checks the password.
+AUTHENTICATION_BACKENDS = ["strata.accounts.backends.GuardedModelBackend"]
+# A user name from one address: free failures, then backoff, then a lockout of LOCKOUT_SECONDS per attempt.
+STRATA_LOGIN_FREE_FAILURES = env_int("STRATA_LOGIN_FREE_FAILURES", 5, minimum=1)
+STRATA_LOGIN_LOCKOUT_FAILURES = env_int("STRATA_LOGIN_LOCKOUT_FAILURES", 10, minimum=1)
+# One address, any user name: the same shape, higher thresholds.
+STRATA_LOGIN_ADDRESS_FREE_FAILURES = env_int("STRATA_LOGIN_ADDRESS_FREE_FAILURES", 20, minimum=1)
+STRATA_LOGIN_ADDRESS_LOCKOUT_FAILURES = env_int("STRATA_LOGIN_ADDRESS_LOCKOUT_FAILURES", 50, minimum=1)
+# One user name, any address: backoff only (never a lockout); addresses it logged in from skip it.
+STRATA_LOGIN_USER_FREE_FAILURES = env_int("STRATA_LOGIN_USER_FREE_FAILURES", 10, minimum=1)
+STRATA_LOGIN_BACKOFF_SECONDS = env_float("STRATA_LOGIN_BACKOFF_SECONDS", 1.0, minimum=0.0)  # doubles per failure
+STRATA_LOGIN_BACKOFF_MAX_SECONDS = env_float("STRATA_LOGIN_BACKOFF_MAX_SECONDS", 60.0, minimum=0.0)
+STRATA_LOGIN_LOCKOUT_SECONDS = env_float("STRATA_LOGIN_LOCKOUT_SECONDS", 900.0, minimum=0.0)
+STRATA_LOGIN_WINDOW_SECONDS = env_float("STRATA_LOGIN_WINDOW_SECONDS", 3600.0, minimum=1.0)  # failures expire
+STRATA_LOGIN_KNOWN_ADDRESS_DAYS = env_float("STRATA_LOGIN_KNOWN_ADDRESS_DAYS", 30.0, minimum=0.0)
+
 # --- request limits -----------------------------------------------------------------------------------
 STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024)
 STRATA_MAX_UPLOAD_BYTES = env_int("STRATA_MAX_UPLOAD_BYTES", 512 * 2**20, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
+
+# --- HTTP server (strata server: waitress hardened in strata/api/server.py) ------------------------------
+STRATA_SERVER_CONNECTION_LIMIT = env_int("STRATA_SERVER_CONNECTION_LIMIT", 1000, minimum=16)
+STRATA_SERVER_IDLE_TIMEOUT = env_float("STRATA_SERVER_IDLE_TIMEOUT", 30.0, minimum=1.0)
+STRATA_SERVER_HEADER_TIMEOUT = env_float("STRATA_SERVER_HEADER_TIMEOUT", 10.0, minimum=1.0)
+STRATA_SERVER_NODE_THREADS = env_int("STRATA_SERVER_NODE_THREADS", 4, minimum=0)
 
 # --- REST framework -------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -155,6 +181,21 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Separate request and reply components (JobSubmitRequest, QuotaRequest...): fields typed per direction.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are documented as JSON, the API's contract (forms are accepted for the browsable API only).
+    "PARSER_WHITELIST": ["strata.api.parsers.StrictJSONParser"],
+    # strata/api/schema.py: typed job bodies (a schema per kind), error answers on every operation.
+    "PREPROCESSING_HOOKS": ["strata.api.schema.register_extensions"],
+    "POSTPROCESSING_HOOKS": ["strata.api.schema.postprocess_enums", "strata.api.schema.add_error_responses"],
+    "ENUM_NAME_OVERRIDES": {
+        "TokenKindEnum": "strata.accounts.models.ApiToken.Kind",
+        "DeviceKindEnum": "strata.cluster.models.Device.Kind",
+        "ArtifactKindEnum": "strata.jobs.models.Artifact.Kind",
+        "JobStateEnum": "strata.jobs.models.JobState",
+        "NodeStateEnum": "strata.cluster.models.Node.State",
+        "SharingPolicyEnum": "strata.cluster.models.DevicePool.Policy",
+    },
 }
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 if env_str("STRATA_CACHE_URL"):

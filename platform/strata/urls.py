@@ -7,6 +7,12 @@ def health(request):
     return JsonResponse({"status": "ok"})
 
 
+# JSON error answers under /api/ (strata.api.errors), Django's pages elsewhere.
+handler400 = "strata.api.errors.bad_request"
+handler403 = "strata.api.errors.permission_denied"
+handler404 = "strata.api.errors.page_not_found"
+handler500 = "strata.api.errors.server_error"
+
 urlpatterns = [
     path("healthz", health),
     path("admin/", admin.site.urls),

@@ -58,6 +58,9 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="api_tokens")
+    # The token that created this one through the API (null: created from a browser session or the CLI's
+    # --local). A child never outlives its parent and is revoked with it.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children")
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -74,3 +77,38 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None and self.expires_at > timezone.now()
+
+
+class LoginThrottle(models.Model):
+    """Failed-password counters for one key of the login guard (``strata.accounts.login_guard``).
+
+    A row is one of three scopes: a user name from one client address, a client address (any user name),
+    or a user name (any address). User names are stored only as a keyed digest (``user_key``), so a password
+    typed into the user name box is never kept; ``username`` is filled for display only when it names an
+    existing account.
+    """
+
+    class Scope(models.TextChoices):
+        USER_ADDRESS = "user+address", "user name from one address"
+        ADDRESS = "address", "address (any user name)"
+        USER = "user", "user name (any address)"
+
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    user_key = models.CharField(max_length=64, blank=True)  # HMAC-SHA256 of the normalized user name
+    address = models.CharField(max_length=64, blank=True)  # an IPv4 address or an IPv6 /64
+    username = models.CharField(max_length=150, blank=True)  # display only: set when it is an account's
+    failures = models.PositiveIntegerField(default=0)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    # user+address rows: the last successful login from there (a known address skips the per-user gate).
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "user_key", "address"], name="one_login_throttle_per_key")
+        ]
+
+    def __str__(self) -> str:
+        who = " from ".join(part for part in (self.username or (self.user_key[:8] if self.user_key else ""),
+                                              self.address) if part)
+        return f"{self.scope} {who}: {self.failures} failures"

@@ -38,25 +38,57 @@ def user_create(username: str, password: str | None = None, *, admin: bool = Fal
     return user
 
 
+class TokenRefused(ValueError):
+    """A token may not be created as asked; ``field`` names the part of the request at fault (a 400)."""
+
+    def __init__(self, field: str, message: str):
+        self.field, self.message = field, message
+        super().__init__(message)
+
+
 def token_create(user, *, team: Team | None = None, kind: str = ApiToken.Kind.USER, name: str = "",
-                 ttl_days: float | None = None) -> tuple[ApiToken, str]:
-    """Create a token and return it with its raw value, which is never stored and cannot be shown again."""
+                 ttl_days: float | None = None, parent: ApiToken | None = None) -> tuple[ApiToken, str]:
+    """Create a token and return it with its raw value, which is never stored and cannot be shown again.
+
+    ``parent`` is the token that asks for this one (a request authenticated by a bearer token). Such a
+    request may only create a user token of the parent's own team that expires no later than the parent;
+    the child is revoked with its parent. Node tokens are created only by cluster admins, never through a
+    token: from a browser session or ``strata token create --local``.
+    """
+    if parent is not None:
+        if kind != ApiToken.Kind.USER:
+            raise TokenRefused("kind", "node tokens are created by cluster admins from a browser session or "
+                                       "`strata token create --local`, never with an API token")
+        if team is None or team.pk != parent.team_id:
+            raise TokenRefused("team", "a token can only create tokens of its own team")
     if kind == ApiToken.Kind.USER:
         if team is None:
-            raise ValueError("a user token must be scoped to a team")
+            raise TokenRefused("team", "a user token must be scoped to a team")
         if not user.is_staff and not Membership.objects.filter(user=user, team=team).exists():
-            raise PermissionError(f"{user} is not a member of team {team.slug}")
+            raise TokenRefused("team", f"{user} is not a member of team {team.slug}")
     elif not user.is_staff:
-        raise PermissionError("only cluster admins can create node tokens")
+        raise TokenRefused("kind", "only cluster admins can create node tokens")
+    now = timezone.now()
+    expires_at = now + timedelta(days=settings.STRATA_TOKEN_TTL_DAYS if ttl_days is None else ttl_days)
+    if parent is not None and expires_at > parent.expires_at:
+        if ttl_days is not None:
+            raise TokenRefused("ttl_days", "a token cannot create a token that outlives it: this token expires at "
+                                           f"{parent.expires_at.isoformat(timespec='seconds')}")
+        expires_at = parent.expires_at
     prefix, raw = ApiToken.generate()
-    days = settings.STRATA_TOKEN_TTL_DAYS if ttl_days is None else ttl_days
     token = ApiToken.objects.create(
         kind=kind, name=name, prefix=prefix, digest=token_digest(raw), user=user,
-        team=team if kind == ApiToken.Kind.USER else None,
-        expires_at=timezone.now() + timedelta(days=days),
+        team=team if kind == ApiToken.Kind.USER else None, parent=parent, expires_at=expires_at,
     )
     return token, raw
 
 
-def token_revoke(token: ApiToken) -> None:
-    ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+@transaction.atomic
+def token_revoke(token: ApiToken) -> int:
+    """Revoke ``token`` and every token created through it, however deep. Returns how many were revoked."""
+    now = timezone.now()
+    ids, frontier = [token.pk], [token.pk]
+    while frontier:
+        frontier = list(ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True))
+        ids.extend(frontier)
+    return ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=now)

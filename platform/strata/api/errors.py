@@ -20,3 +20,48 @@ def exception_handler(exc, context):
     if isinstance(exc, StaleAttempt | StaleSession | InvalidTransition):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     return drf_exception_handler(exc, context)
+
+
+# --- Django's own error answers (before or outside DRF): JSON under /api/, the usual pages elsewhere ---------
+# A URL that matches no route (a job id with other characters, ``/api/v1/node/attempts/x/claim/``), or a
+# request Django itself refuses (a disallowed Host, too many form fields) never reaches DRF's exception
+# handler; without these, API clients would get an HTML page where the schema promises JSON.
+
+API_PREFIX = "/api/"
+
+
+def _api_error(request, status_code: int, detail: str, fallback, exception):
+    from django.http import JsonResponse
+
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse({"detail": detail}, status=status_code)
+    return fallback(request, exception)
+
+
+def bad_request(request, exception):
+    from django.views import defaults
+
+    return _api_error(request, 400, "Bad request.", defaults.bad_request, exception)
+
+
+def permission_denied(request, exception):
+    from django.views import defaults
+
+    return _api_error(request, 403, "You do not have permission to perform this action.", defaults.permission_denied,
+                      exception)
+
+
+def page_not_found(request, exception):
+    from django.views import defaults
+
+    return _api_error(request, 404, "Not found.", defaults.page_not_found, exception)
+
+
+def server_error(request):
+    """A bug's answer: JSON under /api/ too (the traceback goes to the server log, never to the client)."""
+    from django.http import JsonResponse
+    from django.views import defaults
+
+    if request.path.startswith(API_PREFIX):
+        return JsonResponse({"detail": "Internal server error; the server log has the details."}, status=500)
+    return defaults.server_error(request)

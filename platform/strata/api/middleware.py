@@ -1,9 +1,15 @@
-"""Request-size limits applied before any body is read."""
+"""Checks applied to every request before any body is read: size limits, the body's charset, and text in
+the path and query string that could not be stored."""
 
 from __future__ import annotations
 
+import codecs
+
 from django.conf import settings
 from django.http import JsonResponse
+from django.utils.http import parse_header_parameters
+
+from strata.api.values import safe_name, text_problem
 
 UPLOAD_PATH_MARKER = "/artifacts/"
 
@@ -24,4 +30,47 @@ class BodySizeLimitMiddleware:
         if length > limit:
             return JsonResponse({"detail": f"Request body of {length} bytes exceeds the {limit} byte limit."},
                                 status=413)
+        return self.get_response(request)
+
+
+def charset_problem(content_type: str) -> str | None:
+    """Why a request's ``Content-Type`` charset cannot decode text (unknown, or a codec such as rot13, hex or
+    zlib that is not a text encoding), or None."""
+    _, params = parse_header_parameters(content_type or "")
+    charset = params.get("charset")
+    if charset is None:
+        return None
+    try:
+        info = codecs.lookup(charset)
+    except LookupError:
+        return f"unknown charset {safe_name(charset)!r}"
+    if not getattr(info, "_is_text_encoding", True):
+        return f"charset {safe_name(charset)!r} is not a text encoding"
+    return None
+
+
+class RequestTextMiddleware:
+    """415 for a body whose charset is not a text encoding (Django would fail on it with a 500 when the form
+    or JSON body is decoded); 400 for a path, header (cookies included) or query parameter holding text that
+    cannot be stored (a NUL character: PostgreSQL refuses it in a query, which would be a 500)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if problem := charset_problem(request.META.get("CONTENT_TYPE", "")):
+            return JsonResponse({"detail": f"Unsupported Content-Type: {problem}; send UTF-8."}, status=415)
+        if problem := text_problem(request.path):
+            return JsonResponse({"detail": f"The URL path {problem}."}, status=400)
+        for key, value in request.META.items():
+            if key.startswith("HTTP_") and isinstance(value, str) and "\x00" in value:
+                header = key[5:].replace("_", "-").title()
+                return JsonResponse({"detail": f"The {header} header contains a NUL character."}, status=400)
+        for name, value in request.COOKIES.items():
+            if "\x00" in name or "\x00" in value:
+                return JsonResponse({"detail": f"Cookie {safe_name(name)} contains a NUL character."}, status=400)
+        for key, values in request.GET.lists():
+            for text in (key, *values):
+                if problem := text_problem(text):
+                    return JsonResponse({safe_name(key): [f"query parameter {problem}"]}, status=400)
         return self.get_response(request)

@@ -1,11 +1,14 @@
-"""A JSON parser that refuses NaN/Infinity and pathological nesting instead of failing with a 500."""
+"""A JSON parser that refuses what cannot be stored or shown instead of failing with a 500 later: NaN and
+infinity, pathological nesting, text with NUL or lone surrogates, integers beyond 64 bits."""
 
 from __future__ import annotations
 
 import json
 
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import JSONParser
+
+from strata.api.values import value_problems
 
 
 def _reject_constant(name: str):
@@ -17,8 +20,15 @@ class StrictJSONParser(JSONParser):
         encoding = (parser_context or {}).get("encoding", "utf-8")
         try:
             text = stream.read().decode(encoding)
-            return json.loads(text, parse_constant=_reject_constant)
+            data = json.loads(text, parse_constant=_reject_constant)
         except RecursionError as error:
             raise ParseError("JSON is nested too deeply.") from error
-        except (ValueError, UnicodeDecodeError) as error:
+        except (ValueError, UnicodeDecodeError, LookupError) as error:
             raise ParseError(f"JSON parse error: {error}") from error
+        try:
+            problems = value_problems(data)
+        except RecursionError as error:
+            raise ParseError("JSON is nested too deeply.") from error
+        if problems:
+            raise ValidationError({field: [message] for field, message in problems.items()})
+        return data

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     user_create.add_argument("--admin", action="store_true", help="make a cluster admin (staff)")
     user_create.add_argument("--password-file", help="read the password from this file ('-': stdin); "
                              "default: generate one and print it")
+    user_unlock = user.add_parser("unlock", help="clear a user's failed-login counters (a login lockout)")
+    user_unlock.add_argument("username")
+    user_unlock.add_argument("--address", help="also clear this client address's counters (any user name)")
 
     submit = commands.add_parser("submit", help="submit a job from a YAML or JSON file ('-' for stdin)")
     submit.add_argument("file")
@@ -102,7 +105,7 @@ def dispatch(args) -> int:
     if args.command == "token":
         return local.token_create_local(args) if args.local else client.token_create(args)
     if args.command == "user":
-        return local.user_create_local(args)
+        return local.user_unlock_local(args) if args.user_command == "unlock" else local.user_create_local(args)
     if args.command == "bench":
         from strata.bench import run_benchmark
 

@@ -28,15 +28,32 @@ def migrate(quiet: bool = True) -> None:
     call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
 
 
+def server_limits():
+    """The hardened server's limits from the STRATA_SERVER_* settings (docs/security.md)."""
+    from django.conf import settings
+
+    from strata.api.server import ServerLimits
+
+    # Waitress refuses bodies over this before buffering them; the middleware enforces the real, per-route
+    # limits (an artifact upload's is the largest) with a JSON 413, so leave it a little room above them.
+    max_body = max(settings.STRATA_MAX_UPLOAD_BYTES, settings.STRATA_MAX_BODY_BYTES) + 2**20
+    return ServerLimits(connection_limit=settings.STRATA_SERVER_CONNECTION_LIMIT,
+                        idle_timeout=settings.STRATA_SERVER_IDLE_TIMEOUT,
+                        header_timeout=settings.STRATA_SERVER_HEADER_TIMEOUT,
+                        node_threads=settings.STRATA_SERVER_NODE_THREADS,
+                        max_body_bytes=max_body)
+
+
 def server(args) -> int:
     migrate()
-    from waitress import serve
-
+    from strata.api.server import create_server
     from strata.wsgi import application
 
-    print(f"strata server listening on http://{args.host}:{args.port}", flush=True)
-    serve(application, host=args.host, port=args.port, threads=args.threads, ident="strata",
-          channel_timeout=120, max_request_body_size=2**31, _quiet=True)
+    http = create_server(application, host=args.host, port=args.port, threads=args.threads,
+                         limits=server_limits())
+    port = getattr(http, "effective_port", args.port)  # --port 0 picks a free port: say which
+    print(f"strata server listening on http://{args.host}:{port}", flush=True)
+    http.run()
     return 0
 
 
@@ -241,4 +258,15 @@ def user_create_local(args) -> int:
     print(f"user {user.username} ({'cluster admin' if admin else 'user'}; {teams})")
     if generated:
         print(f"password: {password}")
+    return 0
+
+
+def user_unlock_local(args) -> int:
+    """Clear a user's failed-login counters (every address) in the local database, ending a lockout."""
+    migrate()
+    from strata.accounts import login_guard
+
+    cleared = login_guard.unlock(args.username, args.address)
+    where = f" and address {args.address}" if args.address else ""
+    print(f"user {args.username}{where}: {cleared} failed-login counter(s) cleared")
     return 0

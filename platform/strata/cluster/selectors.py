@@ -4,10 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.cluster.models import Device, DevicePool, node_pool
+from strata.cluster.models import Device, DevicePool, Node, node_pool
 from strata.jobs.models import Allocation, Attempt, Job
+from strata.scheduling.capacity import DeviceSlot, NodeSlot
 
 FULL_GPU = 1.0 - 1e-9
+
+
+def registered_nodes() -> list[NodeSlot]:
+    """Every registered node (up, down or draining) with all its devices free: what the cluster could ever
+    run, as opposed to what is free now (``scheduling.services.load_capacity``)."""
+    nodes = {node_id: NodeSlot(id=node_id, name=name, labels=labels or {})
+             for node_id, name, labels in Node.objects.values_list("id", "name", "labels")}
+    for device_id, node_id, index, memory_total in Device.objects.values_list("id", "node_id", "index", "memory_total"):
+        if node_id in nodes:
+            nodes[node_id].devices.append(DeviceSlot(id=device_id, node_id=node_id, index=index,
+                                                     memory_total=memory_total, free_memory=memory_total))
+    return list(nodes.values())
 
 
 def pool_policies() -> dict[str, str]:

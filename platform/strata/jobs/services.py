@@ -61,7 +61,7 @@ def job_event(job_id, kind: str, message: str, attempt=None, **data) -> None:
 def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) -> tuple[Job, bool]:
     """Record a validated job and admit it under the team's quota. Returns (job, created)."""
     from strata.quotas.models import Quota
-    from strata.quotas.services import admit_pending, never_fits
+    from strata.quotas.services import ClusterView, admit_pending, never_fits
     from strata.scheduling.tasks import request_pass
 
     digest = request_digest({**data, "team": team.slug})
@@ -73,8 +73,14 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) ->
             return existing, False
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, **data)
     check_sources(team, job.kind, job.spec)
+    view = ClusterView()
+    # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
+    # PENDING (a node with them may register later), where it holds none of the team's quota.
+    unlabelled = {k: v for k, v in job.resources.items() if k != "node_labels"}
+    if problem := view.problem(unlabelled):
+        raise SubmitRejected("resources", f"no node in the cluster could ever run it: {problem}")
     quota = Quota.objects.filter(team=team).first()
-    if quota is not None and (reason := never_fits(quota, job)):
+    if quota is not None and (reason := never_fits(quota, job, view)):
         raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
     try:
         with transaction.atomic():

@@ -6,7 +6,9 @@ IMMEDIATE transaction's write lock plays that role), so concurrent submits canno
 
 from __future__ import annotations
 
+import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,6 +19,43 @@ from django.utils import timezone
 from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState
 from strata.jobs.states import transition
 from strata.quotas.models import Quota
+from strata.scheduling.capacity import FULL, placement_problem, share_to_milli
+
+# The smallest share of a device the scheduler places (one thousandth): a job always holds at least this.
+MIN_SHARE = 0.001
+
+
+class ClusterView:
+    """What admission needs to know of the cluster's hardware, read once per admission: whether a request
+    could ever be placed on some registered node (``problem``), and how many GPUs a request is accounted as
+    (``gpus``), which for a request sized by memory alone (``gpus: 0`` plus ``gpu_memory``) is the share it
+    would take of the largest device, at least MIN_SHARE, so no job holds a device for free."""
+
+    def __init__(self, nodes: list | None = None):
+        from strata.cluster.selectors import registered_nodes
+
+        self.nodes = registered_nodes() if nodes is None else nodes
+        self.largest_memory = max((d.memory_total for n in self.nodes for d in n.devices), default=None)
+        self._problems: dict[str, str | None] = {}
+
+    def problem(self, resources: dict) -> str | None:
+        """Why no registered node could ever run ``resources``; None if one could, or if no node has
+        registered yet (nothing is known about the hardware then)."""
+        if not self.nodes:
+            return None
+        key = json.dumps(resources, sort_keys=True, default=str)
+        if key not in self._problems:
+            self._problems[key] = placement_problem(resources, self.nodes)
+        return self._problems[key]
+
+    def gpus(self, resources: dict) -> float:
+        workers = int(resources.get("workers", 1))
+        gpus = float(resources.get("gpus", 0))
+        if gpus <= 0:
+            memory = int(resources.get("gpu_memory") or 0)
+            milli = share_to_milli(memory / self.largest_memory) if self.largest_memory else 1
+            gpus = max(MIN_SHARE, milli / FULL)
+        return gpus * workers
 
 
 @dataclass
@@ -27,10 +66,10 @@ class TeamLoad:
     gpus: float = 0.0
     gpu_memory: int = 0
 
-    def add(self, job: Job) -> None:
+    def add(self, job: Job, gpus: float) -> None:
         workers = int(job.resources.get("workers", 1))
         self.jobs += 1
-        self.gpus += float(job.resources.get("gpus", 0)) * workers
+        self.gpus += gpus
         self.gpu_memory += int(job.resources.get("gpu_memory") or 0) * workers
 
 
@@ -50,17 +89,25 @@ def gpu_seconds(team_id: int, since=None, until=None) -> float:
     return total
 
 
-def team_load(team_id: int) -> TeamLoad:
+def team_load(team_id: int, view: ClusterView | None = None) -> TeamLoad:
+    """The team's admitted jobs: a placed job counts the share its live attempt holds, a waiting one what it
+    asks for (``ClusterView.gpus``)."""
+    view = view or ClusterView()
+    held: dict = defaultdict(float)
+    for job_id, share in Attempt.objects.filter(job__team_id=team_id, ended_at__isnull=True).values_list(
+            "job_id", "gpu_share"):
+        held[job_id] += share
     load = TeamLoad()
     for job in Job.objects.filter(team_id=team_id, state__in=ADMITTED_STATES).only("resources"):
-        load.add(job)
+        load.add(job, held[job.pk] if job.pk in held else view.gpus(job.resources))
     return load
 
 
-def blocking_limit(quota: Quota, load: TeamLoad, job: Job, window_gpu_seconds: float | None) -> str | None:
+def blocking_limit(quota: Quota, load: TeamLoad, job: Job, window_gpu_seconds: float | None,
+                   view: ClusterView) -> str | None:
     """The first limit that admitting ``job`` would break, as a human reason; None when it fits."""
     workers = int(job.resources.get("workers", 1))
-    gpus = float(job.resources.get("gpus", 0)) * workers
+    gpus = view.gpus(job.resources)
     memory = int(job.resources.get("gpu_memory") or 0) * workers
     if quota.max_concurrent_jobs is not None and load.jobs + 1 > quota.max_concurrent_jobs:
         return f"team at max_concurrent_jobs ({load.jobs}/{quota.max_concurrent_jobs})"
@@ -68,22 +115,33 @@ def blocking_limit(quota: Quota, load: TeamLoad, job: Job, window_gpu_seconds: f
         return f"team at max_gpus ({load.gpus:g} held + {gpus:g} requested > {quota.max_gpus:g})"
     if quota.max_gpu_memory is not None and load.gpu_memory + memory > quota.max_gpu_memory:
         return f"team at max_gpu_memory ({load.gpu_memory + memory} > {quota.max_gpu_memory} bytes)"
-    if quota.gpu_hours is not None and gpus > 0 and window_gpu_seconds is not None:
+    if quota.gpu_hours is not None and window_gpu_seconds is not None:
         used_hours = window_gpu_seconds / 3600
         if used_hours >= quota.gpu_hours:
             return f"team used {used_hours:.2f} of {quota.gpu_hours:g} GPU-hours in the last {quota.window_hours:g} h"
     return None
 
 
-def never_fits(quota: Quota, job: Job) -> str | None:
+def never_fits(quota: Quota, job: Job, view: ClusterView | None = None) -> str | None:
     """A reason why ``job`` can never be admitted under ``quota`` (checked at submit), or None."""
     if quota.max_concurrent_jobs == 0:
         return "team quota allows no jobs (max_concurrent_jobs=0)"
-    return blocking_limit(quota, TeamLoad(), job, None)
+    if quota.max_gpus == 0:
+        return "team quota allows no GPUs (max_gpus=0), and every job holds a share of one"
+    return blocking_limit(quota, TeamLoad(), job, None, view or ClusterView())
+
+
+def never_placeable(job: Job, view: ClusterView | None = None) -> str | None:
+    """Why no registered node could ever run ``job`` (checked at submit), or None."""
+    return (view or ClusterView()).problem(job.resources)
 
 
 def admit_pending(team_id: int) -> list[Job]:
-    """Admit the team's PENDING jobs, in priority then submission order, while its quota has room."""
+    """Admit the team's PENDING jobs, in priority then submission order, while its quota has room.
+
+    A job no registered node could ever run stays PENDING with the reason and holds nothing: it never takes
+    one of the team's concurrent-job slots or GPUs away from jobs that can run.
+    """
     admitted = []
     with transaction.atomic():
         quota = Quota.objects.select_for_update().filter(team_id=team_id).first()
@@ -92,15 +150,19 @@ def admit_pending(team_id: int) -> list[Job]:
             return admitted
         if quota is None:
             quota = Quota.objects.create(team_id=team_id)
-        load = team_load(team_id)
+        view = ClusterView()
+        load = team_load(team_id, view)
         window = None
         if quota.gpu_hours is not None:
             window = gpu_seconds(team_id, since=timezone.now() - timedelta(hours=quota.window_hours))
         for job in pending:
-            reason = blocking_limit(quota, load, job, window)
+            if problem := view.problem(job.resources):
+                reason = f"no node could ever run it: {problem}"
+            else:
+                reason = blocking_limit(quota, load, job, window, view)
             if reason is None:
                 transition(job, JobState.PENDING, JobState.QUEUED, "admitted under quota")
-                load.add(job)
+                load.add(job, view.gpus(job.resources))
                 admitted.append(job)
             elif job.reason != f"waiting: {reason}":
                 Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(reason=f"waiting: {reason}")
@@ -140,7 +202,7 @@ class QuotaInvalid(ValueError):
 # always set. The API serializer and the web form both go through quota_clean, so the rules live here once.
 QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
     "max_gpus": (float, True, 0, None),
-    "max_gpu_memory": (int, True, 0, None),
+    "max_gpu_memory": (int, True, 0, 2**60),  # 1 EiB: a 64-bit column holds it
     "max_concurrent_jobs": (int, True, 0, 2**31 - 1),
     "gpu_hours": (float, True, 0, None),
     "window_hours": (float, False, 0.01, 24 * 366),
@@ -172,7 +234,7 @@ def _clean_value(name: str, value):
     elif kind is int:
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError("enter a whole number") from None
         if not math.isfinite(number) or number != int(number):
             raise ValueError("enter a whole number")
@@ -180,14 +242,14 @@ def _clean_value(name: str, value):
     else:
         try:
             number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError("enter a number") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError("enter a finite number") from None
         if not math.isfinite(number):
             raise ValueError("enter a finite number")
     if minimum is not None and number < minimum:
         raise ValueError(f"must be at least {minimum:g}")
     if maximum is not None and number > maximum:
-        raise ValueError(f"must be at most {maximum:g}")
+        raise ValueError(f"must be at most {maximum} bytes" if name == "max_gpu_memory" else f"must be at most {maximum:g}")
     return number
 
 

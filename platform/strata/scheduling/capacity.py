@@ -152,3 +152,47 @@ class CapacityIndex:
                 self.take(device.id, milli, used)
                 taken.append((rank, device, milli, used))
         return taken
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:.4g} GiB"
+
+
+def placement_problem(resources: dict, nodes: list[NodeSlot]) -> str | None:
+    """Why no node of ``nodes`` could ever run ``resources``, even with every device free; None if one could.
+
+    ``nodes`` are the cluster's registered nodes at full capacity. A request that fails here is not a wait
+    for room but a request for hardware the cluster does not have (more memory than any device, more devices
+    than any node, labels no node carries).
+    """
+    gpus = float(resources.get("gpus", 0))
+    memory = resources.get("gpu_memory")
+    workers = int(resources.get("workers", 1))
+    selector = resources.get("node_labels") or None
+    matching = [node for node in nodes
+                if not selector or all(str(node.labels.get(k)) == str(v) for k, v in selector.items())]
+    if not matching:
+        return f"no registered node has the labels {selector}"
+    devices = [device for node in matching for device in node.devices]
+    if not devices:
+        return "the matching nodes have no devices"
+    if memory is not None and all(device.memory_total < memory for device in devices):
+        largest = max(device.memory_total for device in devices)
+        return f"no device has {_gib(memory)} of memory (the largest has {_gib(largest)})"
+    if gpus > 1:
+        count = int(round(gpus))
+        fits = [sum(1 for d in node.devices if memory is None or d.memory_total >= memory) for node in matching]
+        slots = sum(n // count for n in fits)
+        if slots == 0:
+            return f"no node has {count} devices{f' of {_gib(memory)}' if memory else ''} (the most on one node: {max(fits)})"
+    else:
+        milli = share_to_milli(gpus) if gpus > 0 else 0
+        slots = 0
+        for device in devices:
+            if memory is not None and device.memory_total < memory:
+                continue
+            need = milli or share_to_milli(memory / max(device.memory_total, 1))
+            slots += min(FULL // need, device.memory_total // memory if memory else FULL)
+    if slots < workers:
+        return f"{workers} workers need room for {workers} placements; the whole cluster has room for {slots}"
+    return None

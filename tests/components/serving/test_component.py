@@ -10,7 +10,7 @@ import pytest
 from components.runtime.context import DeviceHandle, LocalContext
 from components.runtime.spec import SpecError
 from components.serving.client import ServingError, describe, predict
-from components.serving.component import ServeComponent, serving_hosts
+from components.serving.component import InsecureBindError, ServeComponent, serving_hosts
 from components.serving.model import load_served_model
 
 SOURCE_JOB = "0d4f3c1a-8b7e-4f60-a2d9-6c5b4e3f2a10"
@@ -93,9 +93,35 @@ def test_serve_run_fails_without_a_model(tmp_path):
 def test_serving_hosts_come_from_the_environment(monkeypatch):
     monkeypatch.delenv("STRATA_SERVING_HOST", raising=False)
     monkeypatch.delenv("STRATA_SERVING_ADVERTISE_HOST", raising=False)
+    monkeypatch.delenv("STRATA_SERVING_INSECURE_BIND", raising=False)
     assert serving_hosts() == ("127.0.0.1", "127.0.0.1")
+    for loopback in ("127.0.0.2", "::1", "[::1]", "localhost", "::ffff:127.0.0.1"):
+        monkeypatch.setenv("STRATA_SERVING_HOST", loopback)
+        assert serving_hosts() == (loopback, loopback)
+    # No authentication yet: any other interface is refused, with the reason and the opt-in.
+    for wider in ("0.0.0.0", "::", "10.1.2.3", "node-7.example", "127.0.0.1.example"):
+        monkeypatch.setenv("STRATA_SERVING_HOST", wider)
+        with pytest.raises(InsecureBindError) as refused:
+            serving_hosts()
+        message = str(refused.value)
+        assert f"will not bind {wider!r} (from STRATA_SERVING_HOST)" in message and "\n" not in message
+        assert "no authentication" in message and "STRATA_SERVING_INSECURE_BIND=1" in message
+    monkeypatch.setenv("STRATA_SERVING_INSECURE_BIND", "0")
     monkeypatch.setenv("STRATA_SERVING_HOST", "0.0.0.0")
+    with pytest.raises(InsecureBindError):
+        serving_hosts()
+    monkeypatch.setenv("STRATA_SERVING_INSECURE_BIND", "1")  # the operator's explicit opt-in
     host, advertised = serving_hosts()
     assert host == "0.0.0.0" and advertised not in ("0.0.0.0", "")
     monkeypatch.setenv("STRATA_SERVING_ADVERTISE_HOST", "node-7.example")
     assert serving_hosts() == ("0.0.0.0", "node-7.example")
+
+
+def test_a_refused_bind_fails_the_attempt_before_the_model_is_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_SERVING_HOST", "0.0.0.0")
+    monkeypatch.delenv("STRATA_SERVING_INSECURE_BIND", raising=False)
+    # No model.pt at all: the bind is refused first, with its own reason.
+    ctx = LocalContext(job_id="serve-job", attempt_id="a3", spec={"model": {"job": SOURCE_JOB}}, workdir=tmp_path)
+    with pytest.raises(InsecureBindError, match="no authentication yet"):
+        QuickServe().run(ctx)
+    assert ctx.endpoint is None

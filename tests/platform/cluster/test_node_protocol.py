@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from strata.jobs.models import Allocation, Attempt, Job, JobState
@@ -167,3 +169,36 @@ def test_register_and_heartbeat_via_api(db, node_token, api):
     bad = agent.post("/api/v1/node/register/", {**body, "devices": [{"index": -1, "kind": "virtual",
                                                                      "memory_total": 0}]}, format="json")
     assert bad.status_code == 400
+
+
+def test_a_claim_that_cannot_be_answered_does_not_commit(cluster, submit, run_pass, monkeypatch):
+    """The claim and its answer go together: if the answer cannot be encoded, the attempt is not started and
+    the job is not RUNNING (the node retries the claim; nothing holds a device with no process)."""
+    from strata.cluster.api import views
+
+    job, attempt = _placed(cluster, submit, run_pass)
+
+    class Unencodable(views.JSONRenderer):
+        def render(self, data, *args, **kwargs):
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    monkeypatch.setattr(views, "JSONRenderer", Unencodable)
+    cluster["agent"].raise_request_exception = False
+    assert _call(cluster, attempt, "claim").status_code == 500
+    attempt.refresh_from_db()
+    assert attempt.started_at is None
+    assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
+    monkeypatch.undo()
+    assert _call(cluster, attempt, "claim").status_code == 200
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+
+
+def test_reports_with_unstorable_text_are_refused_whole(cluster, submit, run_pass):
+    job, attempt = _placed(cluster, submit, run_pass)
+    assert _call(cluster, attempt, "claim").status_code == 200
+    body = json.dumps({"node": str(cluster["node"].pk), "token": attempt.fencing_token,
+                       "logs": [{"message": "ok"}, {"message": "bad \x00"}]})  # NUL travels as \u0000
+    response = cluster["agent"].generic("POST", f"{NODE}/{attempt.pk}/report/", body.encode(),
+                                        content_type="application/json")
+    assert response.status_code == 400 and "logs[1].message" in response.json()
+    assert job.log_lines.count() == 0

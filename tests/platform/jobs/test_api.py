@@ -39,6 +39,14 @@ def test_invalid_spec_names_the_field(alice, job_body):
     assert Job.objects.count() == 0
 
 
+def test_every_bad_field_is_named_at_once(alice, job_body):
+    """The envelope, resources and the kind's spec are all checked before the answer: one round trip."""
+    body = job_body(priority=500, time_limit="forever", resources={"gpus": -1, "workers": 0},
+                    spec={"workload": "mlp-digits", "epochs": -3, "bogus": 1})
+    errors = alice.post(JOBS, body, format="json").json()
+    assert {"priority", "time_limit", "resources.gpus", "resources.workers", "spec.epochs", "spec.bogus"} <= set(errors)
+
+
 def test_unknown_kind_lists_known_kinds(alice, job_body):
     response = alice.post(JOBS, job_body(kind="no-such-kind"), format="json")
     assert response.status_code == 400

@@ -69,9 +69,9 @@ def test_gpu_hours_window_blocks_admission(make_team, make_user, submit, run_pas
     blocked = submit(user, team, name="blocked")
     assert state(blocked) == JobState.PENDING
     assert "GPU-hours" in Job.objects.get(pk=blocked.pk).reason
-    # A CPU-only job is not held back by a GPU-hours budget.
-    cpu = submit(user, team, gpus=0, memory=2**20, name="cpu")
-    assert state(cpu) == JobState.QUEUED
+    # A job sized by memory alone holds a real share of a device: the budget holds it back too.
+    small = submit(user, team, gpus=0, memory=2**20, name="small")
+    assert state(small) == JobState.PENDING
     # Usage from before the window does not count.
     Attempt.objects.filter(job=old).update(dispatched_at=now - timedelta(hours=50), ended_at=now - timedelta(hours=48))
     run_pass()

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from strata.cluster.models import Node
 from strata.jobs.models import Allocation, Attempt, Job, JobState
-from strata.jobs.services import attempt_claim, attempt_finish
+from strata.jobs.services import SubmitRejected, attempt_claim, attempt_finish
 from strata.scheduling.services import reap, reconcile
 
 GiB = 2**30
@@ -75,11 +75,13 @@ def test_fractional_jobs_pack_onto_one_device(alpha, submit, make_node, run_pass
 def test_memory_aware_placement(alpha, submit, make_node, run_pass):
     user, team = alpha
     make_node("n1", gpus=1, memory=8 * GiB)
-    too_big = submit(user, team, gpus=0, memory=16 * GiB, name="big")
+    with pytest.raises(SubmitRejected, match="no device has 16 GiB of memory"):
+        submit(user, team, gpus=0, memory=16 * GiB, name="big")
     fits = submit(user, team, gpus=0, memory=2 * GiB, name="small")
+    waits = submit(user, team, gpus=0, memory=7 * GiB, name="waits")
     run_pass()
-    assert state(too_big) == JobState.QUEUED
-    assert Job.objects.get(pk=too_big.pk).reason.startswith("waiting")
+    assert state(waits) == JobState.QUEUED
+    assert Job.objects.get(pk=waits.pk).reason.startswith("waiting")
     assert state(fits) == JobState.SCHEDULED
     (allocation,) = allocations(fits)
     assert allocation.memory == 2 * GiB and allocation.share == pytest.approx(0.25)
@@ -116,16 +118,16 @@ def test_a_shared_job_is_placed_on_the_memory_it_measured(alpha, submit, make_no
 def test_gang_placement_is_all_or_nothing(alpha, submit, make_node, run_pass):
     user, team = alpha
     make_node("n1", gpus=1)
+    make_node("n2", gpus=1)
+    busy = submit(user, team, priority=9, name="busy")
+    run_pass()
+    assert state(busy) == JobState.SCHEDULED  # one device left: not enough for the 2-worker gang
     gang = submit(user, team, workers=2, priority=5, name="gang")
     single = submit(user, team, name="single")
     run_pass()
     assert state(gang) == JobState.QUEUED
     assert not Attempt.objects.filter(job=gang).exists()
-    assert state(single) == JobState.SCHEDULED  # the gang's failed try did not hold the device
-    make_node("n2", gpus=1)  # n1 stays busy, so n2 alone cannot host the 2-worker gang
-    run_pass()
-    assert state(gang) == JobState.QUEUED
-    assert not Attempt.objects.filter(job=gang).exists()
+    assert state(single) == JobState.SCHEDULED  # the gang's failed try did not hold the free device
 
 
 def test_gang_spans_two_devices(alpha, submit, make_node, run_pass):
@@ -311,7 +313,12 @@ def test_node_labels_select_nodes(alpha, submit, make_node, run_pass):
     other = submit(user, team, node_labels={"gpu": "a100"})
     run_pass()
     assert allocations(job)[0].device.node.name == "fast"
-    assert state(other) == JobState.QUEUED
+    # no registered node carries gpu=a100: the job waits unadmitted (one may register later)
+    assert state(other) == JobState.PENDING
+    assert "no registered node has the labels" in Job.objects.get(pk=other.pk).reason
+    make_node("new", gpus=1, labels={"gpu": "a100"})
+    run_pass()
+    assert state(other) == JobState.SCHEDULED
 
 
 # --- a shared job's first attempt borrows what jobs of the same kind and spec measured ------------------------

@@ -11,7 +11,8 @@ class TeamSerializer(serializers.ModelSerializer):
 
 
 class TokenSerializer(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                        help_text="The team a user token is scoped to; null for node tokens.")
 
     class Meta:
         model = ApiToken
@@ -24,3 +25,11 @@ class TokenCreateSerializer(serializers.Serializer):
     team = serializers.SlugField(required=False)
     kind = serializers.ChoiceField(choices=ApiToken.Kind.choices, default=ApiToken.Kind.USER)
     ttl_days = serializers.FloatField(min_value=0.001, max_value=3650, required=False)
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The raw token. Shown once, never stored.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields

@@ -141,3 +141,64 @@ class FinishSerializer(AttemptCallSerializer):
     # service_lost: the node's GPU-sharing service died under the attempt (requeued without a failure).
     outcome = serializers.ChoiceField(choices=["succeeded", "failed", "time_limit", "service_lost"])
     reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
+
+
+# --- answers of the node protocol, for the OpenAPI schema (the views build these as plain dicts) -----------
+
+class RegisterAnswerSerializer(serializers.Serializer):
+    node = serializers.UUIDField(help_text="The node's id: send it with every later call.")
+    session = serializers.UUIDField(help_text="This registration's session; a newer one makes heartbeats 409.")
+    queue = serializers.CharField(help_text="The broker queue the node's worker consumes.")
+    broker_url = serializers.CharField()
+    broker_prefix = serializers.CharField(allow_null=True, allow_blank=True)
+    heartbeat_seconds = serializers.FloatField()
+    lease_seconds = serializers.FloatField()
+
+
+class HeartbeatAnswerSerializer(serializers.Serializer):
+    lease_seconds = serializers.FloatField()
+    stop = serializers.ListField(child=serializers.CharField(), help_text="Attempts the node must stop.")
+    sharing_policy = serializers.ChoiceField(choices=DevicePool.Policy.choices,
+                                             help_text="The GPU-sharing policy of the node's pool.")
+
+
+class ClaimDeviceSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=Device.Kind.choices)
+    index = serializers.IntegerField()
+    memory = serializers.IntegerField()
+    share = serializers.FloatField()
+
+
+class ClaimWorkerSerializer(serializers.Serializer):
+    rank = serializers.IntegerField()
+    node = serializers.UUIDField()
+    device = ClaimDeviceSerializer()
+
+
+class ClaimAnswerSerializer(serializers.Serializer):
+    attempt = serializers.UUIDField()
+    number = serializers.IntegerField()
+    job = serializers.UUIDField()
+    job_name = serializers.CharField()
+    kind = serializers.CharField()
+    spec = serializers.DictField(help_text="The job's normalized spec.")
+    resources = serializers.DictField(help_text="The job's normalized resources.")
+    time_limit = serializers.IntegerField(help_text="Seconds.")
+    world_size = serializers.IntegerField()
+    allocations = ClaimWorkerSerializer(many=True)
+    priority = serializers.IntegerField()
+    stop = serializers.BooleanField()
+
+
+class StopAnswerSerializer(serializers.Serializer):
+    stop = serializers.BooleanField(help_text="The attempt must stop (cancelled, preempted, or ended).")
+
+
+class FinishAnswerSerializer(serializers.Serializer):
+    job_state = serializers.CharField()
+
+
+class StoredArtifactSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    size = serializers.IntegerField()
+    sha256 = serializers.CharField()

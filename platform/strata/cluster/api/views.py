@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import re
 
 from django.conf import settings
-from django.http import FileResponse, Http404
-from drf_spectacular.utils import extend_schema
+from django.db import transaction
+from django.http import FileResponse, Http404, HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, viewsets
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
+from strata.api.schema import error_response
 from strata.cluster import services
 from strata.cluster.api import serializers as s
 from strata.cluster.models import Device, Node
@@ -70,12 +75,22 @@ def _node(data) -> Node:
     return node
 
 
+UNKNOWN_NODE = error_response(404, "Unknown node.")
+NO_FILE = error_response(404, "Unknown node, or no such file.")
+STALE_SESSION = "The node's session was replaced by a newer registration: register again."
+STALE_ATTEMPT = error_response(409, "Wrong fencing token, another node's attempt, or an attempt that already "
+                                    "ended (StaleAttempt): stop it.")
+ATTEMPT_QUERY = [OpenApiParameter("node", OpenApiTypes.UUID, required=True, description="The node's id."),
+                 OpenApiParameter("token", str, required=True, description="The attempt's fencing token.")]
+ARTIFACT_KIND = OpenApiParameter("kind", str, enum=list(Artifact.Kind.values), default=Artifact.Kind.ARTIFACT)
+
+
 class NodeAPIView(APIView):
     permission_classes = [IsNode]
 
 
 class RegisterView(NodeAPIView):
-    @extend_schema(request=s.RegisterSerializer, responses=dict)
+    @extend_schema(request=s.RegisterSerializer, responses=s.RegisterAnswerSerializer)
     def post(self, request):
         serializer = s.RegisterSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -89,7 +104,8 @@ class RegisterView(NodeAPIView):
 
 
 class HeartbeatView(NodeAPIView):
-    @extend_schema(request=s.HeartbeatSerializer, responses=dict)
+    @extend_schema(request=s.HeartbeatSerializer, responses={200: s.HeartbeatAnswerSerializer, 404: UNKNOWN_NODE,
+                                                             409: error_response(409, STALE_SESSION)})
     def post(self, request):
         serializer = s.HeartbeatSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -100,29 +116,36 @@ class HeartbeatView(NodeAPIView):
 
 
 class AttemptClaimView(NodeAPIView):
-    @extend_schema(request=s.AttemptCallSerializer, responses=dict)
+    @extend_schema(request=s.AttemptCallSerializer,
+                   responses={200: s.ClaimAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         serializer = s.AttemptCallSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         node = _node(serializer.validated_data)
-        attempt = job_services.attempt_claim(attempt_id, serializer.validated_data["token"], node)
-        job = attempt.job
-        workers = [
-            {"rank": a.rank, "node": str(a.device.node_id), "device": {"kind": a.device.kind, "index": a.device.index,
-                                                                       "memory": a.memory, "share": a.share}}
-            for a in attempt.allocations.select_related("device").order_by("rank", "device__index")
-        ]
-        return Response({
-            "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
-            "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
-            "world_size": int(job.resources.get("workers", 1)), "allocations": workers,
-            "priority": job.priority,
-            "stop": job_services.attempt_stop_requested(attempt),
-        })
+        # The claim and its answer go together: the answer is built and encoded before the claim commits, so
+        # a job that cannot be sent to the node is never left RUNNING with no process.
+        with transaction.atomic():
+            attempt = job_services.attempt_claim(attempt_id, serializer.validated_data["token"], node)
+            job = attempt.job
+            workers = [
+                {"rank": a.rank, "node": str(a.device.node_id),
+                 "device": {"kind": a.device.kind, "index": a.device.index, "memory": a.memory, "share": a.share}}
+                for a in attempt.allocations.select_related("device").order_by("rank", "device__index")
+            ]
+            answer = {
+                "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
+                "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
+                "world_size": int(job.resources.get("workers", 1)), "allocations": workers,
+                "priority": job.priority,
+                "stop": job_services.attempt_stop_requested(attempt),
+            }
+            body = JSONRenderer().render(answer)
+        return HttpResponse(body, content_type="application/json")
 
 
 class AttemptReportView(NodeAPIView):
-    @extend_schema(request=s.ReportSerializer, responses=dict)
+    @extend_schema(request=s.ReportSerializer,
+                   responses={200: s.StopAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         serializer = s.ReportSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -133,7 +156,8 @@ class AttemptReportView(NodeAPIView):
 
 
 class AttemptFinishView(NodeAPIView):
-    @extend_schema(request=s.FinishSerializer, responses=dict)
+    @extend_schema(request=s.FinishSerializer,
+                   responses={200: s.FinishAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         serializer = s.FinishSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -156,7 +180,9 @@ def _attempt_from_query(request, attempt_id):
 class AttemptArtifactView(NodeAPIView):
     """PUT the raw bytes of an artifact (or, with ?kind=checkpoint, the job's checkpoint)."""
 
-    @extend_schema(request={"application/octet-stream": bytes}, responses=dict)
+    @extend_schema(request={"application/octet-stream": bytes}, parameters=[*ATTEMPT_QUERY, ARTIFACT_KIND],
+                   responses={201: s.StoredArtifactSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT,
+                              413: error_response(413, "Larger than STRATA_MAX_UPLOAD_BYTES.")})
     def put(self, request, attempt_id, name):
         if not ARTIFACT_NAME.match(name) or ".." in name:
             raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
@@ -165,7 +191,8 @@ class AttemptArtifactView(NodeAPIView):
             raise serializers.ValidationError({"kind": [f"one of {', '.join(Artifact.Kind.values)}"]})
         attempt = _attempt_from_query(request, attempt_id)
         try:
-            artifact = job_services.artifact_store(attempt, name, request.stream, kind)
+            # DRF gives no stream for an empty body: that is an empty file, not a missing one.
+            artifact = job_services.artifact_store(attempt, name, request.stream or io.BytesIO(), kind)
         except ValueError as error:
             return Response({"detail": str(error)}, status=413)
         return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
@@ -174,6 +201,8 @@ class AttemptArtifactView(NodeAPIView):
 class AttemptSourceView(NodeAPIView):
     """GET artifact ``name`` of a job the attempt's spec reads from (``spec.model.job`` of a serve job)."""
 
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                                                       404: NO_FILE, 409: STALE_ATTEMPT})
     def get(self, request, attempt_id, name):
         attempt = _attempt_from_query(request, attempt_id)
         artifact = job_selectors.source_artifact(attempt.job, name)
@@ -185,6 +214,8 @@ class AttemptSourceView(NodeAPIView):
 class AttemptCheckpointView(NodeAPIView):
     """GET the job's latest checkpoint (from any earlier attempt), 404 when it has none."""
 
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                                                       404: NO_FILE, 409: STALE_ATTEMPT})
     def get(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         checkpoint = Artifact.objects.filter(job_id=attempt.job_id, kind=Artifact.Kind.CHECKPOINT).order_by(

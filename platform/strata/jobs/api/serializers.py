@@ -7,10 +7,13 @@ from rest_framework import serializers
 from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
+from strata.api.values import safe_name, value_problems
 from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
+MIN_GPUS = 0.001  # the smallest share the scheduler places
+MAX_GPU_MEMORY = 2**50  # 1 PiB: far above any device, far below what a 64-bit column holds
 
 
 def normalize_resources(value) -> dict:
@@ -22,13 +25,15 @@ def normalize_resources(value) -> dict:
     errors = {}
     for name in value:
         if name not in RESOURCE_FIELDS:
-            errors[f"resources.{name}"] = [f"unknown field; allowed: {', '.join(sorted(RESOURCE_FIELDS))}"]
+            errors[f"resources.{safe_name(str(name))}"] = [f"unknown field; allowed: {', '.join(sorted(RESOURCE_FIELDS))}"]
     memory = None
     if value.get("gpu_memory") is not None:
         try:
             memory = parse_bytes(value["gpu_memory"])
             if memory <= 0:
                 raise ValueError("must be positive")
+            if memory > MAX_GPU_MEMORY:
+                raise ValueError(f"must be at most {MAX_GPU_MEMORY // 2**50} PiB")
         except ValueError as error:
             errors["resources.gpu_memory"] = [str(error)]
     default_gpus = 0.0 if memory else 1.0
@@ -40,6 +45,11 @@ def normalize_resources(value) -> dict:
         errors["resources.gpus"] = ["must be between 0 and 64"]
     elif gpus > 1 and int(gpus) != gpus:
         errors["resources.gpus"] = ["above 1 must be a whole number of GPUs"]
+    elif gpus == 0 and memory is None and "resources.gpu_memory" not in errors:
+        errors["resources.gpus"] = ["must be more than 0: every job holds a real share of a GPU (or give "
+                                    "resources.gpu_memory to size a shared slice by memory)"]
+    elif 0 < gpus < MIN_GPUS:
+        errors["resources.gpus"] = [f"must be at least {MIN_GPUS} (a thousandth of a GPU)"]
     workers = value.get("workers", 1)
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         errors["resources.workers"] = ["must be an integer between 1 and 256"]
@@ -65,12 +75,33 @@ class JobSubmitSerializer(serializers.Serializer):
     spec = serializers.JSONField(required=False)
 
     def to_internal_value(self, data):
+        """Every bad field at once: the envelope's fields, ``resources`` and the kind's ``spec`` are all checked
+        before anything is reported (text that cannot be stored is refused first: the other checks could
+        echo it)."""
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
-        unknown = sorted(set(data) - SUBMIT_FIELDS)
-        if unknown:
-            raise serializers.ValidationError({name: ["unknown or read-only field"] for name in unknown})
-        return super().to_internal_value(data)
+        errors = {field: [message] for field, message in value_problems(data).items()}
+        errors.update({safe_name(str(name)): ["unknown or read-only field"] for name in sorted(set(data) - SUBMIT_FIELDS)})
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs = {}
+        try:
+            attrs = super().to_internal_value(data)
+        except serializers.ValidationError as error:
+            errors.update(error.detail)
+        try:
+            resources = normalize_resources(data.get("resources"))
+        except serializers.ValidationError as error:
+            errors.update(error.detail)
+        spec = None
+        if "kind" not in errors:
+            try:
+                spec = get_kind(data["kind"]).validate(data.get("spec") or {})
+            except SpecError as error:
+                errors.update({field: [message] for field, message in error.errors.items()})
+        if errors:
+            raise serializers.ValidationError(errors)
+        return {**attrs, "resources": resources, "spec": spec}
 
     def validate_kind(self, value):
         try:
@@ -91,12 +122,7 @@ class JobSubmitSerializer(serializers.Serializer):
         return int(seconds)
 
     def validate(self, attrs):
-        attrs["resources"] = normalize_resources(attrs.get("resources"))
         attrs.setdefault("time_limit", 3600)
-        try:
-            attrs["spec"] = get_kind(attrs["kind"]).validate(attrs.get("spec") or {})
-        except SpecError as error:
-            raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None
         attrs.setdefault("name", f"{attrs['kind']}-job")
         return attrs
 
@@ -115,6 +141,9 @@ class AllocationSerializer(serializers.ModelSerializer):
 class AttemptSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", default=None, read_only=True)
     allocations = AllocationSerializer(many=True, read_only=True)
+    # Declared so the schema allows "" (read-only model fields lose allow_blank): blank until the attempt ends.
+    outcome = serializers.ChoiceField(choices=Attempt.Outcome.choices, allow_blank=True, read_only=True,
+                                      help_text="How the attempt ended; empty while it has not.")
 
     class Meta:
         model = Attempt

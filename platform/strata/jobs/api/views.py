@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from django.http import FileResponse, Http404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
+from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
 from strata.jobs import services
 from strata.jobs.api.serializers import (
@@ -36,6 +38,15 @@ def _after(request) -> int:
         raise serializers.ValidationError({"after": ["must be an integer id"]}) from None
 
 
+LIST_FILTERS = [
+    OpenApiParameter("state", str, description="Comma-separated job states, e.g. RUNNING,QUEUED (unknown: 400)."),
+    OpenApiParameter("kind", str, description="Only jobs of this kind."),
+    OpenApiParameter("team", str, description="Only jobs of this team (slug)."),
+    OpenApiParameter("owner", str, description="Only jobs of this user (username)."),
+]
+
+
+@extend_schema_view(list=extend_schema(parameters=LIST_FILTERS))
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Submit, list, inspect and cancel jobs of the caller's teams."""
 
@@ -73,8 +84,14 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(
         request=JobSubmitSerializer,
-        responses={201: JobSerializer, 200: JobSerializer},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        responses={201: OpenApiResponse(JobSerializer, description="The new job."),
+                   200: OpenApiResponse(JobSerializer, description="A replay: the job first submitted with this "
+                                                               "Idempotency-Key and the same body."),
+                   422: error_response(422)},
+        parameters=[OpenApiParameter("Idempotency-Key", {"type": "string", "minLength": 1, "maxLength": 200},
+                                     OpenApiParameter.HEADER, required=False,
+                                     description="Submit at most once: a retry with the same key and body "
+                                                 "returns the same job (200).")],
     )
     def create(self, request, *args, **kwargs):
         serializer = JobSubmitSerializer(data=request.data)
@@ -109,7 +126,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(responses=JobEventSerializer(many=True),
                    parameters=[OpenApiParameter("after", int, description="Only ids greater than this")])
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def events(self, request, pk=None):
         job = self.get_object()
         items = job.events.filter(id__gt=_after(request)).order_by("id")[:MAX_STREAM_ITEMS]
@@ -117,7 +134,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(responses=LogLineSerializer(many=True),
                    parameters=[OpenApiParameter("after", int, description="Only ids greater than this")])
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def logs(self, request, pk=None):
         job = self.get_object()
         items = job.log_lines.filter(id__gt=_after(request)).order_by("id")[:MAX_STREAM_ITEMS]
@@ -125,7 +142,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(responses=MetricPointSerializer(many=True),
                    parameters=[OpenApiParameter("name", str), OpenApiParameter("after", int)])
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def metrics(self, request, pk=None):
         job = self.get_object()
         items = job.metric_points.filter(id__gt=_after(request))
@@ -134,7 +151,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(MetricPointSerializer(items.order_by("id")[:10 * MAX_STREAM_ITEMS], many=True).data)
 
     @extend_schema(responses=ArtifactSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def artifacts(self, request, pk=None):
         job = self.get_object()
         return Response(ArtifactSerializer(job.artifacts.filter(kind=Artifact.Kind.ARTIFACT), many=True).data)
@@ -143,7 +160,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["get"], url_path=r"artifacts/(?P<artifact_id>[0-9a-f-]{36})/download")
     def download(self, request, pk=None, artifact_id=None):
         job = self.get_object()
-        artifact = job.artifacts.filter(pk=artifact_id, kind=Artifact.Kind.ARTIFACT).first()
-        if artifact is None:
-            raise Http404
-        return FileResponse(get_storage().open(artifact.storage_key), as_attachment=True, filename=artifact.name)
+        # get_object_or_404 answers 404 for an id the route lets through that is no UUID ("000...0"), too.
+        artifact = get_object_or_404(job.artifacts, pk=artifact_id, kind=Artifact.Kind.ARTIFACT)
+        # Always bytes, whatever the name says (never text/html or JSON guessed from "x.html" or "x.json").
+        return FileResponse(get_storage().open(artifact.storage_key), as_attachment=True, filename=artifact.name,
+                            content_type="application/octet-stream")

@@ -45,3 +45,21 @@ class QuotaSerializer(serializers.ModelSerializer):
             return quota_clean(attrs)
         except QuotaInvalid as error:
             raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None
+
+
+class UsageSerializer(serializers.Serializer):
+    """What a team holds now and has used (quotas.services.team_usage); for the OpenAPI schema."""
+
+    jobs = serializers.IntegerField(help_text="Admitted jobs not finished yet.")
+    gpus = serializers.FloatField(help_text="GPUs they hold or ask for.")
+    gpu_memory = serializers.IntegerField(help_text="Bytes of GPU memory they hold or ask for.")
+    gpu_hours_window = serializers.FloatField(help_text="GPU-hours used in the last window_hours.")
+    gpu_hours_total = serializers.FloatField()
+    window_hours = serializers.FloatField()
+    pending = serializers.IntegerField(help_text="Jobs waiting for quota.")
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    team = serializers.CharField()
+    quota = QuotaSerializer()
+    usage = UsageSerializer()

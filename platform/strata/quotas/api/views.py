@@ -7,7 +7,7 @@ from rest_framework.response import Response
 
 from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsClusterAdmin, IsUser
-from strata.quotas.api.serializers import QuotaSerializer
+from strata.quotas.api.serializers import QuotaSerializer, QuotaUsageSerializer
 from strata.quotas.models import Quota
 from strata.quotas.services import quota_update, team_usage
 
@@ -30,7 +30,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
         change = quota_update(serializer.instance.team_id, serializer.validated_data)
         serializer.instance = change.quota
 
-    @extend_schema(responses=dict)
+    @extend_schema(responses=QuotaUsageSerializer)
     @action(detail=True, methods=["get"])
     def usage(self, request, team=None):
         quota = self.get_object()

@@ -1,0 +1,407 @@
+"""What the served OpenAPI schema (``/api/v1/schema/``, drf-spectacular, OpenAPI 3.0.3) says beyond what
+drf-spectacular finds by itself, so that a client generator or a fuzzer can build every request from it and
+check every answer against it:
+
+- the job submit body is one schema per registered kind (``oneOf`` with a ``discriminator`` on ``kind``),
+  each with ``kind`` fixed to that kind and ``spec`` typed by the kind's own ``KindSpec.json_schema()``
+  (converted from JSON Schema 2020-12 to OpenAPI 3.0), with typed ``resources`` and ``time_limit``;
+- jobs in replies have typed ``resources``; a quota's ``max_gpu_memory`` is bytes in replies and bytes or a
+  size string in requests;
+- bearer tokens are a security scheme (``bearerAuth``);
+- every operation declares the error answers the API gives (:func:`add_error_responses`, a postprocessing
+  hook): 400 with field errors, 401, 403, 404, 413, 415, 429 where they apply, each with a JSON error schema
+  (``Error``: ``{"detail": "..."}``; ``ValidationError``: one key per bad field). Codes particular to a view
+  (409 for a stale attempt or session, 422 for an idempotency conflict) are declared on the view with
+  :func:`error_response`.
+
+SPECTACULAR_SETTINGS (settings.py) names this module's hooks; naming it there also imports this module before
+any view is inspected, which registers the extensions below.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
+from drf_spectacular.hooks import postprocess_schema_enums
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.settings import spectacular_settings
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework.permissions import AllowAny
+
+from components.runtime.registry import kinds
+
+# --- error answers --------------------------------------------------------------------------------------
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "An error that is not about one field: what went wrong, in words.",
+    "properties": {"detail": {"type": "string"}},
+    "required": ["detail"],
+}
+VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "A request that was refused as invalid: one key per bad field, named by its dotted path "
+        "(`spec.epochs`, `resources.gpus`, `Idempotency-Key`, a query parameter), each with a list of messages "
+        "(a nested object or list for a nested field, as in `{\"sharing\": [{\"utilization\": [...]}]}`); "
+        "`non_field_errors` for the body as a whole; `detail` alone for a request that could not be read "
+        "(malformed JSON, a bad Content-Length, text that cannot be stored)."
+    ),
+    "properties": {
+        "detail": {"type": "string"},
+        "non_field_errors": {"type": "array", "items": {"type": "string"}},
+    },
+    "additionalProperties": {"anyOf": [{"type": "array", "items": {}}, {"type": "object"}, {"type": "string"}]},
+    "example": {"spec.epochs": ["must be >= 1"], "resources.gpus": ["must be between 0 and 64"]},
+}
+ERROR_REF = {"$ref": "#/components/schemas/Error"}
+VALIDATION_ERROR_REF = {"$ref": "#/components/schemas/ValidationError"}
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: one key per bad field (see ValidationError).",
+    401: "No valid credentials: the bearer token is missing, malformed, unknown, expired or revoked.",
+    403: "Not allowed: a node token on a user route (or a user on a node route), not a cluster admin, or a "
+         "session request without its CSRF token.",
+    404: "No such object, or one of another team (never told apart), or no such page of a list.",
+    409: "Conflict with the object's current state.",
+    413: "The request body is larger than the limit (STRATA_MAX_BODY_BYTES, 1 MiB by default).",
+    415: "Unsupported Content-Type (send application/json), or a charset that is not a text encoding.",
+    422: "Idempotency-Key was already used with a different request body.",
+    429: "Too many requests: throttled; retry after Retry-After seconds.",
+}
+RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}}
+
+
+def error_response(code: int, description: str | None = None) -> OpenApiResponse:
+    """An error answer for ``extend_schema(responses={...})``, for a code particular to a view."""
+    return OpenApiResponse(VALIDATION_ERROR_REF if code == 400 else ERROR_REF,
+                           description=description or ERROR_DESCRIPTIONS[code])
+
+
+def _error_response_object(code: int) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": ERROR_DESCRIPTIONS[code],
+        "content": {"application/json": {"schema": VALIDATION_ERROR_REF if code == 400 else ERROR_REF}},
+    }
+    if code == 429:
+        answer["headers"] = dict(RETRY_AFTER)
+    return answer
+
+
+def operation_error_codes(operation: dict[str, Any], view) -> set[int]:
+    """The error codes ``operation`` (served by ``view``, as drf-spectacular instantiated it) can answer."""
+    codes = {400}  # every request: a bad Content-Length, text that cannot be stored in the path or query
+    if view is None or not all(isinstance(p, AllowAny) for p in view.get_permissions()):
+        codes |= {401, 403}
+    parameters = operation.get("parameters", [])
+    if any(p.get("in") == "path" for p in parameters) or any(
+            p.get("in") == "query" and p.get("name") == "page" for p in parameters):
+        codes.add(404)
+    if operation.get("requestBody"):
+        # 413: BodySizeLimitMiddleware; 415: a media type no parser reads, or a charset that is not a text
+        # encoding (RequestTextMiddleware, for any body, uploads included).
+        codes |= {413, 415}
+    if view is not None and view.get_throttles():
+        codes.add(429)
+    return codes
+
+
+def _views_by_operation(generator, request) -> dict[tuple[str, str], Any]:
+    """(path, method) -> the view instance drf-spectacular inspected for it (action and request set)."""
+    views = {}
+    for path, _regex, method, callback in generator.endpoints or []:
+        view = generator.create_view(callback, method)
+        path = generator.coerce_path(path, method, view)
+        view.request = spectacular_settings.GET_MOCK_REQUEST(method, path, view, request)
+        views[path, method.lower()] = view
+    return views
+
+
+def register_extensions(endpoints):
+    """Preprocessing hook, run before any view is inspected. It changes nothing: being named in
+    SPECTACULAR_SETTINGS makes drf-spectacular import this module first, which registers its extensions."""
+    return endpoints
+
+
+def postprocess_enums(result, generator, request, public):
+    """drf-spectacular's enum hook (a named component per choice set of the serializers), kept away from the
+    components written here: a kind's spec schema and ``kind: {enum: [train]}`` of each submit variant stay
+    as they are written (the hook would turn every ``enum`` there into a shared component)."""
+    schemas = result.get("components", {}).get("schemas", {})
+    own = {name: schemas.pop(name) for name in list(schemas) if name in OWN_COMPONENTS}
+    result = postprocess_schema_enums(result, generator, request=request, public=public)
+    result.setdefault("components", {}).setdefault("schemas", {}).update(own)
+    return result
+
+
+def add_error_responses(result, generator, request, public):
+    """Postprocessing hook: the Error and ValidationError components, and on every operation the error
+    answers it can give (codes a view already declares keep the view's description)."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("Error", ERROR_SCHEMA)
+    schemas.setdefault("ValidationError", VALIDATION_ERROR_SCHEMA)
+    views = _views_by_operation(generator, request)
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if method not in {"get", "put", "post", "patch", "delete"}:
+                continue
+            responses = operation.setdefault("responses", {})
+            for code in sorted(operation_error_codes(operation, views.get((path, method)))):
+                responses.setdefault(str(code), _error_response_object(code))
+            if "429" in responses:
+                responses["429"].setdefault("headers", dict(RETRY_AFTER))
+    return result
+
+
+# --- JSON Schema 2020-12 (KindSpec.json_schema) -> OpenAPI 3.0 schema objects ----------------------------
+
+OPENAPI30_KEYWORDS = {
+    "title", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength",
+    "pattern", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties", "required", "enum",
+    "type", "allOf", "oneOf", "anyOf", "not", "items", "properties", "additionalProperties", "description",
+    "format", "default", "nullable", "discriminator", "readOnly", "writeOnly", "example", "deprecated",
+}
+
+
+def openapi30(schema: Any) -> Any:
+    """A JSON Schema (2020-12, as ``KindSpec.json_schema`` gives it) as an OpenAPI 3.0 schema object.
+
+    ``type: [T, "null"]`` becomes ``type: T, nullable: true``; ``type: "null"`` alone becomes a nullable
+    type whose only value is null; ``const`` an ``enum`` of one; numeric ``exclusiveMinimum``/``Maximum``
+    the 3.0 boolean form; ``examples`` the first ``example``. Keywords OpenAPI 3.0 does not have
+    (``$schema``, ``if``/``then``/``else``, ``patternProperties``, ...) are left out, so the result may
+    accept more than the original; the server validates with the kind's own ``validate`` either way."""
+    if schema is True:
+        return {}
+    if schema is False:
+        return {"not": {}}
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "properties":
+            out[key] = {name: openapi30(sub) for name, sub in value.items()}
+        elif key == "additionalProperties":
+            out[key] = value if isinstance(value, bool) else openapi30(value)
+        elif key in ("items", "not"):
+            out[key] = openapi30(value)
+        elif key in ("oneOf", "anyOf"):
+            out[key] = [openapi30(sub) for sub in value]
+        elif key == "allOf":
+            parts = [part for part in (openapi30(sub) for sub in value) if part != {}]
+            if parts:
+                out[key] = parts
+        elif key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "examples":
+            if value:
+                out["example"] = value[0]
+        elif key == "type":
+            continue  # below
+        elif key in OPENAPI30_KEYWORDS or key.startswith("x-"):
+            out[key] = value
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        nullable = "null" in types
+        types = [t for t in types if t != "null"]
+        if not types:  # null only
+            out.update({"type": "string", "nullable": True, "enum": [None]})
+        elif len(types) == 1:
+            out["type"] = types[0]
+            if nullable:
+                out["nullable"] = True
+        else:
+            alternatives = [{"type": t, **({"nullable": True} if nullable else {})} for t in types]
+            if "anyOf" in out:
+                out["allOf"] = [*out.get("allOf", []), {"anyOf": alternatives}]
+            else:
+                out["anyOf"] = alternatives
+    if out.get("nullable") and "enum" in out and None not in out["enum"]:
+        del out["nullable"]  # the enum does not allow null, so neither does the schema
+    return out
+
+
+def kind_component_prefix(kind: str) -> str:
+    """``train`` -> ``Train``, ``my-kind`` -> ``MyKind``: a component name prefix for a job kind."""
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", kind) if part) or "Kind"
+
+
+def kind_spec_schema(kind: str) -> dict[str, Any]:
+    """The OpenAPI 3.0 schema of ``kind``'s spec (from ``KindSpec.json_schema``)."""
+    spec = kinds()[kind]
+    schema = openapi30(spec.json_schema())
+    schema.setdefault("type", "object")
+    schema["title"] = f"{kind} spec"
+    if spec.description and "description" not in schema:
+        schema["description"] = spec.description
+    return schema
+
+
+# --- job bodies -----------------------------------------------------------------------------------------
+
+SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([kKmMgGtT][iI]?[bB]?|[bB])?\s*$"
+# A size of at least one byte: a non-zero digit before the point (so "0", "0.0GiB" are not generated).
+POSITIVE_SIZE_PATTERN = r"^\s*[0-9]*[1-9][0-9]*(\.[0-9]+)?\s*([kKmMgGtT][iI]?[bB]?|[bB])?\s*$"
+DURATION_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([sShHdD]|[mM]|[mM][iI][nN])?\s*$"
+
+
+def resources_request_schema() -> dict[str, Any]:
+    """The ``resources`` of a submit body (``normalize_resources`` in jobs/api/serializers.py checks it)."""
+    from strata.jobs.api.serializers import MAX_GPU_MEMORY
+
+    memory_bytes = {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "What each worker needs. Default: one whole GPU, one worker.",
+        "properties": {
+            "gpus": {"type": "number", "minimum": 0, "maximum": 64,
+                     "description": "GPUs per worker: a fraction up to 1 shares a device; above 1, a whole number "
+                                    "of devices on one node. 0 only together with gpu_memory (a slice sized by "
+                                    "memory). Default 1, or 0 when gpu_memory is given."},
+            "gpu_memory": {
+                "oneOf": [memory_bytes, {"type": "string", "pattern": POSITIVE_SIZE_PATTERN, "maxLength": 64}],
+                "description": "GPU memory per worker: bytes, or a size such as \"4GiB\" or \"512MB\"; null: "
+                               "not sized by memory.",
+                "example": "4GiB",
+            },
+            "workers": {"type": "integer", "minimum": 1, "maximum": 256, "default": 1,
+                        "description": "Workers (ranks), placed all or nothing, possibly across nodes."},
+            "node_labels": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "Run only on nodes with all of these labels.",
+                            "example": {"zone": "a"}},
+        },
+    }
+
+
+RESOURCES_RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "The normalized resource request: per worker.",
+    "properties": {
+        "gpus": {"type": "number"},
+        "gpu_memory": {"type": "integer", "nullable": True, "description": "Bytes; null: not sized by memory."},
+        "workers": {"type": "integer"},
+        "node_labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["gpus", "workers"],
+}
+
+
+def time_limit_request_schema() -> dict[str, Any]:
+    maximum = settings.STRATA_MAX_TIME_LIMIT_SECONDS
+    return {
+        "oneOf": [
+            {"type": "integer", "minimum": 1, "maximum": maximum},
+            {"type": "string", "pattern": DURATION_PATTERN, "maxLength": 64},
+        ],
+        "description": f"Seconds, or a duration such as \"90s\", \"15m\", \"2h\", \"1d\"; at most {maximum} s. "
+                       "Default 1 h.",
+        "example": "30m",
+    }
+
+
+# Components written here by hand (the per-kind submit bodies and specs); the enum hook leaves them alone.
+OWN_COMPONENTS: set[str] = set()
+
+
+def _component(auto_schema, name: str, schema: dict[str, Any]) -> dict[str, str]:
+    """Register ``schema`` as component ``name`` (once per generation) and return its ``$ref``."""
+    OWN_COMPONENTS.add(name)
+    component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, schema=schema,
+                                  object=f"strata.api.schema:{name}")
+    auto_schema.registry.register_on_missing(component)
+    return component.ref
+
+
+class JobSubmitSchema(OpenApiSerializerExtension):
+    """The submit body: one schema per registered kind, chosen by ``kind`` (a discriminator)."""
+
+    target_class = "strata.jobs.api.serializers.JobSubmitSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        base = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction != "request":
+            return base
+        resources = _component(auto_schema, "ResourcesRequest", resources_request_schema())
+        mapping = {}
+        for kind, spec in sorted(kinds().items()):
+            prefix = kind_component_prefix(kind)
+            properties = dict(base.get("properties", {}))
+            properties["kind"] = {"type": "string", "enum": [kind], "description": spec.description or kind}
+            properties["time_limit"] = time_limit_request_schema()
+            properties["resources"] = resources
+            properties["spec"] = _component(auto_schema, f"{prefix}Spec", kind_spec_schema(kind))
+            variant = {
+                "type": "object",
+                "title": f"a {kind} job",
+                "properties": properties,
+                "required": sorted({"kind", *base.get("required", [])}),
+                "additionalProperties": False,
+            }
+            mapping[kind] = _component(auto_schema, f"{prefix}JobSubmitRequest", variant)["$ref"]
+        return {
+            "oneOf": [{"$ref": ref} for ref in mapping.values()],
+            "discriminator": {"propertyName": "kind", "mapping": mapping},
+            "required": ["kind"],
+            "description": "A job to submit. `kind` is one of the registered kinds and chooses the schema of "
+                           "`spec`. Unknown or read-only fields are refused (400).",
+        }
+
+
+class JobSchema(OpenApiSerializerExtension):
+    """Jobs in replies (detail and list): typed ``resources``; ``spec`` is the kind's normalized spec."""
+
+    target_class = "strata.jobs.api.serializers.JobSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        properties = schema.get("properties", {})
+        if "resources" in properties:
+            properties["resources"] = {**RESOURCES_RESPONSE_SCHEMA, "readOnly": True}
+        if "spec" in properties:
+            properties["spec"] = {"type": "object", "additionalProperties": {}, "readOnly": True,
+                                  "description": "The normalized spec of the job's kind: every field of the "
+                                                 "kind's spec schema, defaults filled in."}
+        if "time_limit" in properties:
+            properties["time_limit"] = {**properties["time_limit"], "description": "Seconds."}
+        return schema
+
+
+class ByteSizeFieldSchema(OpenApiSerializerFieldExtension):
+    """A quota's ``max_gpu_memory``: bytes in replies; bytes or a size string in requests; null: unlimited."""
+
+    target_class = "strata.quotas.api.serializers.ByteSizeField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        from strata.quotas.services import QUOTA_FIELDS
+
+        if direction == "response":
+            return {"type": "integer", "minimum": 0, "nullable": True, "description": "Bytes; null: unlimited."}
+        _, _, minimum, maximum = QUOTA_FIELDS["max_gpu_memory"]
+        bounds = {"minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
+        return {
+            "oneOf": [{"type": "integer", **bounds, "nullable": True},
+                      {"type": "string", "pattern": SIZE_PATTERN, "maxLength": 64}],
+            "description": "Bytes, or a size such as \"64GiB\"; null: unlimited.",
+        }
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "strata.accounts.authentication.BearerTokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "An API token (`st_...`): a user token for a team, or a node token on "
+                               "/api/v1/node/ routes."}

@@ -1,0 +1,77 @@
+"""The embedded broker: messages are written atomically, so a consumer in another process never takes a
+partial one (kombu's own filesystem transport writes in place and can hand a consumer an empty file)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+from kombu import Connection
+
+from components.runtime.broker import EMBEDDED_SCHEME, celery_broker_options
+
+MESSAGES = 400
+PAYLOAD = {"body": "x" * 200_000}  # large enough that a write is not one instant
+
+
+def _produce(url: str, options: dict, queue: str) -> None:
+    with Connection(url, transport_options=options) as connection:
+        channel = connection.channel()
+        for index in range(MESSAGES):
+            channel._put(queue, {**PAYLOAD, "index": index})
+
+
+def _consume(url: str, options: dict, queue: str) -> tuple[int, list[str]]:
+    """Take messages as fast as they appear; return how many and the errors met."""
+    from queue import Empty
+
+    received, errors = 0, []
+    with Connection(url, transport_options=options) as connection:
+        channel = connection.channel()
+        deadline = time.monotonic() + 120  # liveness only: the producer is a spawned process
+        while received + len(errors) < MESSAGES and time.monotonic() < deadline:
+            try:
+                message = channel._get(queue)
+            except Empty:
+                continue
+            except ValueError as error:  # json.JSONDecodeError: a partial message
+                errors.append(str(error))
+                continue
+            assert message["body"] == PAYLOAD["body"]
+            received += 1
+    return received, errors
+
+
+def _run(url: str, options: dict) -> tuple[int, list[str]]:
+    context = multiprocessing.get_context("spawn")
+    producer = context.Process(target=_produce, args=(url, options, "work"))
+    producer.start()
+    try:
+        return _consume(url, options, "work")
+    finally:
+        producer.join(60)
+        if producer.is_alive():
+            producer.kill()
+            producer.join()
+
+
+def test_a_consumer_only_ever_sees_whole_messages(tmp_path):
+    settings = celery_broker_options(f"filesystem://{tmp_path}")
+    assert settings["broker_url"] == f"{EMBEDDED_SCHEME}://"
+    received, errors = _run(settings["broker_url"], settings["broker_transport_options"])
+    assert errors == [] and received == MESSAGES
+    leftovers = [name for name in os.listdir(tmp_path / "queue")]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("transport", ["filesystem://", f"{EMBEDDED_SCHEME}://"])
+def test_a_message_put_is_a_message_got(tmp_path, transport):
+    options = celery_broker_options(f"filesystem://{tmp_path}")["broker_transport_options"]
+    with Connection(transport, transport_options=options) as connection:
+        # kombu caches declared exchanges per transport class in the process: one queue name per test case
+        queue = connection.SimpleQueue(f"roundtrip-{transport.split(':')[0]}")
+        queue.put({"attempt": "a", "token": "t"})
+        assert queue.get(timeout=10).payload == {"attempt": "a", "token": "t"}
+        queue.close()

@@ -1,0 +1,53 @@
+"""The job page of a serve job says, under its endpoint, that the endpoint is loopback-only and unauthenticated."""
+
+from __future__ import annotations
+
+import io
+
+from django.test import Client
+
+from strata.jobs.models import Attempt
+
+NODE = "/api/v1/node/attempts"
+NOTE = ("It listens on the node's loopback interface only and has no authentication yet, so only processes "
+        "on that node can call it.")
+
+
+def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticated(
+        make_team, make_user, make_token, make_node, node_token, api, submit, run_pass):
+    from strata.jobs.services import artifact_store
+
+    team = make_team("alpha")
+    user = make_user("alice", team)
+    node = make_node("n1", gpus=1)
+    agent, client = api(node_token), api(make_token(user, team))
+
+    def node_call(attempt, verb, **body):
+        response = agent.post(f"{NODE}/{attempt.pk}/{verb}/",
+                              {"node": str(node.pk), "token": attempt.fencing_token, **body}, format="json")
+        assert response.status_code == 200, response.content
+        return response
+
+    source = submit(user, team, gpus=0.5)  # a train job that finished with a model.pt
+    run_pass()
+    attempt = Attempt.objects.get(job=source, ended_at__isnull=True)
+    node_call(attempt, "claim")
+    artifact_store(attempt, "model.pt", io.BytesIO(b"weights"))
+    node_call(attempt, "finish", outcome="succeeded")
+
+    response = client.post("/api/v1/jobs/", {"kind": "serve", "name": "serve-it", "resources": {"gpus": 0.25},
+                                             "spec": {"model": {"job": str(source.pk)}}}, format="json")
+    assert response.status_code == 201, response.content
+    job_id = response.json()["id"]
+    browser = Client()
+    browser.force_login(user)
+    page = browser.get(f"/jobs/{job_id}/").content.decode()
+    assert 'id="job-endpoint-note"' not in page  # no endpoint yet, nothing to say
+
+    run_pass()
+    attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
+    node_call(attempt, "claim")
+    node_call(attempt, "report", endpoint="127.0.0.1:50999")
+    page = browser.get(f"/jobs/{job_id}/").content.decode()
+    assert 'id="job-endpoint">127.0.0.1:50999' in page
+    assert f'<span class="muted" id="job-endpoint-note">{NOTE}</span></dd>' in page
