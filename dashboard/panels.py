@@ -154,7 +154,7 @@ def render_panels(placement: str, data: PanelData, kind: str | None = None) -> l
     """
     rendered = []
     for panel_kind, path, panel_class, load_error in registry.panels(placement):
-        if placement == "job" and panel_kind != kind:
+        if placement == "job" and panel_kind is not None and panel_kind != kind:
             continue
         if panel_class is None:
             rendered.append({"slug": path.rpartition(":")[2].lower(), "title": path, "kind": panel_kind,

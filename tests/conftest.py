@@ -198,3 +198,18 @@ def login_clock(db, login_policy, monkeypatch):
     monkeypatch.setattr(login_guard, "clock", now)
     monkeypatch.setattr(login_guard, "PURGE_CHANCE", 0.0)
     return now
+
+
+@pytest.fixture
+def install_plugins(monkeypatch):
+    """``install_plugins(*paths)``: the registry as if these ``"module:PLUGIN"`` manifests were installed next to
+    the built-ins (reloaded now, and again after the test)."""
+    from components.runtime import registry
+
+    def install(*paths: str) -> None:
+        monkeypatch.setattr(registry, "BUILTIN_PLUGINS", (*registry.BUILTIN_PLUGINS, *paths))
+        registry.reload()
+
+    yield install
+    monkeypatch.undo()
+    registry.reload()

@@ -1,25 +1,38 @@
-"""The lazy, frozen registry of job kinds.
+"""The lazy, frozen plugin registry.
 
-Built-in kinds are listed here; outside packages add kinds through the ``strata.components`` entry-point
-group, whose values point at :class:`~components.runtime.spec.KindSpec` subclasses. The registry is read once,
-checked (unique kinds, well-formed component paths) and then frozen.
+Plugins (:class:`components.runtime.plugins.Plugin` manifests) come from :data:`BUILTIN_PLUGINS` and from the
+``strata.plugins`` entry-point group; outside packages that only add a job kind may still use the older
+``strata.components`` group (a :class:`~components.runtime.spec.KindSpec` path, read as a one-kind plugin).
+
+The registry is read once, on first use, then frozen. Each plugin is checked on its own: its manifest, the
+uniqueness of its names (plugin, kinds, benchmarks, commands) and every light part, imported and type-checked.
+A plugin that fails any check is left out whole and its problem is recorded (:func:`problems`): a broken plugin
+costs its own parts, never the platform. Heavy parts (components, node services, benchmarks) are imported only
+where they run.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
+from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
+from components.runtime.plugins import Command, Plugin, ReportSchema
 from components.runtime.spec import KindSpec
 
-BUILTIN_KINDS: dict[str, str] = {
-    "train": "components.train.spec:TrainSpec",
-    "serve": "components.serving.spec:ServeSpec",
-}
+log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
-_kinds: dict[str, KindSpec] | None = None
+# The built-in plugins. This list is the one place the core names them.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "components.train.plugin:PLUGIN",
+    "components.serving.plugin:PLUGIN",
+    "components.gpushare.plugin:PLUGIN",
+)
+ENTRY_POINT_GROUP = "strata.plugins"
+KIND_ENTRY_POINT_GROUP = "strata.components"
 
 
 class UnknownKind(LookupError):
@@ -37,33 +50,188 @@ def import_path(path: str):
     return getattr(importlib.import_module(module_name), attribute)
 
 
-def _load() -> dict[str, KindSpec]:
-    paths = dict(BUILTIN_KINDS)
-    for entry in entry_points(group="strata.components"):
-        if entry.name in paths:
-            raise RuntimeError(f"job kind {entry.name!r} is registered twice")
-        paths[entry.name] = entry.value
+@dataclass(frozen=True)
+class LoadedPlugin:
+    """A checked plugin: its manifest, where it came from, and its light parts, imported."""
+
+    plugin: Plugin
+    source: str
+    kinds: dict[str, KindSpec]
+    panels: tuple[tuple[str, type], ...]  # (path, Panel class)
+    report: ReportSchema | None
+    hooks: tuple[Any, ...]
+    subscribers: tuple[Any, ...]
+    commands: dict[str, type]
+
+    @property
+    def name(self) -> str:
+        return self.plugin.name
+
+
+@dataclass(frozen=True)
+class _State:
+    plugins: dict[str, LoadedPlugin]
+    problems: dict[str, str]  # plugin name (or its source) -> why it was left out
+    kinds: dict[str, KindSpec]
+
+
+_lock = threading.Lock()
+_state: _State | None = None
+
+
+def _subclass(path: str, base: type) -> type:
+    value = import_path(path)
+    if not (isinstance(value, type) and issubclass(value, base)):
+        raise TypeError(f"{path} is not a {base.__name__} subclass")
+    return value
+
+
+def _check_kind(path: str) -> KindSpec:
+    spec_class = _subclass(path, KindSpec)
+    kind = getattr(spec_class, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"{path} declares no kind")
+    if ":" not in getattr(spec_class, "component", ""):
+        raise TypeError(f"{path}.component must be 'module:Class', got {getattr(spec_class, 'component', None)!r}")
+    return spec_class()
+
+
+def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
+    from components.runtime.panels import Panel
+
+    if not isinstance(plugin, Plugin):
+        raise TypeError(f"{source} is not a components.runtime.plugins.Plugin")
+    problems = plugin.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
     kinds: dict[str, KindSpec] = {}
-    for kind, path in paths.items():
-        spec_class = import_path(path)
-        if not (isinstance(spec_class, type) and issubclass(spec_class, KindSpec)):
-            raise TypeError(f"{path} is not a KindSpec subclass")
-        if spec_class.kind != kind:
-            raise RuntimeError(f"{path} declares kind {spec_class.kind!r} but is registered as {kind!r}")
-        if ":" not in spec_class.component:
-            raise RuntimeError(f"{path}.component must be 'module:Class', got {spec_class.component!r}")
-        kinds[kind] = spec_class()
-    return kinds
+    for path in plugin.kinds:
+        spec = _check_kind(path)
+        if spec.kind in kinds:
+            raise ValueError(f"kind {spec.kind!r} is declared twice")
+        kinds[spec.kind] = spec
+    panels = [(path, _subclass(path, Panel)) for path in plugin.panels]
+    # A kind's own panels (KindSpec.panels) belong to the plugin too.
+    for spec in kinds.values():
+        panels.extend((path, _subclass(path, Panel)) for path in spec.panels if path not in plugin.panels)
+    report = _subclass(plugin.reports, ReportSchema)() if plugin.reports else None
+    hooks = tuple(_instance(path) for path in plugin.hooks)
+    subscribers = []
+    for path in plugin.subscribers:
+        subscriber = import_path(path)
+        if not callable(subscriber):
+            raise TypeError(f"{path} is not callable")
+        subscribers.append(subscriber)
+    commands: dict[str, type] = {}
+    for path in plugin.commands:
+        command = _subclass(path, Command)
+        name = getattr(command, "name", None)
+        if not isinstance(name, str) or not name or name in commands:
+            raise ValueError(f"{path}: a command needs a unique name")
+        commands[name] = command
+    return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
+                        hooks=hooks, subscribers=tuple(subscribers), commands=commands)
+
+
+def _instance(path: str) -> Any:
+    """A scheduler hook: a class (instantiated with no arguments) or a ready object."""
+    value = import_path(path)
+    return value() if isinstance(value, type) else value
+
+
+def _manifests() -> list[tuple[str, Any]]:
+    """``(source, manifest or the error importing it)`` for every registered plugin, built-ins first."""
+    found: list[tuple[str, Any]] = []
+    for path in BUILTIN_PLUGINS:
+        found.append((path, _try(lambda path=path: import_path(path))))
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        found.append((f"{entry.value} (entry point {entry.name!r})", _try(entry.load)))
+    for entry in entry_points(group=KIND_ENTRY_POINT_GROUP):
+        plugin = Plugin(name=entry.name, description=f"job kind {entry.name}", kinds=(entry.value,))
+        found.append((f"{entry.value} (entry point {entry.name!r} of {KIND_ENTRY_POINT_GROUP})", plugin))
+    return found
+
+
+def _try(load):
+    try:
+        return load()
+    except Exception as error:  # noqa: BLE001 - third-party import-time failures of any kind
+        return error
+
+
+# Names core commands already use: a plugin may not shadow them.
+RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
+                               "cancel", "quota", "bench", "plugins"})
+# The core's own benchmarks (strata.bench): a plugin may not take these names either.
+RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
+
+
+def _load() -> _State:
+    plugins: dict[str, LoadedPlugin] = {}
+    problems: dict[str, str] = {}
+    owners: dict[tuple[str, str], str] = {("benchmark", name): "core" for name in RESERVED_BENCHMARKS}
+    owners.update({("command", name): "core" for name in RESERVED_COMMANDS})
+    for source, manifest in _manifests():
+        name = getattr(manifest, "name", None) or source
+        if isinstance(manifest, Exception):
+            problems[source] = f"cannot import the manifest: {type(manifest).__name__}: {manifest}"
+            continue
+        try:
+            loaded = _load_plugin(manifest, source)
+            if loaded.name in plugins:
+                raise ValueError(f"plugin {loaded.name!r} is registered twice")
+            claims = [("kind", kind) for kind in loaded.kinds] + \
+                     [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
+                     [("command", command) for command in loaded.commands]
+            taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
+                     if (what, value) in owners]
+            if taken:
+                raise ValueError("name clash: " + ", ".join(taken))
+        except Exception as error:  # noqa: BLE001 - a broken plugin is left out, never fatal
+            problems[str(name)] = f"{type(error).__name__}: {error}"
+            log.error("plugin %s (%s) is left out: %s", name, source, problems[str(name)])
+            continue
+        for claim in claims:
+            owners[claim] = loaded.name
+        plugins[loaded.name] = loaded
+    kinds = {kind: spec for loaded in plugins.values() for kind, spec in loaded.kinds.items()}
+    return _State(plugins=plugins, problems=problems, kinds=kinds)
+
+
+def _loaded() -> _State:
+    global _state
+    if _state is None:
+        with _lock:
+            if _state is None:
+                _state = _load()
+    return _state
+
+
+def reload() -> None:
+    """Forget the frozen registry (tests that install a plugin at run time)."""
+    global _state
+    with _lock:
+        _state = None
+
+
+def plugins() -> dict[str, LoadedPlugin]:
+    """Every plugin that passed its checks, by name; loaded on first call, then frozen."""
+    return _loaded().plugins
+
+
+def problems() -> dict[str, str]:
+    """Plugins left out, and why."""
+    return dict(_loaded().problems)
 
 
 def kinds() -> dict[str, KindSpec]:
-    """All registered kinds; loaded on first call, then frozen."""
-    global _kinds
-    if _kinds is None:
-        with _lock:
-            if _kinds is None:
-                _kinds = _load()
-    return _kinds
+    """All registered job kinds (frozen: the same dict on every call)."""
+    return _loaded().kinds
+
+
+def kind_plugin(kind: str) -> str | None:
+    """The name of the plugin that contributes ``kind``."""
+    return next((loaded.name for loaded in plugins().values() if kind in loaded.kinds), None)
 
 
 def get_kind(kind: str) -> KindSpec:
@@ -73,24 +241,58 @@ def get_kind(kind: str) -> KindSpec:
     return registered[kind]
 
 
-def panels(placement: str) -> list[tuple[str, str, type | None, str | None]]:
-    """``(kind, path, Panel class, None)`` for every panel the registered kinds contribute to ``placement``
-    ("job" or "cluster"), and ``(kind, path, None, error)`` for a panel that could not be loaded, whatever its
-    placement: one broken component must cost its own panel, never the page."""
-    from components.runtime.panels import Panel
+def panels(placement: str) -> list[tuple[str | None, str, type | None, str | None]]:
+    """``(kind, path, Panel class, None)`` for every panel contributed to ``placement`` ("job" or "cluster").
 
-    found = []
-    for kind, spec in kinds().items():
-        for path in spec.panels:
-            try:
-                panel_class = import_path(path)
-                if not (isinstance(panel_class, type) and issubclass(panel_class, Panel)):
-                    raise TypeError(f"{path} is not a Panel subclass")
-            except Exception as error:  # noqa: BLE001 - any import-time failure of third-party code
-                found.append((kind, path, None, f"{type(error).__name__}: {error}"))
+    ``kind`` is the kind whose ``KindSpec.panels`` lists the panel (a job panel shown only on that kind's jobs),
+    or None for a panel a plugin contributes for every kind (its ``applies`` decides). Broken plugins never
+    reach this list (:func:`problems`)."""
+    found: list[tuple[str | None, str, type | None, str | None]] = []
+    seen: set[tuple[str | None, str]] = set()
+    for loaded in plugins().values():
+        owned = {path: kind for kind, spec in loaded.kinds.items() for path in spec.panels}
+        for path, panel_class in loaded.panels:
+            if panel_class.placement != placement:
                 continue
-            if panel_class.placement == placement:
+            kind = None if path in loaded.plugin.panels else owned.get(path)
+            if (kind, path) not in seen:
+                seen.add((kind, path))
                 found.append((kind, path, panel_class, None))
+    return found
+
+
+def report_schema(plugin: str) -> ReportSchema | None:
+    """The report schema of ``plugin``, or None when it has none (or is not registered)."""
+    loaded = plugins().get(plugin)
+    return loaded.report if loaded else None
+
+
+def hooks(kind_of: type | None = None) -> list[Any]:
+    """Every plugin's scheduler hooks (instances), optionally only those that are instances of ``kind_of``."""
+    found = [hook for loaded in plugins().values() for hook in loaded.hooks]
+    return [hook for hook in found if kind_of is None or isinstance(hook, kind_of)]
+
+
+def subscribers() -> list[Any]:
+    """Every plugin's lifecycle subscribers."""
+    return [subscriber for loaded in plugins().values() for subscriber in loaded.subscribers]
+
+
+def commands() -> dict[str, type]:
+    """CLI verbs plugins add: ``{name: Command class}``."""
+    return {name: command for loaded in plugins().values() for name, command in loaded.commands.items()}
+
+
+def node_services() -> list[tuple[str, str]]:
+    """``(plugin, "module:Class")`` of every node service (imported by the node agent, not here)."""
+    return [(loaded.name, path) for loaded in plugins().values() for path in loaded.plugin.node_services]
+
+
+def benchmarks() -> dict[str, str]:
+    """The plugins' benchmarks: ``{name: "module:main"}`` (``strata bench`` adds the core's own)."""
+    found: dict[str, str] = {}
+    for loaded in plugins().values():
+        found.update(loaded.plugin.benchmarks)
     return found
 
 

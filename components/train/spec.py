@@ -51,9 +51,7 @@ class TrainSpec(KindSpec):
 
     kind: ClassVar[str] = "train"
     component: ClassVar[str] = "components.train.component:TrainComponent"
-    panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",
-                                         "components.gpushare.panels:GpuShareTimelinePanel",
-                                         "components.gpushare.panels:GpuShareJobPanel")
+    panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
     description: ClassVar[str] = (
         "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt) "
         "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."

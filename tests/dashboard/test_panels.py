@@ -10,6 +10,7 @@ from django.test import Client
 
 from components.runtime import registry
 from components.runtime.panels import Panel, PanelData
+from components.runtime.plugins import Plugin
 from components.train.panels import TrainSummaryPanel
 from strata.jobs.models import MetricPoint
 
@@ -157,37 +158,33 @@ def test_a_failing_panel_is_an_error_box_and_the_page_still_renders(viewer, monk
     assert [panel["slug"] for panel in live.json()["panels"]] == ["broken", "figure", "words"]
 
 
-def test_a_cluster_panel_is_not_shown_on_job_pages(viewer, monkeypatch):
+PANELS_PLUGIN = Plugin(name="fake-panels", panels=(f"{__name__}:ClusterPanel", f"{__name__}:TextPanel"))
+BROKEN_PLUGIN = Plugin(name="fake-broken", panels=("missing.module:Gone", f"{__name__}:HiddenPanel"))
+NOT_A_PANEL_PLUGIN = Plugin(name="fake-not-a-panel", panels=(f"{__name__}:FakeData",))
+
+
+def test_a_cluster_panel_is_not_shown_on_job_pages(viewer, install_plugins):
     client, job = viewer
-    spec = registry.get_kind("train")
-    monkeypatch.setattr(spec, "panels", ("tests.fake:ClusterPanel", "tests.fake:TextPanel"), raising=False)
-    classes = {"tests.fake:ClusterPanel": ClusterPanel, "tests.fake:TextPanel": TextPanel}
-    monkeypatch.setattr(registry, "import_path", lambda path: classes[path])
+    install_plugins(f"{__name__}:PANELS_PLUGIN")
     html = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert panel_section(html, "words") is not None
+    assert panel_section(html, "words") is not None  # a plugin's job panel is offered to every kind
     assert "cluster-only" not in html and "Cluster only" not in html
-    assert [p for p in registry.panels("cluster") if p[0] == "train"] == [("train", "tests.fake:ClusterPanel", ClusterPanel, None)]
+    assert (None, f"{__name__}:ClusterPanel", ClusterPanel, None) in registry.panels("cluster")
+    assert (None, f"{__name__}:TextPanel", TextPanel, None) not in registry.panels("cluster")
 
 
-def test_a_panel_that_cannot_be_imported_costs_only_its_own_box(viewer, monkeypatch):
+def test_a_plugin_whose_panel_cannot_be_imported_is_left_out_and_the_page_renders(viewer, install_plugins):
     client, job = viewer
-    spec = registry.get_kind("train")
-    monkeypatch.setattr(spec, "panels", ("missing.module:Gone", "tests.fake:TextPanel", "tests.fake:NotAPanel"),
-                        raising=False)
-
-    def import_path(path):
-        if path == "tests.fake:TextPanel":
-            return TextPanel
-        if path == "tests.fake:NotAPanel":
-            return dict
-        raise ModuleNotFoundError("No module named 'missing'")
-
-    monkeypatch.setattr(registry, "import_path", import_path)
+    install_plugins(f"{__name__}:BROKEN_PLUGIN", f"{__name__}:NOT_A_PANEL_PLUGIN", f"{__name__}:PANELS_PLUGIN")
+    problems = registry.problems()
+    assert "No module named 'missing'" in problems["fake-broken"]
+    assert "is not a Panel subclass" in problems["fake-not-a-panel"]
+    assert "fake-broken" not in registry.plugins() and "fake-panels" in registry.plugins()
     response = client.get(f"/jobs/{job.pk}/")
     assert response.status_code == 200
     html = response.content.decode()
-    assert panel_section(html, "words") is not None
-    assert "No module named" in html and "is not a Panel subclass" in html
+    assert panel_section(html, "words") is not None  # the healthy plugin's panel is still there
+    assert panel_section(html, "train-summary") is not None
 
 
 def test_non_finite_numbers_from_a_panel_become_null():

@@ -15,9 +15,13 @@ from strata.cli.config import client_settings
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def _client(args) -> ControlPlaneClient:
+def connect(args) -> ControlPlaneClient:
+    """The REST client the CLI's flags, environment and config file describe."""
     url, token = client_settings(getattr(args, "url", None), getattr(args, "token", None))
     return ControlPlaneClient(url, token, retries=3)
+
+
+_client = connect
 
 
 def load_job_file(path: str) -> dict:
@@ -113,38 +117,22 @@ def cancel(args) -> int:
     return 0
 
 
-def infer(args) -> int:
-    """One Predict call to a running serve job's endpoint; prints ``{"outputs", "argmax"?}`` as JSON."""
-    job = _client(args).get(f"jobs/{args.job}/")
-    if job["kind"] != "serve":
-        raise ValueError(f"job {args.job} is a {job['kind']} job; only serve jobs answer inference requests")
-    if not job.get("endpoint"):
-        raise RuntimeError(f"job {args.job} is {job['state']} and has no endpoint yet")
-    source = sys.stdin.read() if args.input == "-" else Path(args.input).read_text()
-    try:
-        data = json.loads(source)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{args.input} is not JSON: {error}") from None
-    rows = data.get("inputs") if isinstance(data, dict) else data
-    if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{args.input} must hold a non-empty list of rows, or {{\"inputs\": [...]}}")
-    from components.serving.client import (  # grpc, numpy: only for this command
-        ServingError,
-        describe,
-        predict,
-    )
+def plugins(args) -> int:
+    """``strata plugins``: the installed plugins (this machine's registry) and what each contributes."""
+    from components.runtime import registry
 
-    try:
-        # JSON has no float32 or int64: send the rows as the model's input type ([[0, 5, 16]] is floats for a
-        # digits model, token ids for a language model).
-        dtype = describe(job["endpoint"], timeout=args.timeout)["input_dtype"]
-        outputs = predict(job["endpoint"], rows, dtype=dtype, timeout=args.timeout)
-    except ServingError as error:
-        raise RuntimeError(str(error)) from None
-    answer = {"outputs": outputs.tolist()}
-    if outputs.ndim == 2:  # class scores per row
-        answer["argmax"] = outputs.argmax(axis=1).tolist()
-    print(json.dumps(answer))
+    for name, loaded in sorted(registry.plugins().items()):
+        parts = []
+        for label, values in (("kinds", sorted(loaded.kinds)), ("panels", [p for p, _ in loaded.panels]),
+                              ("report", [loaded.plugin.reports] if loaded.plugin.reports else []),
+                              ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
+                              ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
+                              ("benchmarks", sorted(loaded.plugin.benchmarks))):
+            if values:
+                parts.append(f"{label}: {', '.join(value.rpartition(':')[2] for value in values)}")
+        print(f"{name:12} {'; '.join(parts) or '(nothing)'}")
+    for name, problem in sorted(registry.problems().items()):
+        print(f"{name:12} LEFT OUT: {problem}")
     return 0
 
 
@@ -190,4 +178,5 @@ def token_create(args) -> int:
     return 0
 
 
-__all__ = ["ApiError", "submit", "jobs", "logs", "cancel", "quota", "token_create", "wait_for_job"]
+__all__ = ["ApiError", "connect", "submit", "jobs", "logs", "cancel", "quota", "plugins", "token_create",
+           "wait_for_job"]

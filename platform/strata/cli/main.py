@@ -81,20 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job")
 
-    infer = commands.add_parser("infer", help="send inputs to a running serve job's gRPC endpoint")
-    infer.add_argument("job", help="the serve job's id")
-    infer.add_argument("--input", default="-", help="JSON file with a list of rows, or {\"inputs\": rows} "
-                                                     "('-' for stdin)")
-    infer.add_argument("--timeout", type=float, default=10.0, help="the request's deadline in seconds")
-
     quota = commands.add_parser("quota", help="show quotas and usage; admins: --set field=value")
     quota.add_argument("team", nargs="?")
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
 
+    from components.runtime import registry
+
     bench = commands.add_parser("bench", help="run a benchmark")
-    bench.add_argument("component", help="what to measure: control-plane, dashboard, gpushare, serving")
+    bench.add_argument("component", help="what to measure (strata plugins lists the benchmarks)")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     bench.add_argument("--output", help="also write the results as JSON here")
+
+    commands.add_parser("plugins", help="list the plugins and what each contributes")
+    for name, command_class in sorted(registry.commands().items()):
+        command_class().arguments(commands.add_parser(name, help=command_class.help))
     return parser
 
 
@@ -110,10 +110,17 @@ def dispatch(args) -> int:
         from strata.bench import run_benchmark
 
         return run_benchmark(args.component, quick=args.quick, output=args.output)
+    if args.command == "plugins":
+        return client.plugins(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
-                "quota": client.quota, "infer": client.infer}
-    return handlers[args.command](args)
+                "quota": client.quota}
+    if args.command in handlers:
+        return handlers[args.command](args)
+    from components.runtime import registry
+
+    command = registry.commands()[args.command]()
+    return command.run(args, client.connect(args) if command.needs_server else None)
 
 
 def main(argv: list[str] | None = None) -> int:

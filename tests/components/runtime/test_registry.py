@@ -40,3 +40,114 @@ def test_import_path_needs_module_and_attribute():
     assert registry.import_path("components.train.spec:TrainSpec") is TrainSpec
     with pytest.raises(ImportError):
         registry.import_path("components.train.spec")
+
+
+# -- the plugin manifest ------------------------------------------------------------------------------------
+
+from typing import ClassVar  # noqa: E402
+
+from components.runtime.plugins import Command, Plugin, ReportError, ReportSchema  # noqa: E402
+
+
+class HelloSpec(TrainSpec):
+    kind: ClassVar[str] = "hello"
+
+
+class HelloReport(ReportSchema):
+    def node(self, payload):
+        if not isinstance(payload, dict) or not isinstance(payload.get("greetings"), int):
+            raise ReportError({"greetings": "must be a whole number"})
+        return {"greetings": payload["greetings"]}
+
+
+class HelloCommand(Command):
+    name: ClassVar[str] = "hello"
+    help: ClassVar[str] = "say hello"
+    needs_server: ClassVar[bool] = False
+
+    def run(self, args, client):
+        print("hello")
+        return 0
+
+
+class ShadowCommand(HelloCommand):
+    name: ClassVar[str] = "submit"
+
+
+HELLO = Plugin(name="hello", kinds=(f"{__name__}:HelloSpec",), reports=f"{__name__}:HelloReport",
+               commands=(f"{__name__}:HelloCommand",), benchmarks={"hello": "hello.bench:main"},
+               node_services=("hello.service:HelloService",))
+CLASH_KIND = Plugin(name="clash", kinds=("components.train.spec:TrainSpec",))
+SHADOW = Plugin(name="shadow", commands=(f"{__name__}:ShadowCommand",))
+BAD_NAMES = Plugin(name="Bad Name", kinds="components.train.spec:TrainSpec", benchmarks={"UP": "x"})
+NOT_A_PLUGIN = {"name": "dict"}
+
+
+def test_builtins_are_plugins_and_gpushare_is_not_a_kind():
+    found = registry.plugins()
+    assert {"train", "serving", "gpushare"} <= set(found)
+    assert found["gpushare"].kinds == {}
+    assert registry.kind_plugin("serve") == "serving" and registry.kind_plugin("train") == "train"
+    assert registry.benchmarks()["gpushare"] == "components.gpushare.bench:main"
+    assert "infer" in registry.commands()
+    assert registry.problems() == {}
+
+
+def test_an_outside_plugin_contributes_every_seam(install_plugins):
+    install_plugins(f"{__name__}:HELLO")
+    assert isinstance(registry.get_kind("hello"), HelloSpec)
+    assert registry.kind_plugin("hello") == "hello"
+    assert registry.commands()["hello"] is HelloCommand
+    assert registry.benchmarks()["hello"] == "hello.bench:main"  # heavy parts are not imported by the registry
+    assert ("hello", "hello.service:HelloService") in registry.node_services()
+    schema = registry.report_schema("hello")
+    assert schema.node({"greetings": 3}) == {"greetings": 3}
+    with pytest.raises(ReportError) as caught:
+        schema.node({"greetings": "many"})
+    assert caught.value.errors == {"greetings": "must be a whole number"}
+    with pytest.raises(ReportError):
+        schema.attempt({})  # a schema takes only what it declares
+
+
+def test_a_broken_plugin_costs_its_own_parts(install_plugins):
+    install_plugins(f"{__name__}:CLASH_KIND", f"{__name__}:SHADOW", f"{__name__}:BAD_NAMES",
+                    f"{__name__}:NOT_A_PLUGIN", "no.such.module:PLUGIN", f"{__name__}:HELLO")
+    problems = registry.problems()
+    assert "kind 'train' (already train's)" in problems["clash"]
+    assert "command 'submit' (already core's)" in problems["shadow"]
+    assert "name 'Bad Name' must match" in problems["Bad Name"]
+    assert "kinds must be a tuple" in problems["Bad Name"] and "benchmark name 'UP'" in problems["Bad Name"]
+    assert "is not a components.runtime.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
+    assert "cannot import the manifest: ModuleNotFoundError" in problems["no.such.module:PLUGIN"]
+    # The platform and the healthy plugins are untouched.
+    assert set(registry.plugins()) == {"train", "serving", "gpushare", "hello"}
+    assert isinstance(registry.get_kind("train"), TrainSpec)
+    assert registry.commands()["hello"] is HelloCommand and "submit" not in registry.commands()
+
+
+def test_outside_packages_register_through_entry_points(install_plugins, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    points = {"strata.plugins": [EntryPoint("hello", f"{__name__}:HELLO", "strata.plugins")],
+              "strata.components": [EntryPoint("hello2", f"{__name__}:Hello2Spec", "strata.components")]}
+    monkeypatch.setattr(registry, "entry_points", lambda group: points.get(group, []))
+    install_plugins()
+    assert registry.kind_plugin("hello") == "hello"
+    assert registry.kind_plugin("hello2") == "hello2"  # the older one-kind group still works
+
+
+class Hello2Spec(TrainSpec):
+    kind: ClassVar[str] = "hello2"
+
+
+def test_the_cli_offers_plugin_commands_and_benchmarks(install_plugins, capsys):
+    from strata.bench import benchmarks
+    from strata.cli.main import main
+
+    install_plugins(f"{__name__}:HELLO")
+    assert main(["hello"]) == 0
+    assert capsys.readouterr().out == "hello\n"
+    assert {"control-plane", "dashboard", "gpushare", "serving", "hello"} <= set(benchmarks())
+    assert main(["plugins"]) == 0
+    listing = capsys.readouterr().out
+    assert "hello" in listing and "commands: hello" in listing and "gpushare" in listing

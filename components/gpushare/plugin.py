@@ -1,0 +1,11 @@
+"""The ``gpushare`` plugin: GPU sharing (Salus, SwitchFlow). Not a job kind: it runs a sharing service per
+device, reports what the services do, shows it on the job and cluster pages, and measures itself."""
+
+from components.runtime.plugins import Plugin
+
+PLUGIN = Plugin(
+    name="gpushare",
+    description="Several jobs on one GPU: memory admission, fast switching at iteration boundaries.",
+    panels=("components.gpushare.panels:GpuShareTimelinePanel", "components.gpushare.panels:GpuShareJobPanel"),
+    benchmarks={"gpushare": "components.gpushare.bench:main"},
+)

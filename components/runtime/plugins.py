@@ -1,0 +1,139 @@
+"""The plugin manifest: what one plugin contributes to Strata, by named seam.
+
+Every research system is a plugin: a package with one :class:`Plugin` manifest, registered either in the
+built-in list (:data:`components.runtime.registry.BUILTIN_PLUGINS`) or, for outside packages, through the
+``strata.plugins`` entry-point group, whose value points at the manifest object::
+
+    [project.entry-points."strata.plugins"]
+    hello = "strata_hello.plugin:PLUGIN"
+
+A manifest names its parts as ``"package.module:attribute"`` paths, never as imported objects, so that
+reading it costs nothing: the control plane imports only the *light* parts (kinds, panels, report schemas,
+scheduler hooks, lifecycle subscribers, CLI commands) and never torch, hivemind or grpc; a node imports the
+heavy ones (components, node services) and a benchmark is imported only when it is run.
+
+=================  =============================================================  ======  =================
+seam               path points at                                                 light   read by
+=================  =============================================================  ======  =================
+``kinds``          a :class:`~components.runtime.spec.KindSpec` subclass          yes     API, UI, node
+``panels``         a :class:`~components.runtime.panels.Panel` subclass           yes     dashboard
+``reports``        a :class:`ReportSchema` subclass (the plugin's report)          yes     API (heartbeats)
+``hooks``          a scheduler policy class (``components.runtime.policies``)     yes     scheduler
+``subscribers``    a callable ``(event) -> None`` (``components.runtime.events``)  yes     control plane
+``commands``       a :class:`Command` subclass (one ``strata`` verb)               yes     CLI
+``node_services``  a ``components.runtime.services.NodeService`` subclass         no      node agent
+``benchmarks``     ``{name: "module:main"}``; ``main(quick, output) -> int``       no      ``strata bench``
+=================  =============================================================  ======  =================
+
+The registry (:mod:`components.runtime.registry`) reads every manifest once, checks it, and freezes the result.
+A plugin whose manifest or light parts are broken is left out whole, with its problem recorded
+(:func:`components.runtime.registry.problems`): it costs its own parts, never the platform.
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+"""Plugin, kind, benchmark and command names: lower case, digits and dashes, starting with a letter."""
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One plugin's manifest. Every value is a ``"module:attribute"`` path (see the module docstring)."""
+
+    name: str
+    description: str = ""
+    kinds: tuple[str, ...] = ()
+    panels: tuple[str, ...] = ()
+    reports: str | None = None
+    hooks: tuple[str, ...] = ()
+    subscribers: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    node_services: tuple[str, ...] = ()
+    benchmarks: Mapping[str, str] = field(default_factory=dict)
+
+    def paths(self) -> list[tuple[str, str]]:
+        """Every ``(seam, path)`` this manifest names."""
+        found = [(seam, path) for seam in ("kinds", "panels", "hooks", "subscribers", "commands",
+                                           "node_services") for path in getattr(self, seam)]
+        if self.reports:
+            found.append(("reports", self.reports))
+        found.extend(("benchmarks", path) for path in self.benchmarks.values())
+        return found
+
+    def problems(self) -> list[str]:
+        """What is malformed in the manifest itself (names and path shapes), without importing anything."""
+        problems = []
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name):
+            problems.append(f"name {self.name!r} must match {NAME_RE.pattern}")
+        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services"):
+            value = getattr(self, seam)
+            if isinstance(value, str) or not isinstance(value, tuple | list):
+                problems.append(f"{seam} must be a tuple of 'module:attribute' paths")
+        if not isinstance(self.benchmarks, Mapping):
+            problems.append("benchmarks must map a name to a 'module:function' path")
+        else:
+            for name in self.benchmarks:
+                if not isinstance(name, str) or not NAME_RE.match(name):
+                    problems.append(f"benchmark name {name!r} must match {NAME_RE.pattern}")
+        if problems:
+            return problems
+        for seam, path in self.paths():
+            if not isinstance(path, str) or not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", path):
+                problems.append(f"{seam}: {path!r} is not a 'module:attribute' path")
+        return problems
+
+
+class ReportError(ValueError):
+    """A plugin report failed its schema. ``errors`` maps a dotted field path to a message."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{name}: {message}" for name, message in self.errors.items()))
+
+
+class ReportSchema:
+    """The light schema of what a plugin reports through the generic report channel.
+
+    Heartbeats carry ``reports: {plugin: payload}`` for the node (:meth:`node`), and attempt reports carry
+    ``reports: {plugin: payload}`` for one attempt (:meth:`attempt`). The control plane validates each payload
+    with its plugin's schema, stores what is returned, and answers a 400 naming the fields a schema refused.
+    Validation must be pure and cheap: it runs on every heartbeat.
+    """
+
+    def node(self, payload: Any) -> dict[str, Any]:
+        """The normalized node-level payload, or raise :class:`ReportError`. By default nodes report nothing."""
+        raise ReportError({"": "this plugin takes no node reports"})
+
+    def attempt(self, payload: Any) -> dict[str, Any]:
+        """The normalized attempt-level payload, or raise :class:`ReportError`."""
+        raise ReportError({"": "this plugin takes no attempt reports"})
+
+
+class Command(abc.ABC):
+    """One ``strata`` CLI verb a plugin adds (``strata <name> ...``).
+
+    The class is light: :meth:`arguments` only declares argparse arguments, and :meth:`run` does the work and
+    may import heavy modules. It returns the exit code; a ``ValueError`` or ``OSError`` it raises is printed by
+    the CLI as one line (``strata: error: ...``), like the built-in verbs' errors. ``client`` is the configured
+    :class:`components.runtime.client.ControlPlaneClient`-like REST client of the CLI (or None when the verb
+    sets ``needs_server = False``).
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str] = ""
+    needs_server: ClassVar[bool] = True
+
+    def arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add this verb's arguments to its sub-parser (none by default)."""
+        return None
+
+    @abc.abstractmethod
+    def run(self, args: argparse.Namespace, client: Any) -> int:
+        """Run the verb."""

@@ -1,0 +1,12 @@
+"""The ``serving`` plugin: the ``serve`` job kind (a trained model behind gRPC), ``strata infer`` and its
+benchmark."""
+
+from components.runtime.plugins import Plugin
+
+PLUGIN = Plugin(
+    name="serving",
+    description="Serve a trained model over gRPC, on a whole GPU or a share of one.",
+    kinds=("components.serving.spec:ServeSpec",),
+    commands=("components.serving.commands:InferCommand",),
+    benchmarks={"serving": "components.serving.bench:main"},
+)

@@ -1,0 +1,9 @@
+"""The ``train`` plugin: the built-in training job kind (workloads, the step-at-a-time loop, its summary panel)."""
+
+from components.runtime.plugins import Plugin
+
+PLUGIN = Plugin(
+    name="train",
+    description="Training jobs: built-in workloads or a user entrypoint, checkpointed and resumable.",
+    kinds=("components.train.spec:TrainSpec",),
+)
