@@ -1,0 +1,1 @@
+"""strata-primes: an example Strata plugin (see README.md)."""
