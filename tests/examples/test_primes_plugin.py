@@ -1,0 +1,78 @@
+"""The example plugin (examples/plugins/strata-primes): its parts work, and it registers with no problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.runtime import registry
+from components.runtime.context import LocalContext
+from components.runtime.plugins import ReportError
+from components.runtime.spec import SpecError
+
+
+def test_the_segmented_sieve_agrees_with_trial_division():
+    from strata_primes.sieve import base_primes, count_segment, count_trial_division
+
+    assert base_primes(30) == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]
+    primes = base_primes(400)
+    total, low = 0, 2
+    while low < 100_000:  # 100,000 = 2..99,999 in uneven segments
+        high = min(low + 7_919, 100_000)
+        total += count_segment(low, high, primes)[0]
+        low = high
+    assert total == count_trial_division(100_000) == 9592
+    assert count_segment(90, 100, primes) == (1, 97)
+    assert count_segment(24, 29, primes) == (0, 0)
+
+
+def test_the_spec_names_every_bad_field():
+    from strata_primes.spec import PrimesSpec
+
+    assert PrimesSpec().validate({"limit": 1000}) == {"limit": 1000, "segment": 100_000, "checkpoint_every": 5}
+    with pytest.raises(SpecError) as caught:
+        PrimesSpec().validate({"segment": 10, "checkpoint_every": None, "colour": "red"})
+    assert set(caught.value.errors) == {"spec.limit", "spec.segment", "spec.checkpoint_every", "spec.colour"}
+
+
+def test_the_job_counts_checkpoints_stops_and_resumes(tmp_path):
+    from strata_primes.component import PrimesComponent
+    from strata_primes.spec import PrimesSpec
+
+    spec = PrimesSpec().validate({"limit": 200_000, "segment": 10_000, "checkpoint_every": 2})
+    first = LocalContext(job_id="j", attempt_id="a1", spec=spec, workdir=tmp_path)
+    stops = iter([False] * 7 + [True])
+    first.should_stop = lambda: next(stops)  # stop before the 8th segment
+    PrimesComponent().run(first)
+    assert "result.json" not in first.artifacts
+    assert [step for name, _, step in first.metric_points if name == "primes_found"] == list(range(1, 8))
+    second = LocalContext(job_id="j", attempt_id="a2", spec=spec, workdir=tmp_path)
+    PrimesComponent().run(second)  # resumes from the checkpoint taken at the stop
+    assert json.loads(second.artifacts["result.json"].read_text()) == {"limit": 200_000, "count": 17984,
+                                                                       "largest": 199_999}
+    steps = [step for name, _, step in second.metric_points if name == "primes_found"]
+    assert steps == list(range(8, 21))
+
+
+def test_the_report_schema_refuses_bad_payloads():
+    from strata_primes.report import ScratchDiskReport
+
+    schema = ScratchDiskReport()
+    assert schema.node({"disk_free": 5, "disk_total": 10, "load1": 0.5}) == {"disk_free": 5, "disk_total": 10,
+                                                                            "load1": 0.5}
+    with pytest.raises(ReportError) as caught:
+        schema.node({"disk_free": -1, "disk_total": 1.5, "load1": float("nan"), "extra": 1})
+    assert set(caught.value.errors) == {"disk_free", "disk_total", "load1", "extra"}
+    with pytest.raises(ReportError):
+        schema.attempt({})
+
+
+def test_the_plugin_registers_every_seam_without_a_problem(install_plugins):
+    install_plugins("strata_primes.plugin:PLUGIN")
+    assert "primes" not in registry.problems(), registry.problems()
+    loaded = registry.plugins()["primes"]
+    assert set(loaded.kinds) == {"primes"}
+    assert "primes" in registry.commands() and registry.benchmarks()["primes"] == "strata_primes.bench:main"
+    assert ("primes", "strata_primes.service:ScratchDiskService") in registry.node_services()
+    assert registry.report_schema("primes") is not None
