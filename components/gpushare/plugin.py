@@ -7,5 +7,6 @@ PLUGIN = Plugin(
     name="gpushare",
     description="Several jobs on one GPU: memory admission, fast switching at iteration boundaries.",
     panels=("components.gpushare.panels:GpuShareTimelinePanel", "components.gpushare.panels:GpuShareJobPanel"),
+    node_services=("components.gpushare.node:DeviceSharingService",),
     benchmarks={"gpushare": "components.gpushare.bench:main"},
 )

@@ -52,9 +52,14 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
+
+from components.runtime.protocol import call, connect, read_authkey, socket_path
+from components.runtime.services import set_parent_death_signal
+
+__all__ = ["DeviceService", "call", "connect", "main", "read_authkey", "socket_path"]
 
 log = logging.getLogger("strata.gpushare.service")
 
@@ -73,41 +78,6 @@ _ENDED = {"succeeded", "failed", "cancelled", "rejected"}
 
 class Rejected(Exception):
     """The job cannot run in the shared service (the caller should run it in a child process)."""
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    """Linux: deliver ``sig`` to this process when its parent dies (no orphan keeps a device busy)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def socket_path(directory: str | Path, index: int) -> str:
-    return str(Path(directory) / f"device-{index}.sock")
-
-
-def read_authkey(path: str | Path) -> bytes:
-    return bytes.fromhex(Path(path).read_text().strip())
-
-
-def connect(path: str, authkey: bytes) -> Connection:
-    """A connection to the service listening on ``path`` (raises OSError when none is listening)."""
-    return Client(path, family="AF_UNIX", authkey=authkey)
-
-
-def call(path: str, authkey: bytes, message: dict, timeout: float = 5.0) -> dict:
-    """One request, one reply, on a fresh connection. Raises OSError/EOFError/TimeoutError."""
-    conn = connect(path, authkey)
-    try:
-        conn.send(message)
-        if not conn.poll(timeout):
-            raise TimeoutError(f"no answer to {message.get('op')!r} in {timeout:g} s")
-        return conn.recv()
-    finally:
-        conn.close()
 
 
 @dataclass

@@ -30,6 +30,7 @@ class Component(abc.ABC):
     """
 
     kind: ClassVar[str]
+    hostable: ClassVar[bool] = False  # may run inside a node service that hosts attempts (see session())
 
     @abc.abstractmethod
     def run(self, ctx: Context) -> None:

@@ -20,20 +20,21 @@ from pathlib import Path
 
 from celery import Celery
 
+from components.runtime import protocol
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
+from components.runtime.protocol import End, HostAddress, finish_for
+from components.runtime.services import set_parent_death_signal
 
 log = logging.getLogger("strata.node.worker")
 STOP_GRACE_SECONDS = float(os.environ.get("STRATA_STOP_GRACE_SECONDS", "10"))
 POLL_SECONDS = float(os.environ.get("STRATA_ATTEMPT_POLL_SECONDS", "1.0"))
-# How long a shared attempt waits for its device service to listen (it may be starting or restarting).
-SERVICE_CONNECT_SECONDS = float(os.environ.get("STRATA_GPUSHARE_CONNECT_SECONDS", "30"))
-SERVICE_ACK_SECONDS = 120.0  # the first job of a service imports torch and builds the executor
-# The ``finish`` outcome of an attempt whose GPU-sharing service died under it: the control plane requeues
-# the job without counting a failure, as for a lost node (up to a limit; see jobs.services.attempt_finish).
-SERVICE_LOST = "service_lost"
-# Kinds whose fractional attempts run inside their device's GPU-sharing service.
-SHARED_KINDS = ("train", "serve")
+# How long a hosted attempt waits for its host to listen (it may be starting or restarting).
+SERVICE_CONNECT_SECONDS = float(os.environ.get("STRATA_HOST_CONNECT_SECONDS", "30"))
+SERVICE_ACK_SECONDS = 120.0  # a host's first attempt may import torch and build its executor
+# The ``finish`` outcome of an attempt whose host died under it: the control plane requeues the job without
+# counting a failure, as for a lost node (up to a limit; see protocol.SERVICE_LOST).
+SERVICE_LOST = protocol.SERVICE_LOST.name
 
 
 def load_config() -> dict:
@@ -50,12 +51,19 @@ app.conf.update(**COMMON_CELERY_SETTINGS, **celery_broker_options(CONFIG.get("br
 
 def _set_parent_death_signal() -> None:
     """Linux: SIGKILL this child if the worker process that started it dies."""
-    try:
-        import ctypes
+    set_parent_death_signal(signal.SIGKILL)
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+
+def hostable(kind: str) -> bool:
+    """Whether the component of ``kind`` may run inside a node service that hosts attempts (its class says so:
+    :attr:`components.runtime.component.Component.hostable`). Imports the component class, not its heavy parts."""
+    from components.runtime.registry import get_kind, import_path
+
+    try:
+        return bool(getattr(import_path(get_kind(kind).component), "hostable", False))
+    except Exception as error:  # noqa: BLE001 - an unknown or broken kind: the child path reports it
+        log.debug("kind %r cannot be hosted: %r", kind, error)
+        return False
 
 
 class AttemptRunner:
@@ -71,53 +79,48 @@ class AttemptRunner:
         self.pending_logs: list[dict] = []
         self.logs_lock = threading.Lock()
         self.running_file = Path(config["state_dir"]) / "running" / f"{attempt_id}.json"
-        self.service = None  # the connection to the device service running this attempt, when shared
+        self.service = None  # the connection to the node service hosting this attempt, when hosted
+        self.host: HostAddress | None = None
 
-    # -- shared devices: the GPU-sharing service ------------------------------------------------------------
-    def shared_allocation(self, claim: dict) -> dict | None:
-        """The device of a ``train`` or ``serve`` attempt that gets a fraction of one device on this node, or
-        None.
+    # -- hosted attempts: a node service runs the attempt ---------------------------------------------------
+    def find_host(self, claim: dict) -> HostAddress | None:
+        """The node service that should host this attempt, or None (it runs in child processes).
 
-        Such an attempt runs inside that device's GPU-sharing service (components.gpushare.service), which
-        interleaves it with the device's other fractional jobs; everything else runs in child processes."""
-        sharing = self.config.get("gpushare") or {}
-        if (not sharing.get("socket_dir") or claim.get("kind") not in SHARED_KINDS
-                or int(claim.get("world_size", 1)) != 1):
+        The attempt's component must be hostable, and one of the node's services must claim it
+        (:meth:`components.runtime.services.NodeService.host_for`: e.g. a device's sharing service takes a
+        one-worker attempt that got a fraction of its device)."""
+        from components.runtime.services import find_host
+
+        if not self.config.get("services") or not hostable(str(claim.get("kind"))):
             return None
-        mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
-        if len(mine) != 1 or not mine[0].get("device"):
-            return None
-        device = mine[0]["device"]
-        return device if float(device.get("share", 1.0)) < 1.0 else None
+        found = find_host(self.config["services"], claim, self.config["node"])
+        return found[1] if found else None
 
-    def _connect_service(self, index: int):
-        from components.gpushare.service import connect, read_authkey, socket_path
-
-        sharing = self.config["gpushare"]
-        path = socket_path(sharing["socket_dir"], index)
+    def _connect_host(self, host: HostAddress):
         deadline = time.monotonic() + SERVICE_CONNECT_SECONDS
         while True:
             try:
-                return connect(path, read_authkey(sharing["authkey_file"]))
+                return host.connect()
             except (OSError, EOFError) as error:
                 if time.monotonic() > deadline:
-                    log.warning("no GPU-sharing service on device %s (%s)", index, error)
+                    log.warning("%s is not listening (%s)", host.label, error)
                     return None
                 time.sleep(0.25)
 
-    def start_shared(self, claim: dict, device: dict) -> bool:
-        """Hand the attempt to its device's service. False when it must run in a child process instead
-        (no service, or the service declined the job); raises when the service took it but did not answer."""
-        conn = self._connect_service(int(device["index"]))
+    def start_hosted(self, claim: dict, host: HostAddress) -> bool:
+        """Hand the attempt to its host. False when it must run in a child process instead (no host
+        listening, or the host declined the attempt); raises when the host took it but did not answer."""
+        conn = self._connect_host(host)
         if conn is None:
-            self._note(f"device {device['index']} has no GPU-sharing service; running in a child process")
+            self._note(f"{host.label} is not listening; running in a child process")
             return False
+        device = self._device(claim)
         payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
                    "node": self.config["node"], "fencing_token": self.token, "rank": 0, "device": device}
         try:
-            conn.send({"op": "run", "payload": payload})
+            conn.send(protocol.run_message(payload))
             if not conn.poll(SERVICE_ACK_SECONDS):
-                raise TimeoutError(f"the GPU-sharing service did not answer in {SERVICE_ACK_SECONDS:g} s")
+                raise TimeoutError(f"{host.label} did not answer in {SERVICE_ACK_SECONDS:g} s")
             reply = conn.recv()
         except BaseException:
             conn.close()
@@ -127,14 +130,18 @@ class AttemptRunner:
             self._note(f"not shared: {reply.get('reason')}; running in a child process")
             return False
         self.service = conn
+        self.host = host
         self.running_file.parent.mkdir(parents=True, exist_ok=True)
-        self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "shared": True,
-                                                 "pids": {str(device["index"]): [int(reply["pid"])]}}))
+        pids = {str(device["index"]): [int(reply["pid"])]} if device else {}
+        self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "shared": True, "pids": pids}))
         admission = reply.get("admission") or {}
         if admission.get("status") == "waiting":
-            self._note(f"waiting for memory in the GPU-sharing service of device {device['index']} "
-                       f"(queue position {admission.get('position')})")
+            self._note(f"waiting for memory in {host.label} (queue position {admission.get('position')})")
         return True
+
+    def _device(self, claim: dict) -> dict | None:
+        mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
+        return mine[0]["device"] if mine else None
 
     def _note(self, message: str) -> None:
         log.info("attempt %s: %s", self.attempt_id, message)
@@ -145,12 +152,12 @@ class AttemptRunner:
         try:
             self.service.send(message)
         except (OSError, EOFError, ValueError):
-            pass  # the service is gone: the receive side reports it
+            pass  # the host is gone: the receive side reports it
 
-    def supervise_shared(self, time_limit: float) -> tuple[str, str]:
-        """Wait for the service to end the attempt; stop it on request or at the time limit. Mirrors
-        :meth:`supervise`: a stop becomes ``cancel`` (checkpoint at the next iteration boundary), then, past
-        the grace period, a hard cancel; past twice that the attempt is given up as failed. When the service
+    def supervise_hosted(self, time_limit: float) -> tuple[str, str]:
+        """Wait for the host to end the attempt; stop it on request or at the time limit. Mirrors
+        :meth:`supervise`: a stop becomes ``cancel`` (checkpoint at the next step boundary), then, past the
+        grace period, a hard cancel; past three times that the attempt is given up as failed. When the host
         dies under the attempt (the connection breaks), the outcome is ``service_lost``."""
         started = time.monotonic()
         stop_sent_at = None
@@ -158,51 +165,47 @@ class AttemptRunner:
         stop_reason = ""
         next_poll = 0.0
         done = None
-        died = ""
-        lost = ""  # the service died under the attempt: the control plane requeues it without a failure
+        end = End.FAILED
+        detail = ""
+        where = self.host.label if self.host is not None else ""
         while done is None:
             now = time.monotonic()
             if stop_sent_at is None:
                 stop_reason, next_poll = self._stop_due(now - started, time_limit, next_poll)
                 if stop_reason:
-                    self._send_service({"op": "cancel", "attempt": self.attempt_id})
+                    self._send_service(protocol.cancel_message(self.attempt_id))
                     stop_sent_at = now
             elif not hard_sent and now - stop_sent_at > STOP_GRACE_SECONDS:
-                self._send_service({"op": "cancel", "attempt": self.attempt_id, "hard": True})
+                self._send_service(protocol.cancel_message(self.attempt_id, hard=True))
                 hard_sent = True
             elif now - stop_sent_at > 3 * STOP_GRACE_SECONDS:
-                died = "the GPU-sharing service did not stop the attempt"
+                detail = f"{where} did not stop the attempt"
                 break
             try:
                 if self.service.poll(0.05):
                     message = self.service.recv()
-                    if message.get("event") == "done" and message.get("attempt") == self.attempt_id:
+                    if message.get("event") == protocol.DONE_EVENT and message.get("attempt") == self.attempt_id:
                         done = message
             except (EOFError, OSError) as error:  # ConnectionError is an OSError
-                lost = f"the GPU-sharing service died mid-attempt ({error.__class__.__name__})"
+                end, detail = End.LOST, f"mid-attempt ({error.__class__.__name__})"
                 break
         with contextlib.suppress(OSError):
             self.service.close()
         self._poll()
-        if stop_reason == "time_limit":
-            return "time_limit", f"time limit of {time_limit:g} s exceeded"
-        if stop_reason:
-            return "failed", "stopped at the control plane's request"
-        if died:
-            return "failed", died
-        if lost:
-            return SERVICE_LOST, lost
-        if done.get("lost"):
-            return SERVICE_LOST, f"the GPU-sharing service crashed under the attempt: {done.get('error') or ''}"[:500]
-        state = done["state"]
-        if state == "succeeded":
-            return "succeeded", ""
-        if state == "stopped":  # the attempt's own context was told to stop (e.g. by a report answer)
-            return "failed", "stopped at the control plane's request"
-        if state == "cancelled":
-            return "failed", "dropped by the GPU-sharing service"
-        detail = next((line for line in reversed((done.get("error") or "").splitlines()) if line.strip()), "")
-        return "failed", f"failed in the GPU-sharing service: {detail or state}"[:500]
+        if done is None and end is not End.LOST:  # the host ignored the stop
+            outcome, reason = finish_for(End.FAILED, stop_reason=stop_reason, time_limit=time_limit,
+                                         detail=detail)
+            return outcome.name, reason
+        if done is not None:
+            end = protocol.end_of_event(done)
+            error = done.get("error") or ""
+            if end is End.LOST:
+                detail = error
+            else:
+                detail = next((line for line in reversed(error.splitlines()) if line.strip()), "")
+        outcome, reason = finish_for(end, stop_reason=stop_reason, time_limit=time_limit, detail=detail,
+                                     where=where)
+        return outcome.name, reason
 
     def _auth(self) -> dict:
         return {"node": self.config["node"], "token": self.token}
@@ -309,17 +312,14 @@ class AttemptRunner:
             time.sleep(0.05)
         self._poll()
         codes = [child.returncode for _, child in self.children]
-        if stop_reason == "time_limit":
-            return "time_limit", f"time limit of {time_limit:g} s exceeded"
-        if stop_reason:
-            return "failed", "stopped at the control plane's request"
-        if all(code == 0 for code in codes):
-            return "succeeded", ""
+        if stop_reason or all(code == 0 for code in codes):
+            outcome, reason = finish_for(End.SUCCEEDED, stop_reason=stop_reason, time_limit=time_limit)
+            return outcome.name, reason
         bad = next(code for code in codes if code != 0)
         detail = next((line for line in reversed(self.tail) if line.strip()), "")
         if bad < 0:
-            return "failed", f"killed by signal {-bad}. {detail}"[:500]
-        return "failed", f"exit code {bad}: {detail}"[:500]
+            return protocol.FAILED.name, f"killed by signal {-bad}. {detail}"[:500]
+        return protocol.FAILED.name, f"exit code {bad}: {detail}"[:500]
 
     def finish(self, outcome: str, reason: str) -> None:
         try:
@@ -346,12 +346,12 @@ def run_attempt(attempt_id: str, token: str) -> str:
     if claim is None:
         return "stale"
     if claim["stop"]:
-        runner.finish("failed", "stopped before it started")
+        runner.finish(protocol.FAILED.name, "stopped before it started")
         return "stopped"
     try:
-        device = runner.shared_allocation(claim)
-        if device is not None and runner.start_shared(claim, device):
-            outcome, reason = runner.supervise_shared(float(claim["time_limit"]))
+        host = runner.find_host(claim)
+        if host is not None and runner.start_hosted(claim, host):
+            outcome, reason = runner.supervise_hosted(float(claim["time_limit"]))
         else:
             runner.start(claim)
             outcome, reason = runner.supervise(float(claim["time_limit"]))

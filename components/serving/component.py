@@ -102,6 +102,7 @@ class ServeComponent(Component):
     """
 
     kind: ClassVar[str] = ServeSpec.kind
+    hostable: ClassVar[bool] = True
     metrics_every_s: ClassVar[float] = 2.0
     stop_poll_s: ClassVar[float] = 0.1
     stop_grace_s: ClassVar[float] = 2.0

@@ -69,6 +69,7 @@ class TrainComponent(Component):
     """
 
     kind: ClassVar[str] = TrainSpec.kind
+    hostable: ClassVar[bool] = True
 
     def run(self, ctx: Context) -> None:
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)

@@ -24,7 +24,7 @@ def job(name: str, gpus: float, epochs: int) -> dict:
 
 
 def service_call(cluster, message: dict) -> dict:
-    config = json.loads((cluster.home / "node" / "worker.json").read_text())["gpushare"]
+    config = json.loads((cluster.home / "node" / "worker.json").read_text())["services"]["gpushare"]["config"]
     return call(socket_path(config["socket_dir"], 0), read_authkey(config["authkey_file"]), message, 10)
 
 
