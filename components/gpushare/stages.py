@@ -1,7 +1,9 @@
 """SwitchFlow on the shared device: training split into stages that yield to inference at stage boundaries.
 
-A model that is a sequence of layers (``nn.Sequential``) is cut into ``k`` contiguous **stages** (the
-subgraphs). :class:`StagedSession` runs one training iteration as a list of actions::
+A model is a sequence of stage modules -- what its workload's ``stages()`` gives
+(:meth:`components.train.workloads.Workload.stages`; the workload owns its model's structure), the layers of
+an ``nn.Sequential``, or else the whole model -- cut into ``k`` contiguous **stages** (the subgraphs).
+:class:`StagedSession` runs one training iteration as a list of actions::
 
     forward 1 .. forward k, loss (+ zero_grad), backward k .. backward 1, optimizer step
 
@@ -114,70 +116,32 @@ def split_sequential(model: nn.Sequential, stages: int | Sequence[int], sample: 
     return result
 
 
-class _Embedding(nn.Module):
-    """The first layer of a TinyGPT-like model as a module: token plus position embeddings (shared weights)."""
-
-    def __init__(self, tokens: nn.Embedding, positions: nn.Embedding):
-        super().__init__()
-        self.tokens, self.positions = tokens, positions
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.tokens(tokens) + self.positions(positions)
-
-
-class _Attention(nn.Module):
-    """The first half of a pre-norm transformer block: ``x + attention(norm1(x))``."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.norm1, self.attention = block.norm1, block.attention
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.attention(self.norm1(x))
-
-
-class _FeedForward(nn.Module):
-    """The second half of a pre-norm transformer block: ``x + mlp(norm2(x))``."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.norm2, self.mlp = block.norm2, block.mlp
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.norm2(x))
-
-
-def _block_layers(block: nn.Module) -> list[nn.Module]:
-    if all(hasattr(block, name) for name in ("norm1", "attention", "norm2", "mlp")):
-        return [_Attention(block), _FeedForward(block)]
-    return [block]
-
-
-class _Head(nn.Module):
-    def __init__(self, norm: nn.Module, head: nn.Module):
-        super().__init__()
-        self.norm, self.head = norm, head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(x))
-
-
 def as_sequential(model: nn.Module) -> nn.Sequential:
-    """``model`` as an ``nn.Sequential`` of its own layers (shared, not copied), computing the same forward.
+    """``model`` as an ``nn.Sequential`` of stage modules sharing its layers (not copies), computing its forward.
 
-    Handles ``nn.Sequential`` itself and TinyGPT-like transformers (``tokens``, ``positions``, ``blocks``,
-    ``norm``, ``head``): the embedding, then each block as two layers (the attention and the feed-forward
-    residual halves: finer subgraphs, shorter preemption waits), then the head. The halves compute exactly
-    what the block's ``forward`` does. Other models raise TypeError.
+    A model whose class defines ``stages()`` (e.g. :meth:`components.train.workloads.TinyGPT.stages`: the
+    embedding, each block's attention and feed-forward halves, the head) is split where it says; an
+    ``nn.Sequential`` is itself; any other model is one stage.
     """
+    method = getattr(type(model), "stages", None)
+    if callable(method) and not isinstance(method, nn.Module):
+        return nn.Sequential(*model.stages())
     if isinstance(model, nn.Sequential):
         return model
-    names = ("tokens", "positions", "blocks", "norm", "head")
-    if all(hasattr(model, name) for name in names) and isinstance(model.blocks, nn.Sequential):
-        layers = [layer for block in model.blocks for layer in _block_layers(block)]
-        return nn.Sequential(_Embedding(model.tokens, model.positions), *layers, _Head(model.norm, model.head))
-    raise TypeError(f"cannot split {type(model).__name__} into stages: give an nn.Sequential")
+    return nn.Sequential(model)
+
+
+def workload_stages(workload: Any) -> nn.Sequential:
+    """A set-up workload's model as stage modules: what ``workload.stages()`` returns
+    (:meth:`components.train.workloads.Workload.stages`), or :func:`as_sequential` of ``workload.model`` for an
+    object that does not say."""
+    method = getattr(workload, "stages", None)
+    if callable(method):
+        stages = list(method())
+        if not stages or not all(isinstance(stage, nn.Module) for stage in stages):
+            raise TypeError(f"{type(workload).__name__}.stages() must return a non-empty list of modules")
+        return nn.Sequential(*stages)
+    return as_sequential(workload.model)
 
 
 def sequence_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -349,9 +313,8 @@ class StagedSession(Session):
 
 
 class StagedWorkloadSession(StagedSession):
-    """A stage-preemptible run of a :class:`~components.train.workloads.Workload` whose ``model`` is an
-    ``nn.Sequential`` (``mlp-digits``, ``cnn-synthetic``) or TinyGPT-like (``tiny-gpt``), see
-    :func:`as_sequential`.
+    """A stage-preemptible run of a :class:`~components.train.workloads.Workload`, split into the stages its
+    :meth:`~components.train.workloads.Workload.stages` gives (see :func:`workload_stages`).
 
     Same batches, same loss (cross-entropy), same order of ``zero_grad`` / ``backward`` / ``step`` as
     ``Workload.train_step``: the parameters after ``n`` steps are bit-identical to ``n`` plain steps.
@@ -386,7 +349,7 @@ class StagedWorkloadSession(StagedSession):
         workload = self.workload
         workload.setup(self.spec, device)
         model = workload.model
-        layers = as_sequential(model)
+        layers = workload_stages(workload)
         self.steps_per_epoch = int(workload.steps_per_epoch())
         total = self.spec["epochs"] * self.steps_per_epoch
         if self.spec.get("max_steps"):
@@ -419,8 +382,8 @@ class StagedTrainStep:
     It returns what ``workload.train_step(batch)`` returns (``loss``, ``accuracy``, ``samples``), and the
     parameters, optimizer state and metrics are bit-identical to it, however often it was suspended.
 
-    Only for workloads whose ``train_step`` is the built-in one (cross-entropy on a model that
-    :func:`as_sequential` can split): see :meth:`supports`. ``stages``: a count (balanced by parameter
+    Only for workloads whose ``train_step`` is the built-in one (cross-entropy on the model that
+    :func:`workload_stages` splits): see :meth:`supports`. ``stages``: a count (balanced by parameter
     count) or explicit sizes; default one stage per layer (finest boundaries).
     """
 
@@ -428,7 +391,7 @@ class StagedTrainStep:
         if not self.supports(workload):
             raise TypeError(f"cannot stage the train_step of {type(workload).__name__}")
         self.workload = workload
-        layers = as_sequential(workload.model)
+        layers = workload_stages(workload)
         self.stages = split_sequential(layers, stages if stages is not None else [1] * len(layers))
         count = len(self.stages)
         self.plan = ([("forward", i) for i in range(count)] + [("loss", -1)]
@@ -439,7 +402,7 @@ class StagedTrainStep:
     @staticmethod
     def supports(workload: Any) -> bool:
         """True for a set-up workload whose ``train_step`` is the built-in classification or TinyGPT one
-        (not overridden) and whose model :func:`as_sequential` handles."""
+        (not overridden) and whose stages :func:`workload_stages` gives."""
         from components.train.workloads import ClassificationWorkload, TinyGPTWorkload
 
         train_step = getattr(type(workload), "train_step", None)
@@ -449,7 +412,7 @@ class StagedTrainStep:
         if not isinstance(model, nn.Module) or getattr(workload, "optimizer", None) is None:
             return False
         try:
-            as_sequential(model)
+            workload_stages(workload)
         except TypeError:
             return False
         return True

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
 FIELDS = {"model", "port", "request_timeout_s", "max_rows"}
-SERVABLE_WORKLOADS = ("mlp-digits", "cnn-synthetic", "tiny-gpt")  # components.serving.model.BUILDERS
+SERVABLE_WORKLOADS = ("mlp-digits", "cnn-synthetic", "tiny-gpt")  # components.serving.model.servable_workloads()
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from components.runtime.context import Context
+from components.train.model_format import describe_model, save_model
 from components.train.workloads import Workload, derive_seed
 
 CHECKPOINT_FORMAT = 1
@@ -42,7 +43,7 @@ class TrainLoop:
         loop.start()              # seed, workload.setup(), resume from ctx.restore()
         while not loop.done:
             loop.step()           # one optimizer step; reports, evaluates, checkpoints on schedule
-        loop.finish()             # final evaluation, model.pt and metrics.json artifacts
+        loop.finish()             # final evaluation, model.pt (model_format) and metrics.json artifacts
 
     Step ``n`` (0-based, counted over the whole run) is batch ``n % steps_per_epoch`` of epoch
     ``n // steps_per_epoch``, so the global step is all the position a checkpoint has to remember.
@@ -277,17 +278,23 @@ class TrainLoop:
             "eval": self.last_eval,
         }
         weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
+        # The description is plain values copied now, on the device thread: the upload may come later.
+        description = describe_model(self.workload, name=self.name, spec=self.spec)
         if self.host_io is not None:
-            self.host_io.submit(self._store_results, cpu_snapshot(weights), dict(summary))
+            self.host_io.submit(self._store_results, cpu_snapshot(weights), dict(summary), description)
         else:
-            self._store_results(weights, summary)
+            self._store_results(weights, summary, description)
         return summary
 
-    def _store_results(self, weights: dict[str, Any], summary: dict[str, Any]) -> None:
-        """Upload ``model.pt`` and ``metrics.json``, then log the end of training."""
+    def _store_results(self, weights: dict[str, Any], summary: dict[str, Any],
+                       description: dict[str, Any] | None = None) -> None:
+        """Upload ``model.pt`` (:mod:`components.train.model_format`) and ``metrics.json``, then log the end of
+        training."""
+        if description is None:
+            description = describe_model(self.workload, name=self.name, spec=self.spec)
         with tempfile.TemporaryDirectory(prefix="strata-train-") as directory:
             model_path = Path(directory) / "model.pt"
-            torch.save({"workload": self.name, "spec": self.spec, "state_dict": weights}, model_path)
+            save_model(model_path, description, weights)
             self.ctx.artifact(model_path, "model.pt")
             metrics_path = Path(directory) / "metrics.json"
             metrics_path.write_text(json.dumps(summary, indent=2, sort_keys=True))

@@ -46,6 +46,10 @@ class Workload(abc.ABC):
        :meth:`evaluate` at the end of each epoch and of the run.
     5. :meth:`state_dict` whenever the loop checkpoints, :meth:`model_state` for the final model artifact.
 
+    A workload also owns its model's two outside views: :meth:`stages` (the model as stage modules, for
+    stage-preemptible training on a shared GPU) and :meth:`model_config` / :meth:`from_config` /
+    :meth:`describe_io` (the architecture recorded in ``model.pt``, see :mod:`components.train.model_format`).
+
     ``batch(epoch, index)`` must depend only on ``(seed, epoch, index)``: that is what lets a resumed run pick
     up exactly where the checkpoint left off.
     """
@@ -89,6 +93,65 @@ class Workload(abc.ABC):
         model = getattr(self, "model", None)
         return model.state_dict() if isinstance(model, nn.Module) else self.state_dict()
 
+    # -- the model as stages (GPU sharing) --------------------------------------------------------------
+    def stages(self) -> list[nn.Module]:
+        """``self.model`` as an ordered list of stage modules whose composition is its forward.
+
+        The stages share the model's layers (no copies), so training them trains the model; a runtime may
+        cut them into contiguous groups and preempt the job between two of them
+        (:mod:`components.gpushare.stages`). By default: what :func:`model_stages` gives.
+        """
+        model = getattr(self, "model", None)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{type(self).__name__} has no model to split into stages")
+        return model_stages(model)
+
+    # -- the model as a self-describing artifact (components.train.model_format) ------------------------
+    def model_config(self) -> dict[str, Any] | None:
+        """The architecture of the set-up model: plain values (ints, strings, lists) from which
+        :meth:`from_config` rebuilds it without the training data. None (the default): the model cannot be
+        rebuilt outside this workload."""
+        return None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> nn.Module:
+        """A fresh (untrained) model of the architecture ``config`` returned by :meth:`model_config`."""
+        raise NotImplementedError(f"{cls.__name__} cannot rebuild its model from a config")
+
+    @classmethod
+    def describe_io(cls, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What one row of the model of ``config`` takes and gives: ``({"shape", "dtype", "limit"},
+        {"shape", "dtype"})``, shapes without the batch dimension as lists, dtypes "float32" or "int64",
+        ``limit`` the exclusive bound of int64 inputs (0 when there is none)."""
+        raise NotImplementedError(f"{cls.__name__} does not describe its model's inputs")
+
+    @classmethod
+    def config_from_weights(cls, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The :meth:`model_config` of a model whose weights are ``state``, read from their names and shapes.
+
+        Only for ``model.pt`` files written before the format recorded the config (format 1); raises
+        ValueError when the weights are not those of this workload's model.
+        """
+        raise ValueError(f"{cls.__name__} cannot infer its architecture from weights")
+
+
+def model_stages(model: nn.Module) -> list[nn.Module]:
+    """``model`` as stage modules: what its own ``stages()`` method returns if its class defines one, the
+    layers of an ``nn.Sequential``, or else the whole model as one stage."""
+    method = getattr(type(model), "stages", None)
+    if callable(method) and not isinstance(method, nn.Module):
+        return list(model.stages())
+    if isinstance(model, nn.Sequential):
+        return list(model)
+    return [model]
+
+
+def _weight_shape(state: dict[str, torch.Tensor], key: str, dims: int) -> tuple[int, ...]:
+    tensor = state.get(key)
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != dims:
+        raise ValueError(f"the weights have no {dims}-d tensor {key!r}")
+    return tuple(tensor.shape)
+
 
 def make_optimizer(parameters, spec: dict[str, Any]) -> torch.optim.Optimizer:
     """The optimizer named by ``spec["optimizer"]``: Adam, or SGD with momentum 0.9."""
@@ -126,7 +189,8 @@ class TorchWorkload(Workload):
 class ClassificationWorkload(TorchWorkload):
     """Supervised classification of in-memory tensors, shuffled per epoch from ``(seed, epoch)``.
 
-    Subclasses implement :meth:`load_data` and :meth:`build_model`.
+    Subclasses implement :meth:`load_data`, and either :meth:`build_model` or -- to make the model rebuildable
+    from ``model.pt`` without the data -- :meth:`architecture`, :meth:`from_config` and :meth:`describe_io`.
     """
 
     eval_batch_size: ClassVar[int] = 1024
@@ -137,9 +201,20 @@ class ClassificationWorkload(TorchWorkload):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return ``(x_train, y_train, x_test, y_test)`` on the CPU, deterministically from the spec."""
 
-    @abc.abstractmethod
+    def architecture(self, spec: dict[str, Any], x_train: torch.Tensor, classes: int) -> dict[str, Any] | None:
+        """The :meth:`model_config` of the model for inputs shaped like ``x_train[0]``; None by default."""
+        return None
+
     def build_model(self, spec: dict[str, Any], x_train: torch.Tensor, classes: int) -> nn.Module:
-        """Build the (CPU) model for inputs shaped like ``x_train[0]``."""
+        """Build the (CPU) model for inputs shaped like ``x_train[0]``: by default ``from_config`` of
+        :meth:`architecture`."""
+        config = self.architecture(spec, x_train, classes)
+        if config is None:
+            raise NotImplementedError(f"{type(self).__name__} implements neither build_model nor architecture")
+        return self.from_config(config)
+
+    def model_config(self) -> dict[str, Any] | None:
+        return getattr(self, "_config", None)
 
     def setup(self, spec: dict[str, Any], device: torch.device) -> None:
         self.spec = spec
@@ -149,6 +224,9 @@ class ClassificationWorkload(TorchWorkload):
         self.x_train, self.y_train = x_train.to(self.device), y_train.to(self.device)
         self.x_test, self.y_test = x_test.to(self.device), y_test.to(self.device)
         self.batch_size = spec["batch_size"]
+        # A subclass that builds its own model has no config that describes it.
+        own_builder = type(self).build_model is not ClassificationWorkload.build_model
+        self._config = None if own_builder else self.architecture(spec, x_train, classes)
         self.model = self.init_model(spec, lambda: self.build_model(spec, x_train, classes))
         self.optimizer = make_optimizer(self.model.parameters(), spec)
         self._order: tuple[int, torch.Tensor] | None = None
@@ -209,15 +287,30 @@ class MLPDigits(ClassificationWorkload):
         test, train = rows[:test_count], rows[test_count:]
         return features[train], labels[train], features[test], labels[test]
 
-    def build_model(self, spec, x_train, classes):
-        hidden = spec["hidden"]
+    def architecture(self, spec, x_train, classes):
+        return {"features": int(x_train.shape[1]), "hidden": int(spec["hidden"]), "classes": int(classes)}
+
+    @classmethod
+    def from_config(cls, config):
+        features, hidden, classes = (int(config[key]) for key in ("features", "hidden", "classes"))
         return nn.Sequential(
-            nn.Linear(x_train.shape[1], hidden),
+            nn.Linear(features, hidden),
             nn.ReLU(),
             nn.Linear(hidden, hidden),
             nn.ReLU(),
             nn.Linear(hidden, classes),
         )
+
+    @classmethod
+    def describe_io(cls, config):
+        return ({"shape": [int(config["features"])], "dtype": "float32", "limit": 0},
+                {"shape": [int(config["classes"])], "dtype": "float32"})
+
+    @classmethod
+    def config_from_weights(cls, state):
+        hidden, features = _weight_shape(state, "0.weight", 2)
+        classes, _ = _weight_shape(state, "4.weight", 2)
+        return {"features": features, "hidden": hidden, "classes": classes}
 
 
 SHAPE_CLASSES: tuple[str, ...] = (
@@ -277,18 +370,38 @@ class CNNSynthetic(ClassificationWorkload):
         x_test, y_test = synthetic_shapes(self.test_count, self.image_size, generator(spec["seed"], "test"))
         return x_train, y_train, x_test, y_test
 
-    def build_model(self, spec, x_train, classes):
-        channels = spec["hidden"]
+    def architecture(self, spec, x_train, classes):
+        return {"in_channels": int(x_train.shape[1]), "size": int(x_train.shape[-1]), "hidden": int(spec["hidden"]),
+                "classes": int(classes)}
+
+    @classmethod
+    def from_config(cls, config):
+        in_channels, size, channels, classes = (
+            int(config[key]) for key in ("in_channels", "size", "hidden", "classes")
+        )
         return nn.Sequential(
-            nn.Conv2d(x_train.shape[1], channels, 3, padding=1),
+            nn.Conv2d(in_channels, channels, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(channels, 2 * channels, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Flatten(),
-            nn.Linear(2 * channels * (x_train.shape[-1] // 4) ** 2, classes),
+            nn.Linear(2 * channels * (size // 4) ** 2, classes),
         )
+
+    @classmethod
+    def describe_io(cls, config):
+        size = int(config["size"])
+        return ({"shape": [int(config["in_channels"]), size, size], "dtype": "float32", "limit": 0},
+                {"shape": [int(config["classes"])], "dtype": "float32"})
+
+    @classmethod
+    def config_from_weights(cls, state):
+        channels, in_channels, _, _ = _weight_shape(state, "0.weight", 4)
+        classes, _ = _weight_shape(state, "7.weight", 2)
+        # The image size leaves no unambiguous trace in the weights; it is fixed by the workload.
+        return {"in_channels": in_channels, "size": cls.image_size, "hidden": channels, "classes": classes}
 
 
 # Characters of the tiny-gpt vocabulary: newline and printable ASCII. Anything else maps to "?".
@@ -319,6 +432,20 @@ class CausalSelfAttention(nn.Module):
         return self.out(attended.transpose(1, 2).reshape(batch, time, width))
 
 
+class Residual(nn.Module):
+    """``x + inner(norm(x))``: one pre-norm residual half of a :class:`Block`, as a stage of its own.
+
+    It holds the block's own layers (shared, not copied), so it computes exactly what the block does.
+    """
+
+    def __init__(self, norm: nn.Module, inner: nn.Module):
+        super().__init__()
+        self.norm, self.inner = norm, inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(self.norm(x))
+
+
 class Block(nn.Module):
     def __init__(self, width: int, heads: int):
         super().__init__()
@@ -330,6 +457,38 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+    def stages(self) -> list[nn.Module]:
+        """The attention half and the feed-forward half, each ``x + f(norm(x))``: their composition is
+        :meth:`forward`."""
+        return [Residual(self.norm1, self.attention), Residual(self.norm2, self.mlp)]
+
+
+def _embed(tokens: nn.Embedding, positions: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    steps = torch.arange(ids.shape[1], device=ids.device)
+    return tokens(ids) + positions(steps)
+
+
+class InputEmbedding(nn.Module):
+    """The first stage of :class:`TinyGPT`: token plus position embeddings (the model's own layers)."""
+
+    def __init__(self, tokens: nn.Embedding, positions: nn.Embedding):
+        super().__init__()
+        self.tokens, self.positions = tokens, positions
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _embed(self.tokens, self.positions, ids)
+
+
+class Head(nn.Module):
+    """The last stage of :class:`TinyGPT`: the final norm and the output projection (the model's own layers)."""
+
+    def __init__(self, norm: nn.Module, head: nn.Module):
+        super().__init__()
+        self.norm, self.head = norm, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))
 
 
 class TinyGPT(nn.Module):
@@ -345,9 +504,14 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(width, vocabulary)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tokens(tokens) + self.positions(positions)
+        x = _embed(self.tokens, self.positions, tokens)
         return self.head(self.norm(self.blocks(x)))
+
+    def stages(self) -> list[nn.Module]:
+        """The model as stages sharing its layers: the embedding, each block's attention and feed-forward
+        halves (finer stages, shorter preemption waits), the head. Their composition is :meth:`forward`."""
+        halves = [stage for block in self.blocks for stage in block.stages()]
+        return [InputEmbedding(self.tokens, self.positions), *halves, Head(self.norm, self.head)]
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, count: int, rng: torch.Generator | None = None) -> torch.Tensor:
@@ -387,11 +551,33 @@ class TinyGPTWorkload(TorchWorkload):
         if self.windows < 1:
             raise ValueError(f"corpus {CORPUS_PATH} is too short for a context of {self.context}")
         self.batch_size = spec["batch_size"]
-        self.model = self.init_model(
-            spec, lambda: TinyGPT(len(VOCABULARY), self.context, spec["hidden"], self.heads, self.layers)
-        )
+        self._config = {"vocabulary": len(VOCABULARY), "context": self.context, "width": int(spec["hidden"]),
+                        "heads": self.heads, "layers": self.layers}
+        self.model = self.init_model(spec, lambda: self.from_config(self._config))
         self.optimizer = make_optimizer(self.model.parameters(), spec)
         self._starts: tuple[int, torch.Tensor] | None = None
+
+    def model_config(self) -> dict[str, Any] | None:
+        return getattr(self, "_config", None)
+
+    @classmethod
+    def from_config(cls, config):
+        return TinyGPT(*(int(config[key]) for key in ("vocabulary", "context", "width", "heads", "layers")))
+
+    @classmethod
+    def describe_io(cls, config):
+        vocabulary, context = int(config["vocabulary"]), int(config["context"])
+        return ({"shape": [context], "dtype": "int64", "limit": vocabulary},
+                {"shape": [context, vocabulary], "dtype": "float32"})
+
+    @classmethod
+    def config_from_weights(cls, state):
+        vocabulary, width = _weight_shape(state, "tokens.weight", 2)
+        context, _ = _weight_shape(state, "positions.weight", 2)
+        blocks = {int(key.split(".")[1]) for key in state if key.startswith("blocks.") and key.split(".")[1].isdigit()}
+        # The head count leaves no trace in the weights' shapes; it is fixed by the workload.
+        return {"vocabulary": vocabulary, "context": context, "width": width, "heads": cls.heads,
+                "layers": 1 + max(blocks, default=-1)}
 
     def steps_per_epoch(self) -> int:
         return math.ceil(self.windows / self.batch_size)

@@ -47,8 +47,43 @@ def test_split_sequential_shares_the_layers():
         split_sequential(model, [2, 2])
     with pytest.raises(TypeError):
         split_sequential(nn.Linear(2, 2), 2)
-    with pytest.raises(TypeError):
-        as_sequential(nn.LSTM(2, 2))
+
+
+def test_a_model_is_split_where_it_says_and_otherwise_runs_as_one_stage():
+    sequential = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    assert as_sequential(sequential) is sequential
+
+    class Two(nn.Module):  # says where to cut itself
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(4, 8), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.second(self.first(x))
+
+        def stages(self):
+            return [self.first, self.second]
+
+    two = Two()
+    layers = as_sequential(two)
+    assert [stage for stage in layers] == [two.first, two.second]
+
+    opaque = nn.GRU(2, 2)  # says nothing: one stage, the model itself
+    layers = as_sequential(opaque)
+    assert len(layers) == 1 and layers[0] is opaque
+    stages = split_sequential(layers, 3)
+    assert len(stages) == 1
+
+    class Holder(nn.Module):  # a submodule called "stages" is not a method that splits the model
+        def __init__(self):
+            super().__init__()
+            self.stages = nn.ModuleList([nn.Linear(2, 2)])
+
+        def forward(self, x):
+            return self.stages[0](x)
+
+    holder = Holder()
+    assert list(as_sequential(holder)) == [holder]
 
 
 @pytest.mark.parametrize(

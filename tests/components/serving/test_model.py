@@ -4,18 +4,23 @@ import pytest
 import torch
 
 from components.serving.model import load_served_model
+from components.train import model_format
 from components.train.spec import TrainSpec
 from components.train.workloads import VOCABULARY, builtin_workload
 
 
-def save_model(path, name, **fields):
-    """A model.pt exactly as a train job stores it, after two real steps of ``name``."""
+def save_model(path, name, legacy=False, **fields):
+    """A model.pt exactly as a train job stores it (or, ``legacy``, as older jobs stored it: format 1), after
+    two real steps of ``name``."""
     spec = TrainSpec().validate({"workload": name, "seed": 4, **fields})
     workload = builtin_workload(name)
     workload.setup(spec, torch.device("cpu"))
     for index in range(2):
         workload.train_step(workload.batch(0, index))
-    torch.save({"workload": name, "spec": spec, "state_dict": workload.model_state()}, path)
+    if legacy:
+        torch.save({"workload": name, "spec": spec, "state_dict": workload.model_state()}, path)
+    else:
+        model_format.save_model(path, model_format.describe_model(workload, spec=spec), workload.model_state())
     return workload
 
 
@@ -34,16 +39,18 @@ def test_mlp_digits_is_rebuilt_from_the_trained_weights(digits_model, digits_tes
     assert (predicted == labels).mean() > 0.85
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["format-2", "legacy-format-1"])
 @pytest.mark.parametrize(
     ("name", "fields", "input_shape", "dtype", "output_shape", "limit"),
     [
+        ("mlp-digits", {"hidden": 16}, (64,), torch.float32, (10,), 0),
         ("cnn-synthetic", {"hidden": 8}, (1, 16, 16), torch.float32, (6,), 0),
         ("tiny-gpt", {"hidden": 32, "batch_size": 4}, (64,), torch.int64, (64, len(VOCABULARY)), len(VOCABULARY)),
     ],
 )
-def test_other_builtin_workloads_serve_the_same_outputs(tmp_path, name, fields, input_shape, dtype, output_shape,
-                                                        limit):
-    trained = save_model(tmp_path / "model.pt", name, **fields)
+def test_builtin_workloads_serve_the_same_outputs(tmp_path, name, fields, input_shape, dtype, output_shape, limit,
+                                                  legacy):
+    trained = save_model(tmp_path / "model.pt", name, legacy=legacy, **fields)
     served = load_served_model(tmp_path / "model.pt")
     assert (served.workload, served.input_shape, served.output_shape, served.input_limit) == (
         name, input_shape, output_shape, limit)
@@ -77,6 +84,7 @@ def test_bad_files_fail_clearly(tmp_path, digits_model):
         load_served_model(tmp_path / "other.pt")
 
     saved = torch.load(digits_model, weights_only=True)
+    assert saved["format"] == model_format.MODEL_FORMAT
     torch.save({**saved, "workload": "custom"}, tmp_path / "custom.pt")
     with pytest.raises(ValueError, match="only built-in workloads.*mlp-digits"):
         load_served_model(tmp_path / "custom.pt")
@@ -87,13 +95,19 @@ def test_bad_files_fail_clearly(tmp_path, digits_model):
     with pytest.raises(ValueError, match="do not fit a mlp-digits model.*2.bias"):
         load_served_model(tmp_path / "partial.pt")
 
-    torch.save({**saved, "workload": "cnn-synthetic"}, tmp_path / "mislabelled.pt")
+    # A file whose workload does not match its weights: the config builds a CNN the weights do not fit.
+    legacy = {key: saved[key] for key in ("spec", "state_dict")}
+    torch.save({**legacy, "workload": "cnn-synthetic"}, tmp_path / "mislabelled.pt")
     with pytest.raises(ValueError, match="no 4-d tensor '0.weight'"):
         load_served_model(tmp_path / "mislabelled.pt")
+    cnn_config = {"in_channels": 1, "size": 16, "hidden": 8, "classes": 10}
+    torch.save({**saved, "workload": "cnn-synthetic", "config": cnn_config}, tmp_path / "mislabelled2.pt")
+    with pytest.raises(ValueError, match="do not fit a cnn-synthetic model"):
+        load_served_model(tmp_path / "mislabelled2.pt")
 
 
 def test_the_light_spec_names_exactly_the_workloads_that_can_be_rebuilt():
-    from components.serving.model import BUILDERS
+    from components.serving.model import servable_workloads
     from components.serving.spec import SERVABLE_WORKLOADS
 
-    assert set(SERVABLE_WORKLOADS) == set(BUILDERS)
+    assert set(SERVABLE_WORKLOADS) == set(servable_workloads())

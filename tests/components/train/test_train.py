@@ -66,6 +66,10 @@ def test_mlp_digits_learns_and_uploads_artifacts(tmp_path):
     saved = torch.load(ctx.artifacts["model.pt"], weights_only=True)
     assert saved["workload"] == "mlp-digits"
     assert saved["spec"] == TrainSpec().validate({"workload": "mlp-digits"})
+    assert saved["format"] == 2  # components.train.model_format
+    assert saved["config"] == {"features": 64, "hidden": 128, "classes": 10}
+    assert saved["input"] == {"shape": [64], "dtype": "float32", "limit": 0}
+    assert saved["output"] == {"shape": [10], "dtype": "float32"}
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 128),
         torch.nn.ReLU(),
