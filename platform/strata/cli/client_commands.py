@@ -21,8 +21,6 @@ def connect(args) -> ControlPlaneClient:
     return ControlPlaneClient(url, token, retries=3)
 
 
-_client = connect
-
 
 def load_job_file(path: str) -> dict:
     source = sys.stdin.read() if path == "-" else Path(path).read_text()
@@ -40,7 +38,7 @@ def load_job_file(path: str) -> dict:
 
 
 def submit(args) -> int:
-    client = _client(args)
+    client = connect(args)
     body = load_job_file(args.file)
     if args.team:
         body["team"] = args.team
@@ -85,7 +83,7 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
 
 def jobs(args) -> int:
     params = {k: v for k, v in {"state": args.state, "kind": args.kind, "team": args.team}.items() if v}
-    page = _client(args).get("jobs/", params={**params, "page_size": args.limit})
+    page = connect(args).get("jobs/", params={**params, "page_size": args.limit})
     if args.json:
         print(json.dumps(page["results"], indent=2))
         return 0
@@ -97,7 +95,7 @@ def jobs(args) -> int:
 
 
 def logs(args) -> int:
-    client = _client(args)
+    client = connect(args)
     after = 0
     while True:
         lines = client.get(f"jobs/{args.job}/logs/", params={"after": after})
@@ -112,7 +110,7 @@ def logs(args) -> int:
 
 
 def cancel(args) -> int:
-    job = _client(args).post(f"jobs/{args.job}/cancel/")
+    job = connect(args).post(f"jobs/{args.job}/cancel/")
     print(f"job {job['id']}: {job['state']}")
     return 0
 
@@ -147,7 +145,7 @@ def _parse_assignments(pairs: list[str]) -> dict:
 
 
 def quota(args) -> int:
-    client = _client(args)
+    client = connect(args)
     if args.set:
         if not args.team:
             raise ValueError("--set needs a team: strata quota TEAM --set max_gpus=4")
@@ -171,7 +169,7 @@ def token_create(args) -> int:
         body["team"] = args.team
     if args.ttl_days:
         body["ttl_days"] = args.ttl_days
-    answer = _client(args).post("tokens/", body)
+    answer = connect(args).post("tokens/", body)
     print(answer["token"])
     print(f"({answer['kind']} token {answer['prefix']}, expires {answer['expires_at']}; shown only once)",
           file=sys.stderr)

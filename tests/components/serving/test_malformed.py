@@ -194,7 +194,7 @@ def test_strata_infer_prints_the_reason_on_one_line(handle, monkeypatch, capsys,
         def get(self, path):
             return {"id": "job", "kind": "serve", "state": "RUNNING", "endpoint": handle.address}
 
-    monkeypatch.setattr(client_commands, "_client", lambda args: FakeControlPlane())
+    monkeypatch.setattr(client_commands, "connect", lambda args: FakeControlPlane())
     rows = tmp_path / "rows.json"
     rows.write_text("[[1.0, 2.0, 3.0]]")
     assert main(["infer", "job", "--input", str(rows)]) == 2
