@@ -8,21 +8,23 @@ imported, on the first job, so an idle service costs a few MB). It listens on a 
 (:mod:`multiprocessing.connection`, authenticated with the node's key) for these messages, each a dict with
 an ``op``; every request gets exactly one reply dict:
 
-- ``run`` ``{"payload": <the child payload: claim + server, node_token, node, fencing_token, rank, device>}``:
-  builds the attempt's :class:`~components.runtime.remote.RemoteContext` as ``components.runtime.child``
-  does, a :class:`~components.train.loop.TrainLoop` (``owns_process=False``) for the ``train`` spec, and
-  submits it as a :class:`~components.gpushare.sessions.TrainLoopSession` with the allocation's memory as
-  its request and the allocation's share as its FAIR weight. Reply ``{"ok": True, "admission": ...}`` or
-  ``{"ok": False, "reason": ...}`` when the job cannot run here (then the caller runs it in a child process):
-  not a ``train`` job, an entrypoint *function* (it may train by itself, which cannot be interleaved; an
-  entrypoint naming a Workload class is fine), a spec that does not validate, or a request that can never fit.
-  The job's checkpoint is downloaded here, before it is submitted; its checkpoint and artifact uploads run
-  on its own host thread (``TrainLoopSession(host_io=True)``), never on the execution thread. When the job
-  ends and its uploads are stored, the service closes its context (flushing logs and metrics) and then sends
-  one more message on the same connection: ``{"event": "done", "attempt", "state":
-  succeeded|stopped|failed|cancelled, "error", "steps", "result", "lost"}`` (``lost``: the executor crashed
-  under the job). The caller (the worker's AttemptRunner) reports ``finish``: exactly once.
-  If that connection closes before the end (the worker died), the job is asked to stop.
+- ``run`` ``{"payload": <the attempt payload: claim + server, node_token, node, fencing_token, rank, device>}``:
+  builds the attempt's context with :func:`~components.runtime.context.context_from_payload` (as the child
+  process does) and asks the kind's component for its session (``component.session(ctx, hosted=True)``;
+  no kind is named here). A step-at-a-time session (a ``train`` attempt's
+  :class:`~components.gpushare.sessions.TrainLoopSession`) is submitted to the executor with its measured
+  memory as its request and the allocation's share as its FAIR weight; a session with an ``attach`` hook (a
+  ``serve`` attempt's endpoint) joins the executor by itself. ``session.prepare()`` (the checkpoint or model
+  download) runs here, before admission, and checkpoint and artifact uploads run on the job's own host thread,
+  never on the execution thread. Reply ``{"ok": True, "pid", "admission": ...}`` or ``{"ok": False,
+  "reason": ...}`` when the job cannot run here (then the caller runs it in a child process): a component
+  that is not hostable or raises ``NotHostable`` (a ``train`` entrypoint *function*, which may train by
+  itself), a spec that does not validate, a missing input, or a request that can never fit. When the job
+  ends and its session settled (uploads stored, endpoint stopped), the service closes its context (flushing
+  logs and metrics) and then sends one more message on the same connection:
+  :func:`components.runtime.protocol.done_event` (``state``: succeeded|stopped|failed|cancelled|lost). The
+  caller (the worker's AttemptRunner) reports ``finish``: exactly once. If that connection closes before the
+  end (the worker died), the job is asked to stop.
 - ``cancel`` ``{"attempt", "hard": False}``: ask the job to stop at its next iteration boundary; the loop
   checkpoints, as the child path does on SIGTERM (``state: stopped``). ``hard``: drop it at once
   (``executor.cancel``, no checkpoint).
@@ -56,7 +58,8 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from components.runtime.protocol import call, connect, read_authkey, socket_path
+from components.runtime.component import Session
+from components.runtime.protocol import End, call, connect, done_event, read_authkey, socket_path
 from components.runtime.services import set_parent_death_signal
 
 __all__ = ["DeviceService", "call", "connect", "main", "read_authkey", "socket_path"]
@@ -69,27 +72,23 @@ JOB_LIMIT = 256  # jobs (and lanes) per heartbeat: the control plane refuses mor
 SLICE_MERGE_GAP_S = 0.005  # consecutive units of one job closer than this are one slice
 STOP_GRACE_S = 10.0  # on shutdown: how long jobs get to checkpoint before they are dropped
 HOST_IO_WAIT_S = 900.0  # how long an ended job's checkpoint and artifact uploads may take
-SERVING_REPORT_S = 2.0  # how often a serve attempt reports its request figures
-SERVING_METRICS = ("requests", "errors", "p50_ms", "p99_ms")
 
 
 _ENDED = {"succeeded", "failed", "cancelled", "rejected"}
-
-
-class Rejected(Exception):
-    """The job cannot run in the shared service (the caller should run it in a child process)."""
 
 
 @dataclass
 class _Attempt:
     attempt_id: str
     ctx: Any
-    loop: Any
+    session: Any  # the attempt's Session (components.runtime.component.Session), from its component
     send: Any  # callable sending one message to the connection that submitted the job
-    session: Any = None  # the TrainLoopSession
-    serving: Any = None  # the components.serving.endpoint.ServingHandle of a serve attempt
     acked: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
+
+
+def _decline(reason: str) -> tuple[dict, None]:
+    return {"ok": False, "reason": reason}, None
 
 
 class DeviceService:
@@ -155,54 +154,74 @@ class DeviceService:
         return {"ok": False, "reason": f"unknown op {op!r}"}, None
 
     def run(self, payload: dict, send, owned: list[str]) -> tuple[dict, Any]:
+        """Host one attempt: its component's session (``component.session(ctx, hosted=True)``), submitted to
+        this device's executor as step-at-a-time work, or attached to it by the session itself (its
+        :meth:`~components.runtime.component.Session.attach` hook: a serving endpoint, say). Declined (the
+        worker then runs it in a child process) when the kind is not hostable, the session cannot be built
+        here (:class:`~components.runtime.component.NotHostable`, a bad spec, a missing input), or the
+        executor can never fit it."""
+        from components.runtime.component import NotHostable
+        from components.runtime.context import context_from_payload
+        from components.runtime.registry import load_component
+
         attempt_id = str(payload["attempt"])
         if self.stopping.is_set():
-            return {"ok": False, "reason": "the device service is shutting down"}, None
+            return _decline("the device service is shutting down")
         with self._lock:
             if attempt_id in self.attempts:
-                return {"ok": False, "reason": f"attempt {attempt_id} already runs here"}, None
-        if payload.get("kind") == "serve":
-            return self._run_serve(payload, send, owned)
+                return _decline(f"attempt {attempt_id} already runs here")
+        if int(payload.get("world_size", 1)) != 1:
+            return _decline("multi-worker jobs do not share a device")
         try:
-            spec, factory = self._build_workload(payload)
-            workload = factory()
-        except Rejected as error:
-            return {"ok": False, "reason": str(error)}, None
-        except Exception as error:  # the child path reports these; let it
-            return {"ok": False, "reason": f"cannot run here: {error.__class__.__name__}: {error}"}, None
-        from components.gpushare.sessions import TrainLoopSession
-        from components.train.loop import TrainLoop
-
+            component = load_component(str(payload.get("kind")))
+        except Exception as error:  # the child path reports it
+            return _decline(f"cannot run here: {error.__class__.__name__}: {error}")
+        if not getattr(component, "hostable", False):
+            return _decline(f"{payload.get('kind')!r} jobs cannot share a device")
         executor = self.executor()
-        device = payload["device"]
-        request = self._memory_request(factory, spec, int(device["memory"]))
-        ctx = self._context(payload)
-        ctx.spec = spec
+        ctx = context_from_payload(payload, narrowed=False, local_root=self.local_root)
         try:
-            loop = TrainLoop(workload, spec, ctx, device=executor.device, owns_process=False)
-            share = float(device["share"])
-            ctx.log(f"attempt {payload.get('number', 1)} rank {payload.get('rank', 0)} starting on {self.label}, "
+            session = component.session(ctx, hosted=True)
+            session.prepare()  # downloads (checkpoint, source model) happen here, not on the device thread
+        except NotHostable as error:
+            ctx.close()
+            return _decline(str(error))
+        except Exception as error:  # the child path reports these; let it
+            ctx.close()
+            return _decline(f"cannot run here: {error.__class__.__name__}: {error}")
+        device = payload["device"]
+        share = float(device["share"])
+        priority = int(payload.get("priority") or 0)
+        entry = _Attempt(attempt_id, ctx, session, send)
+        with self._lock:
+            self.attempts[attempt_id] = entry
+        try:
+            note = (f"attempt {payload.get('number', 1)} rank {payload.get('rank', 0)} starting on {self.label}, "
                     f"shared: running in the GPU-sharing service (pid {os.getpid()}, policy {self.policy}, "
-                    f"share {share:g}; reserved {request.persistent} B persistent + {request.ephemeral} B per "
-                    f"iteration of its {int(device['memory'])} B allocation)")
-            loop.prefetch()  # the checkpoint download happens here, not on the device thread
-            session = TrainLoopSession(loop, host_io=True)
-            entry = _Attempt(attempt_id, ctx, loop, send, session)
-            with self._lock:
-                self.attempts[attempt_id] = entry
-            admission = executor.submit(attempt_id, session, request,
-                                        priority=int(payload.get("priority") or 0), weight=max(share, 1e-3))
+                    f"share {share:g}")
+            admission = None
+            if type(session).attach is Session.attach:  # step-at-a-time work: the executor's own admission
+                request = self._memory_request(session, int(device["memory"]))
+                ctx.log(f"{note}; reserved {request.persistent} B persistent + {request.ephemeral} B per "
+                        f"iteration of its {int(device['memory'])} B allocation)")
+                admission = executor.submit(attempt_id, session, request, priority=priority,
+                                            weight=max(share, 1e-3))
+            else:
+                ctx.log(f"{note})")
+                admission = session.attach(executor, attempt_id, priority=priority, weight=max(share, 1e-3))
         except Exception as error:
             with self._lock:
                 self.attempts.pop(attempt_id, None)
+            with contextlib.suppress(Exception):
+                session.settle(0)
             ctx.close()
-            return {"ok": False, "reason": f"the device service refused it: {error}"}, None
+            return _decline(f"the device service refused it: {error.__class__.__name__}: {error}")
         if admission.status == "rejected":
             with self._lock:
                 self.attempts.pop(attempt_id, None)
             ctx.log(f"the device service cannot hold this job ({admission.reason}); running it alone")
             ctx.close()
-            return {"ok": False, "reason": f"rejected by the device service: {admission.reason}"}, None
+            return _decline(f"rejected by the device service: {admission.reason}")
         owned.append(attempt_id)
         threading.Thread(target=self._wait, args=(entry,), name=f"wait-{attempt_id[:8]}", daemon=True).start()
         return self._accepted(entry, admission), entry.acked.set
@@ -214,119 +233,20 @@ class DeviceService:
                 "admission": {"status": admission.status, "lane": admission.lane,
                               "position": admission.position, "reason": admission.reason}}
 
-    def _run_serve(self, payload: dict, send, owned: list[str]) -> tuple[dict, Any]:
-        """A ``serve`` attempt: its model becomes an inference endpoint of this device's executor (a lane of its
-        own; its requests go before training work, and a staged training job yields to them at its next stage
-        or operator boundary), answering gRPC ``Predict`` calls until the attempt is stopped."""
-        from components.runtime.registry import get_kind
-        from components.serving.component import serving_hosts
-        from components.serving.endpoint import start_serving
-        from components.serving.model import load_served_model
-
-        attempt_id = str(payload["attempt"])
-        if int(payload.get("world_size", 1)) != 1:
-            return {"ok": False, "reason": "multi-worker serve jobs do not share a device"}, None
-        try:
-            spec = get_kind("serve").validate(payload["spec"])
-        except Exception as error:  # the child path reports it
-            return {"ok": False, "reason": f"cannot run here: {error}"}, None
-        ctx = self._context(payload)
-        ctx.spec = spec
-        try:
-            served = load_served_model(ctx.source_artifact("model.pt"))
-            host, advertised = serving_hosts()
-            handle = start_serving(self.executor(), attempt_id, served, host=host, advertise_host=advertised,
-                                   port=spec["port"],
-                                   request_timeout_s=spec["request_timeout_s"], max_rows=spec["max_rows"],
-                                   source_job=spec["model"]["job"], priority=int(payload.get("priority") or 0))
-        except Exception as error:
-            ctx.close()
-            return {"ok": False, "reason": f"cannot serve here: {error.__class__.__name__}: {error}"}, None
-        entry = _Attempt(attempt_id, ctx, None, send, serving=handle)
-        with self._lock:
-            self.attempts[attempt_id] = entry
-        ctx.set_endpoint(handle.address)
-        ctx.log(f"attempt {payload.get('number', 1)} serving {served.workload} from job {spec['model']['job']} on "
-                f"{handle.address}, shared: in the GPU-sharing service of {self.label} (pid {os.getpid()}, policy "
-                f"{self.policy}, share {float(payload['device']['share']):g})")
-        owned.append(attempt_id)
-        threading.Thread(target=self._watch_serving, args=(entry,), name=f"serve-{attempt_id[:8]}",
-                         daemon=True).start()
-        threading.Thread(target=self._wait, args=(entry,), name=f"wait-{attempt_id[:8]}", daemon=True).start()
-        return self._accepted(entry, handle.admission), entry.acked.set
-
     @staticmethod
-    def _watch_serving(entry: _Attempt, interval: float = SERVING_REPORT_S) -> None:
-        """Report the endpoint's figures; stop it once the attempt is asked to stop (cancel, preemption)."""
-        step = 0
-        while not entry.ended.is_set():
-            if entry.ctx.should_stop():
-                entry.serving.stop()
-                return
-            if entry.ended.wait(interval):
-                return
-            step += 1
-            stats = entry.serving.stats()
-            entry.ctx.metrics({name: float(stats[name]) for name in SERVING_METRICS
-                               if isinstance(stats.get(name), int | float)}, step)
-
-    def _build_workload(self, payload: dict):
-        if payload.get("kind") != "train":
-            raise Rejected(f"only train jobs can share a device, not {payload.get('kind')!r}")
-        if int(payload.get("world_size", 1)) != 1:
-            raise Rejected("multi-worker jobs do not share a device")
-        from components.train.spec import TrainSpec
-
-        spec = TrainSpec().validate(payload["spec"])
-        if spec.get("entrypoint"):
-            from components.runtime.registry import import_path
-            from components.train.workloads import Workload
-
-            target = import_path(spec["entrypoint"])
-            if not (isinstance(target, type) and issubclass(target, Workload)):
-                raise Rejected(f"the entrypoint {spec['entrypoint']!r} is a function that may train by itself, "
-                               "which cannot be interleaved; only Workload classes and built-in workloads share "
-                               "a device")
-            return spec, target
-        from components.train.workloads import builtin_workload
-
-        builtin_workload(spec["workload"])  # an unknown name is the child path's error to report
-        return spec, lambda: builtin_workload(spec["workload"])
-
-    @staticmethod
-    def _memory_request(factory, spec: dict, limit: int):
-        """The job's request: measured on a throwaway CPU copy (two steps), as Salus does. Reserving the whole
-        allocation as persistent memory would leave no room for lanes on a full device (the executor would
-        pause the jobs once it measured their per-iteration memory), so when profiling fails the allocation
-        is split in halves."""
+    def _memory_request(session, limit: int):
+        """The session's own estimate (a training session measures a throwaway CPU copy, two steps, as Salus
+        does). Reserving the whole allocation as persistent memory would leave no room for lanes on a full
+        device (the executor would pause the jobs once it measured their per-iteration memory), so without an
+        estimate the allocation is split in halves."""
         from components.gpushare.lanes import MemoryRequest
-        from components.gpushare.memory import profile_workload
 
         try:
-            return profile_workload(factory, spec)
+            request = session.memory_estimate()
         except Exception as error:
             log.warning("profiling failed (%s); reserving half of %d B per iteration", error, limit)
-            return MemoryRequest.from_limit(limit, persistent=limit // 2)
-
-    def _context(self, payload: dict):
-        from components.runtime.context import DeviceHandle, LocalContext
-
-        device = payload["device"]
-        devices = [DeviceHandle(kind=device["kind"], index=int(device["index"]), memory=int(device["memory"]),
-                                share=float(device["share"]))]
-        common = {"job_id": payload["job"], "attempt_id": payload["attempt"], "spec": payload["spec"],
-                  "devices": devices, "rank": payload.get("rank", 0), "world_size": payload.get("world_size", 1)}
-        if self.local_root is not None:
-            # ``sources`` (tests): name -> local path of the source job's artifacts, for serve attempts.
-            return LocalContext(**common, workdir=self.local_root / str(payload["attempt"]),
-                                sources={name: Path(path) for name, path in (payload.get("sources") or {}).items()})
-        from components.runtime.client import ControlPlaneClient
-        from components.runtime.remote import RemoteContext
-
-        client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
-        ctx = RemoteContext(**common, client=client, node_id=payload["node"], token=payload["fencing_token"])
-        ctx.start()
-        return ctx
+            request = None
+        return request if request is not None else MemoryRequest.from_limit(limit, persistent=limit // 2)
 
     def _wait(self, entry: _Attempt) -> None:
         executor = self.executor()
@@ -337,39 +257,37 @@ class DeviceService:
             crashed = True
             status = {"state": "failed", "error": f"the device executor crashed: {error!r}", "steps": 0}
         state, error, result = status["state"], status.get("error"), status.get("result")
-        ctx = entry.ctx
-        if entry.serving is not None:
-            entry.serving.stop()  # the endpoint ended in the executor: its gRPC server goes too (idempotent)
-        if entry.session is not None:
-            # Checkpoints and final artifacts are stored by the job's host thread: the attempt is not done
-            # (and its end not reported) before they are.
-            try:
-                entry.session.wait_host_io(HOST_IO_WAIT_S)
-            except Exception as upload_error:
-                if state in ("succeeded", "stopped"):
-                    state = "failed"
-                    error = f"storing a checkpoint or artifact failed: {upload_error.__class__.__name__}: {upload_error}"
-                else:
-                    log.warning("attempt %s: an upload failed: %r", entry.attempt_id, upload_error)
-        if state == "succeeded" and isinstance(result, dict) and "stopped_at_step" in result:
-            state = "stopped"
-            ctx.log(f"stopping {entry.loop.name} at step {result['stopped_at_step']}/{entry.loop.total_steps}: "
-                    "checkpoint saved")
-        elif state == "failed":
-            ctx.log(error or "failed in the device service", level="error")
-        elif state == "cancelled" and entry.serving is not None:
-            state = "stopped"  # how a serve attempt ends: stopped on request
-            ctx.log(f"stopped serving on {entry.serving.address}")
+        ctx, session = entry.ctx, entry.session
+        # Checkpoints and final artifacts are stored by the job's host thread, an endpoint is stopped: the
+        # attempt is not done (and its end not reported) before they are.
+        try:
+            session.settle(HOST_IO_WAIT_S)
+        except Exception as upload_error:
+            if state == "succeeded":
+                state = "failed"
+                error = f"storing a checkpoint or artifact failed: {upload_error.__class__.__name__}: {upload_error}"
+            else:
+                log.warning("attempt %s: an upload failed: %r", entry.attempt_id, upload_error)
+        if crashed:
+            # The job did not end by itself; the service is going down under it (the worker reports the
+            # attempt as service_lost, as when the service dies).
+            end = End.LOST
+        elif state in ("succeeded", "cancelled") and session.stopped_on_request():
+            end = End.STOPPED
+        elif state == "succeeded":
+            end = End.SUCCEEDED
         elif state == "cancelled":
+            end = End.CANCELLED
             ctx.log("dropped by the device service without a checkpoint", level="warning")
+        else:
+            end = End.FAILED
+        if end in (End.FAILED, End.LOST):
+            ctx.log(error or "failed in the device service", level="error")
         with contextlib.suppress(Exception):
             ctx.close()  # flush logs and metrics before the caller reports the end
         entry.acked.wait(30)
-        # ``lost``: the job did not end by itself; the service is going down under it (the runner reports
-        # the attempt as ``service_lost``, as when the service dies).
-        message = {"event": "done", "attempt": entry.attempt_id, "state": state, "error": error,
-                   "steps": status.get("steps", 0), "result": result if isinstance(result, dict) else None,
-                   "lost": crashed}
+        message = done_event(entry.attempt_id, end, error=error, steps=status.get("steps", 0),
+                             result=result if isinstance(result, dict) else None)
         with contextlib.suppress(Exception):
             entry.send(message)
         with self._lock:
@@ -385,9 +303,7 @@ class DeviceService:
         if entry is None:
             return False
         entry.ctx.request_stop()  # the session checkpoints and ends at its next step
-        if entry.serving is not None:
-            entry.serving.stop()  # no more requests, then the endpoint leaves the executor
-            return True
+        entry.session.interrupt(hard)
         executor = self._executor
         if executor is not None:
             with contextlib.suppress(KeyError):

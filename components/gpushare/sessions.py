@@ -1,6 +1,7 @@
 """Sessions: jobs as step functions the shared-device executor can interleave.
 
-A :class:`Session` advances one iteration per :meth:`~Session.step` call and keeps all of its state --
+A :class:`Session` (the node's session contract, :class:`components.runtime.component.Session`, re-exported
+here) advances one iteration per :meth:`~Session.step` call and keeps all of its state --
 model, optimizer state, data position, random generators -- in itself, resident on the device. Switching
 between sessions at an iteration boundary therefore copies nothing: the executor simply calls another
 session's ``step``.
@@ -19,78 +20,15 @@ Adapters:
 
 from __future__ import annotations
 
-import abc
 import copy
-import enum
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from components.gpushare.lanes import MemoryRequest
+from components.runtime.component import Progress, Session, never
 
-
-class Progress(enum.Enum):
-    """What one :meth:`Session.step` call achieved."""
-
-    ITERATION = "iteration"  # an iteration ended; more to do
-    YIELDED = "yielded"  # stopped at a stage boundary inside an iteration (preempted); call step() to resume
-    DONE = "done"  # the job has nothing left to do
-
-
-def never() -> bool:
-    return False
-
-
-class Session(abc.ABC):
-    """A job the executor can run one iteration at a time, interleaved with other jobs.
-
-    Lifecycle, all on the executor's single execution thread except :meth:`memory_estimate`:
-
-    1. :meth:`memory_estimate` (in the submitting thread, before admission): the request, or None when the
-       caller must give one. It must not touch the device.
-    2. :meth:`bind` gives a ``wakeup`` callable to call when :meth:`ready` turns true from another thread.
-    3. :meth:`start` once, after admission: build the model and optimizer on ``device`` (this is when the
-       persistent memory is allocated).
-    4. :meth:`step` repeatedly: run one iteration (a staged session may stop early at a stage boundary when
-       ``should_yield()`` is true, and resume on the next call). Return a :class:`Progress`.
-    5. :meth:`close` once at the end -- finished, failed or cancelled -- to drop device memory.
-
-    :meth:`remaining_steps` feeds SRTF; :meth:`ready` lets a job that waits on host work (input
-    pipeline) step aside without holding the device.
-    """
-
-    kind: ClassVar[str] = "train"
-
-    _wakeup: Callable[[], None] = staticmethod(never)
-
-    def memory_estimate(self) -> MemoryRequest | None:
-        return None
-
-    def bind(self, wakeup: Callable[[], None]) -> None:
-        self._wakeup = wakeup
-
-    def start(self, device: Any) -> None:  # noqa: B027 -- optional hook
-        """Allocate the job's state on ``device`` (a ``torch.device``)."""
-
-    @abc.abstractmethod
-    def step(self, should_yield: Callable[[], bool] = never) -> Progress:
-        """Advance one iteration (or, for staged sessions, until ``should_yield()`` at a stage boundary)."""
-
-    def remaining_steps(self) -> int | None:
-        return None
-
-    def ready(self) -> bool:
-        """False while the next iteration's input is not ready (host work); must be cheap, it runs under a lock."""
-        return True
-
-    def resident(self) -> tuple[Any, ...]:
-        """Objects holding the job's device state, for measuring its persistent memory."""
-        return ()
-
-    def close(self) -> None:  # noqa: B027 -- optional hook
-        """Release device memory."""
-
-    def result(self) -> Any:
-        return None
+__all__ = ["CallableSession", "Progress", "Session", "StepObjectSession", "TrainLoopSession", "WorkloadSession",
+           "as_session", "never", "workload_factory"]
 
 
 class CallableSession(Session):
@@ -242,9 +180,11 @@ class TrainLoopSession(Session):
     """
 
     def __init__(self, loop: Any, memory_request: MemoryRequest | None = None, *, host_io: bool = False,
-                 staged: bool = True, stages: Any = None, operator_preemption: bool = True):
+                 staged: bool = True, stages: Any = None, operator_preemption: bool = True,
+                 profile: Callable[[], Any] | None = None):
         self.loop = loop
         self._request = memory_request
+        self._profile = profile  # a factory of fresh workloads: memory_estimate() profiles one on the CPU
         self.summary: dict[str, Any] | None = None
         self.stopped = False
         self.staged = staged
@@ -262,7 +202,24 @@ class TrainLoopSession(Session):
         self.loop.wait_host_io(timeout)
 
     def memory_estimate(self) -> MemoryRequest | None:
+        """The request given, or one measured on a throwaway CPU copy of the workload (two steps, as Salus
+        does) when a ``profile`` factory was given; None otherwise."""
+        if self._request is None and self._profile is not None:
+            from components.gpushare.memory import profile_workload
+
+            self._request = profile_workload(self._profile, self.loop.spec)
         return self._request
+
+    def prepare(self) -> None:
+        """Download the job's checkpoint now, so that :meth:`start` (on the device thread) does no I/O."""
+        if not self.loop.started:
+            self.loop.prefetch()
+
+    def stopped_on_request(self) -> bool:
+        return self.stopped
+
+    def settle(self, timeout: float | None = None) -> None:
+        self.wait_host_io(timeout)
 
     def start(self, device) -> None:
         if not self.loop.started:
@@ -282,6 +239,8 @@ class TrainLoopSession(Session):
             if self.loop.ctx.should_stop():
                 self.loop.checkpoint()
                 self.stopped = True
+                self.loop.ctx.log(f"stopping {self.loop.name} at step {self.loop.step_count}/"
+                                  f"{self.loop.total_steps}: checkpoint saved")
                 return Progress.DONE
             if not self.loop.done:
                 self._pending = self.loop.step_stages(self.train_step)

@@ -14,7 +14,9 @@ import threading
 import time
 import traceback
 
-EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 3
+from components.runtime.protocol import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "main"]
 
 
 def _watch_parent(context) -> None:
@@ -39,21 +41,13 @@ def _limit_cuda_memory(payload: dict) -> None:
 
 def main() -> int:
     payload = json.loads(sys.stdin.read())
-    from components.runtime.client import ControlPlaneClient
-    from components.runtime.context import DeviceHandle
+    from components.runtime.context import context_from_payload
     from components.runtime.registry import load_component
-    from components.runtime.remote import RemoteContext
 
     device = payload["device"]
-    devices = []
-    if device:
-        # CUDA_VISIBLE_DEVICES was narrowed to the granted device, so it is cuda:0 in here.
-        devices = [DeviceHandle(kind=device["kind"], index=0 if device["kind"] == "cuda" else device["index"],
-                                memory=int(device["memory"]), share=float(device["share"]))]
-    client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
-    context = RemoteContext(job_id=payload["job"], attempt_id=payload["attempt"], spec=payload["spec"],
-                            devices=devices, rank=payload["rank"], world_size=payload["world_size"],
-                            client=client, node_id=payload["node"], token=payload["fencing_token"])
+    # CUDA_VISIBLE_DEVICES was narrowed to the granted device, so it is cuda:0 in here.
+    context = context_from_payload(payload, narrowed=True, start=False)
+    devices = context.devices
     signal.signal(signal.SIGTERM, lambda *_: context.request_stop())
     signal.signal(signal.SIGINT, lambda *_: context.request_stop())
     threading.Thread(target=_watch_parent, args=(context,), daemon=True).start()

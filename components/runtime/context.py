@@ -73,8 +73,8 @@ class Context(abc.ABC):
 
     # -- inputs from other jobs and served endpoints ------------------------------------------------------
     def source_artifact(self, name: str = "model.pt") -> Path:
-        """A local copy of artifact ``name`` of the job this one reads from (``spec.model.job`` of a ``serve``
-        job). Raises :class:`FileNotFoundError` when that job has no such artifact."""
+        """A local copy of artifact ``name`` of the job this one reads from (the source job its kind's
+        ``KindSpec.sources()`` names). Raises :class:`FileNotFoundError` when that job has no such artifact."""
         raise FileNotFoundError(f"{type(self).__name__} has no source job to read {name!r} from")
 
     def set_endpoint(self, address: str) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
@@ -177,3 +177,35 @@ class LocalContext(Context):
     def _load_checkpoint_bytes(self) -> bytes | None:
         path = self._checkpoint_path()
         return path.read_bytes() if path.exists() else None
+
+
+def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,
+                         start: bool = True) -> Context:
+    """The Context of one attempt rank, from its payload (the claim plus ``server``, ``node_token``, ``node``,
+    ``fencing_token``, ``rank`` and ``device``): the one place both execution paths build it.
+
+    ``narrowed``: ``CUDA_VISIBLE_DEVICES`` was narrowed to the granted device (a child process), so a CUDA
+    device is ``cuda:0`` here; a host that sees every device (``narrowed=False``) keeps its index.
+    ``local_root`` (tests): a :class:`LocalContext` under ``local_root/<attempt>`` instead of the control plane,
+    with ``payload["sources"]`` (name -> local path) as the source job's artifacts. A remote context's report
+    thread is started unless ``start`` is False.
+    """
+    device = payload.get("device")
+    devices = []
+    if device:
+        index = 0 if narrowed and device["kind"] == "cuda" else int(device["index"])
+        devices = [DeviceHandle(kind=device["kind"], index=index, memory=int(device["memory"]),
+                                share=float(device["share"]))]
+    common = {"job_id": payload["job"], "attempt_id": payload["attempt"], "spec": payload["spec"],
+              "devices": devices, "rank": int(payload.get("rank", 0)), "world_size": int(payload.get("world_size", 1))}
+    if local_root is not None:
+        return LocalContext(**common, workdir=Path(local_root) / str(payload["attempt"]),
+                            sources={name: Path(path) for name, path in (payload.get("sources") or {}).items()})
+    from components.runtime.client import ControlPlaneClient
+    from components.runtime.remote import RemoteContext
+
+    client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
+    context = RemoteContext(**common, client=client, node_id=payload["node"], token=payload["fencing_token"])
+    if start:
+        context.start()
+    return context

@@ -1,7 +1,5 @@
-"""The node side of the ``serve`` kind in a child process of its own (a whole GPU, or no sharing service).
-
-On a GPU share the device's sharing service runs the same :func:`~components.serving.endpoint.start_serving`
-on its shared executor instead; this component is the path where the attempt has the device to itself.
+"""The node side of the ``serve`` kind: :class:`ServeSession`, run in a child process of its own (a whole GPU,
+or no sharing service) by :class:`ServeComponent` or hosted by a device's sharing service on a GPU share.
 """
 
 from __future__ import annotations
@@ -10,10 +8,11 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any, ClassVar
 
-from components.runtime.component import Component
+from components.runtime.component import Component, Progress, Session, never
 from components.runtime.context import Context
 from components.serving.spec import ServeSpec
 
@@ -88,81 +87,106 @@ def serving_hosts() -> tuple[str, str]:
     return host, advertised
 
 
-class ServeComponent(Component):
-    """Runs one attempt of a ``serve`` job: the ``model.pt`` of a finished train job, served over gRPC.
+class ServeSession(Session):
+    """One ``serve`` attempt as a session: the same code in a child process and inside a device's sharing
+    service. It is not stepped: :meth:`attach` registers the model as an inference endpoint of an executor (a
+    lane of its own) and starts its gRPC server; it then answers ``Predict`` calls until it is stopped.
 
-    ``run`` rebuilds the model from ``ctx.source_artifact("model.pt")``, registers it in a private
-    :class:`~components.gpushare.executor.DeviceExecutor` on the attempt's device (its memory budget is the
-    device's grant), starts the gRPC endpoint (:func:`~components.serving.endpoint.start_serving`),
-    publishes its address with ``ctx.set_endpoint`` and serves until ``ctx.should_stop()``, reporting
-    ``requests``, ``errors``, ``p50_ms`` and ``p99_ms`` every ``metrics_every_s`` seconds. Then calls in
-    flight get ``stop_grace_s`` to finish, and ``run`` returns: a cancelled serve job has done its work.
-    If the model stops serving on its own (it failed on the device), ``run`` raises, so the attempt fails.
-    There is nothing to checkpoint: a new attempt serves the same model again.
+    - :meth:`prepare` loads the source job's ``model.pt`` (a download, off the device thread);
+    - :meth:`attach` starts serving and publishes the address (``ctx.set_endpoint``); hosted, it also starts a
+      thread running :meth:`serve_until_stopped`;
+    - :meth:`serve_until_stopped` reports ``requests``, ``errors``, ``p50_ms`` and ``p99_ms`` every
+      ``metrics_every_s`` seconds until ``ctx.should_stop()`` (or the model stops serving on its own:
+      :attr:`problem`), then stops the endpoint;
+    - :meth:`interrupt` (the host was told to stop it) and :meth:`settle` stop the endpoint (calls in flight
+      get ``stop_grace_s``), and :meth:`settle` logs what it served. A stopped serve attempt has done its work.
     """
 
-    kind: ClassVar[str] = ServeSpec.kind
-    hostable: ClassVar[bool] = True
-    metrics_every_s: ClassVar[float] = 2.0
-    stop_poll_s: ClassVar[float] = 0.1
-    stop_grace_s: ClassVar[float] = 2.0
+    def __init__(self, ctx: Context, spec: dict[str, Any], *, hosted: bool = False, metrics_every_s: float = 2.0,
+                 stop_poll_s: float = 0.1, stop_grace_s: float = 2.0):
+        self.ctx = ctx
+        self.spec = spec
+        self.hosted = hosted
+        self.metrics_every_s = metrics_every_s
+        self.stop_poll_s = stop_poll_s
+        self.stop_grace_s = stop_grace_s
+        self.host, self.advertised = serving_hosts()  # a refused bind fails the attempt before anything loads
+        self.served: Any = None
+        self.handle: Any = None
+        self.problem: str | None = None  # why the model stopped serving on its own
+        self._asked_to_stop = False
+        self._reporter: threading.Thread | None = None
+        self._settled = False
 
-    def run(self, ctx: Context) -> None:
-        spec: dict[str, Any] = ServeSpec().validate(ctx.spec)
-        ctx.spec = spec
-        host, advertised = serving_hosts()  # a refused bind fails the attempt before anything is loaded
-        from components.train.component import torch_threads
+    def prepare(self) -> None:
+        if self.served is None:
+            from components.serving.model import load_served_model
 
-        threads = torch_threads()
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        import torch
+            self.served = load_served_model(self.ctx.source_artifact("model.pt"))
 
-        from components.gpushare.executor import DeviceExecutor
+    def step(self, should_yield=never) -> Progress:
+        raise RuntimeError("a ServeSession serves through its executor once attached; it has no step()")
+
+    def attach(self, executor: Any, name: str, *, priority: int = 0, weight: float = 1.0) -> Any:
         from components.serving.endpoint import start_serving
-        from components.serving.model import load_served_model
 
-        torch.set_num_threads(threads)
-        source = spec["model"]["job"]
-        served = load_served_model(ctx.source_artifact("model.pt"))
-        budget = (ctx.devices[0].memory or None) if ctx.devices else None
-        label = f"{ctx.devices[0].kind}:{ctx.devices[0].index}" if ctx.devices else None
-        # FIFO: the endpoint is the executor's only job, so the policy never has a choice to make.
-        executor = DeviceExecutor(ctx.torch_device, memory_budget=budget, policy="fifo", name=label)
-        try:
-            handle = start_serving(
-                executor, f"serve-{ctx.attempt_id}", served, host=host, port=spec["port"],
-                request_timeout_s=spec["request_timeout_s"], max_rows=spec["max_rows"], source_job=source,
-                advertise_host=advertised,
-            )
-            try:
-                ctx.set_endpoint(handle.address)
-                ctx.log(
-                    f"serving {served.workload} of job {source} on {handle.address} ({ctx.torch_device}): rows of "
-                    f"{list(served.input_shape)} {served.input_dtype} -> {list(served.output_shape)}, up to "
-                    f"{spec['max_rows']} rows per request"
-                )
-                self._serve_until_stopped(ctx, handle)
-            finally:
-                handle.stop(self.stop_grace_s)
-            stats = handle.stats()
-            ctx.log(f"stopped serving after {stats['requests']} requests ({stats['errors']} errors)")
-        finally:
-            executor.shutdown(cancel=True, timeout=self.stop_grace_s + 5.0)
+        self.prepare()
+        source = self.spec["model"]["job"]
+        self.handle = start_serving(
+            executor, name, self.served, host=self.host, port=self.spec["port"],
+            request_timeout_s=self.spec["request_timeout_s"], max_rows=self.spec["max_rows"], source_job=source,
+            advertise_host=self.advertised, priority=priority,
+        )
+        served = self.served
+        self.ctx.set_endpoint(self.handle.address)
+        self.ctx.log(
+            f"serving {served.workload} of job {source} on {self.handle.address} ({executor.device}): rows of "
+            f"{list(served.input_shape)} {served.input_dtype} -> {list(served.output_shape)}, up to "
+            f"{self.spec['max_rows']} rows per request"
+        )
+        if self.hosted:
+            self._reporter = threading.Thread(target=self.serve_until_stopped, daemon=True,
+                                              name=f"serve-{self.ctx.attempt_id[:8]}")
+            self._reporter.start()
+        return self.handle.admission
 
-    def _serve_until_stopped(self, ctx: Context, handle) -> None:
+    def serve_until_stopped(self) -> None:
+        """Report the endpoint's figures until the attempt is asked to stop, then stop the endpoint. Returns
+        early, with :attr:`problem` set, when the model stops serving on its own."""
         step = 0
         last_report = time.monotonic()
-        while not ctx.should_stop():
+        handle = self.handle
+        while not self.ctx.should_stop() and not handle.stopped:
             time.sleep(self.stop_poll_s)
             if time.monotonic() - last_report < self.metrics_every_s:
                 continue
             last_report = time.monotonic()
             problem = handle.failed()
             if problem is not None:
-                raise RuntimeError(f"the served model stopped: {problem}")
+                self.problem = problem
+                return
             step += 1
-            ctx.metrics(self._metrics(handle.stats()), step)
-        ctx.metrics(self._metrics(handle.stats()), step + 1)
+            self.ctx.metrics(self._metrics(handle.stats()), step)
+        self.ctx.metrics(self._metrics(handle.stats()), step + 1)
+        handle.stop(self.stop_grace_s)
+
+    def interrupt(self, hard: bool = False) -> None:
+        self._asked_to_stop = True
+        if self.handle is not None:
+            self.handle.stop(self.stop_grace_s)
+
+    def stopped_on_request(self) -> bool:
+        return self._asked_to_stop or self.ctx.should_stop()
+
+    def settle(self, timeout: float | None = None) -> None:
+        if self.handle is None or self._settled:
+            return
+        self._settled = True
+        self.handle.stop(self.stop_grace_s)
+        if self._reporter is not None and self._reporter is not threading.current_thread():
+            self._reporter.join(timeout if timeout is not None else self.stop_grace_s + 10.0)
+        stats = self.handle.stats()
+        self.ctx.log(f"stopped serving after {stats['requests']} requests ({stats['errors']} errors)")
 
     @staticmethod
     def _metrics(stats: dict[str, Any]) -> dict[str, float]:
@@ -171,3 +195,56 @@ class ServeComponent(Component):
             if stats[name] is not None:
                 values[name] = float(stats[name])
         return values
+
+
+class ServeComponent(Component):
+    """Runs one attempt of a ``serve`` job: the ``model.pt`` of a finished train job, served over gRPC.
+
+    Both paths run a :class:`ServeSession`. In a child process (a whole GPU, or no sharing service),
+    :meth:`run` attaches it to a private :class:`~components.gpushare.executor.DeviceExecutor` on the attempt's
+    device (its memory budget is the device's grant) and serves until ``ctx.should_stop()``; then calls in
+    flight get ``stop_grace_s`` to finish, and ``run`` returns: a cancelled serve job has done its work. If
+    the model stops serving on its own (it failed on the device), ``run`` raises, so the attempt fails. On a
+    GPU share the device's sharing service takes the session from :meth:`session` (``hosted=True``) and
+    attaches it to the device's shared executor, next to training jobs. There is nothing to checkpoint: a new
+    attempt serves the same model again.
+    """
+
+    kind: ClassVar[str] = ServeSpec.kind
+    hostable: ClassVar[bool] = True
+    metrics_every_s: ClassVar[float] = 2.0
+    stop_poll_s: ClassVar[float] = 0.1
+    stop_grace_s: ClassVar[float] = 2.0
+
+    def session(self, ctx: Context, *, hosted: bool = False) -> ServeSession:
+        spec: dict[str, Any] = ServeSpec().validate(ctx.spec)
+        ctx.spec = spec
+        return ServeSession(ctx, spec, hosted=hosted, metrics_every_s=self.metrics_every_s,
+                            stop_poll_s=self.stop_poll_s, stop_grace_s=self.stop_grace_s)
+
+    def run(self, ctx: Context) -> None:
+        session = self.session(ctx)
+        from components.train.component import torch_threads
+
+        threads = torch_threads()
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        import torch
+
+        from components.gpushare.executor import DeviceExecutor
+
+        torch.set_num_threads(threads)
+        session.prepare()
+        budget = (ctx.devices[0].memory or None) if ctx.devices else None
+        label = f"{ctx.devices[0].kind}:{ctx.devices[0].index}" if ctx.devices else None
+        # FIFO: the endpoint is the executor's only job, so the policy never has a choice to make.
+        executor = DeviceExecutor(ctx.torch_device, memory_budget=budget, policy="fifo", name=label)
+        try:
+            session.attach(executor, f"serve-{ctx.attempt_id}")
+            try:
+                session.serve_until_stopped()
+            finally:
+                session.settle()
+            if session.problem is not None:
+                raise RuntimeError(f"the served model stopped: {session.problem}")
+        finally:
+            executor.shutdown(cancel=True, timeout=self.stop_grace_s + 5.0)

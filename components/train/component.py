@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from components.runtime.component import Component
+from components.runtime.component import Component, NotHostable, Session, drive
 from components.runtime.context import Context
 from components.runtime.registry import import_path
 from components.train.spec import TrainSpec
@@ -66,10 +66,51 @@ class TrainComponent(Component):
     :class:`~components.train.loop.TrainLoop`, which resumes from ``ctx.restore()``, reports metrics and
     logs, checkpoints every ``checkpoint_every`` steps, stops early (after a checkpoint) when
     ``ctx.should_stop()`` turns true, and uploads ``model.pt`` and ``metrics.json`` when done.
+
+    The loop runs as a step-at-a-time session (:class:`~components.gpushare.sessions.TrainLoopSession`) on both
+    paths: :meth:`run` drives it to the end in the attempt's child process; a device's sharing service gets it
+    from :meth:`session` with ``hosted=True`` (no process-global RNG, uploads on a host thread, stage
+    preemption) and interleaves it with other jobs. An entrypoint *function* may train by itself, so it
+    cannot be hosted (:class:`~components.runtime.component.NotHostable`): it runs only in a child process.
     """
 
     kind: ClassVar[str] = TrainSpec.kind
     hostable: ClassVar[bool] = True
+
+    def session(self, ctx: Context, *, hosted: bool = False) -> Session:
+        spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
+        ctx.spec = spec
+        factory = self._workload_factory(spec)
+        return self._session(ctx, spec, factory(), factory, hosted=hosted)
+
+    @staticmethod
+    def _workload_factory(spec: dict[str, Any]):
+        """A factory of fresh workloads for a built-in workload or an entrypoint naming a Workload class;
+        raises NotHostable for an entrypoint function (it may train by itself)."""
+        if spec["entrypoint"]:
+            from components.train.workloads import Workload
+
+            target = import_path(spec["entrypoint"])
+            if not (isinstance(target, type) and issubclass(target, Workload)):
+                raise NotHostable(f"the entrypoint {spec['entrypoint']!r} is a function that may train by itself, "
+                                  "which cannot be interleaved; only Workload classes and built-in workloads share "
+                                  "a device")
+            return target
+        from components.train.workloads import builtin_workload
+
+        builtin_workload(spec["workload"])  # an unknown name fails here, before anything runs
+        return lambda: builtin_workload(spec["workload"])
+
+    @staticmethod
+    def _session(ctx: Context, spec: dict[str, Any], workload: Any, factory: Any = None, *,
+                 hosted: bool) -> Session:
+        from components.gpushare.sessions import TrainLoopSession
+        from components.train.loop import TrainLoop
+
+        loop = TrainLoop(workload, spec, ctx, owns_process=not hosted)
+        if hosted:
+            return TrainLoopSession(loop, host_io=True, profile=factory)
+        return TrainLoopSession(loop, staged=False, operator_preemption=False)
 
     def run(self, ctx: Context) -> None:
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
@@ -89,7 +130,5 @@ class TrainComponent(Component):
             workload = builtin_workload(spec["workload"])
         import torch
 
-        from components.train.loop import TrainLoop
-
         torch.set_num_threads(threads)
-        TrainLoop(workload, spec, ctx).run()
+        drive(self._session(ctx, spec, workload, hosted=False), ctx.torch_device)

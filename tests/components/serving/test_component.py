@@ -125,3 +125,31 @@ def test_a_refused_bind_fails_the_attempt_before_the_model_is_loaded(tmp_path, m
     with pytest.raises(InsecureBindError, match="no authentication yet"):
         QuickServe().run(ctx)
     assert ctx.endpoint is None
+
+
+# -- the serve session against the session conformance suite -------------------------------------------------
+
+from components.runtime.conformance.sessions import SessionConformance  # noqa: E402
+
+
+class TestServeSession(SessionConformance):
+    kind = "serve"
+    attached = True
+
+    @pytest.fixture(autouse=True)
+    def _model(self, digits_model):
+        self.model = digits_model
+
+    def spec(self):
+        return {"model": {"job": SOURCE_JOB}}
+
+    def sources(self, tmp_path):
+        return {"model.pt": self.model}
+
+    def make_session(self, ctx, hosted):
+        return QuickServe().session(ctx, hosted=hosted)
+
+    def make_executor(self):
+        from components.gpushare.executor import DeviceExecutor
+
+        return DeviceExecutor("cpu", memory_budget=2**30, policy="fifo", name="virtual:0")

@@ -1,0 +1,13 @@
+"""Conformance suites shipped beside the contracts they check, for plugins to run against their own parts.
+
+Each module holds a pytest test class to subclass with a factory (as Optuna's ``StorageTestCase``): the
+subclass in a plugin's tests says how to build its object, and inherits every check of the contract::
+
+    from components.runtime.conformance.services import NodeServiceConformance
+
+    class TestMyService(NodeServiceConformance):
+        service_path = "my_plugin.node:MyService"
+
+- :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
+- :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
+"""
