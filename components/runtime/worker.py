@@ -187,7 +187,7 @@ class AttemptRunner:
                     if message.get("event") == protocol.DONE_EVENT and message.get("attempt") == self.attempt_id:
                         done = message
             except (EOFError, OSError) as error:  # ConnectionError is an OSError
-                end, detail = End.LOST, f"mid-attempt ({error.__class__.__name__})"
+                end, detail = End.LOST, f"the connection broke ({error.__class__.__name__})"
                 break
         with contextlib.suppress(OSError):
             self.service.close()

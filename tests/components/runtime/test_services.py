@@ -283,3 +283,32 @@ def test_done_events_and_exit_codes():
     assert protocol.end_of_exit_code(protocol.EXIT_OK) is End.SUCCEEDED
     assert protocol.end_of_exit_code(protocol.EXIT_STOPPED) is End.STOPPED
     assert protocol.end_of_exit_code(-9) is End.FAILED
+
+
+@pytest.mark.parametrize(("event", "expected"), [
+    ({"state": "succeeded"}, ("succeeded", "")),
+    ({"state": "stopped"}, ("failed", "stopped at the control plane's request")),
+    ({"state": "cancelled"}, ("failed", "dropped by the memory host")),
+    ({"state": "failed", "error": "Traceback\nValueError: bad batch\n"}, ("failed",
+                                                                         "failed in the memory host: ValueError: bad batch")),
+    ({"state": "lost", "lost": True, "error": "executor crashed"}, ("service_lost",
+                                                                    "the memory host died under the attempt: executor crashed")),
+    (None, ("service_lost", "the memory host died under the attempt: the connection broke (EOFError)")),
+])
+def test_a_hosted_attempt_ends_as_its_host_says(tmp_path, monkeypatch, event, expected):
+    from multiprocessing import Pipe
+
+    from components.runtime import worker
+
+    config = {"server": "http://127.0.0.1:9", "node_token": "t", "node": "n1", "state_dir": str(tmp_path)}
+    runner = worker.AttemptRunner(config, "a" * 32, "token")
+    monkeypatch.setattr(runner, "_poll", lambda: False)
+    mine, theirs = Pipe()
+    runner.service, runner.host = mine, HostAddress("/sock", "/key", "the memory host")
+    if event is None:
+        theirs.close()  # the host died
+    else:
+        theirs.send(protocol.done_event("b" * 32, End.SUCCEEDED))  # another attempt's end: ignored
+        end = protocol.end_of_event(event)
+        theirs.send(protocol.done_event("a" * 32, end, error=event.get("error")))
+    assert runner.supervise_hosted(time_limit=3600) == expected
