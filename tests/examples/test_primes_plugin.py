@@ -76,3 +76,19 @@ def test_the_plugin_registers_every_seam_without_a_problem(install_plugins):
     assert "primes" in registry.commands() and registry.benchmarks()["primes"] == "strata_primes.bench:main"
     assert ("primes", "strata_primes.service:ScratchDiskService") in registry.node_services()
     assert registry.report_schema("primes") is not None
+
+
+# -- the conformance suites shipped beside the contracts ----------------------------------------------------
+
+from components.runtime.conformance.services import NodeServiceConformance  # noqa: E402
+
+
+class TestScratchDiskServiceConformance(NodeServiceConformance):
+    service_path = "strata_primes.service:ScratchDiskService"
+    plugin = "primes"
+
+    def kill(self, service) -> bool:
+        import shutil
+
+        shutil.rmtree(service.state_dir)  # its directory vanishes: check() turns false, start() recreates it
+        return True

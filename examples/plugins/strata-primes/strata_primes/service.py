@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from components.runtime.services import NodeService
+from components.runtime.services import NodeInfo, NodeService
 
 
 class ScratchDiskService(NodeService):
@@ -19,8 +19,8 @@ class ScratchDiskService(NodeService):
         self.running = False
 
     @classmethod
-    def instances(cls, node) -> list[ScratchDiskService]:
-        return [cls(node.state_dir)]
+    def instances(cls, node: NodeInfo) -> list[ScratchDiskService]:
+        return [cls(node.directory("primes"))]  # one per node, watching a directory of its own
 
     def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
