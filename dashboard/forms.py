@@ -74,7 +74,7 @@ def _label(name: str, prop: dict) -> str:
 
 def _required_names(schema: dict) -> set[str]:
     """Properties the schema requires, or its first ``oneOf`` alternative requires: enums among them start on
-    their first choice (e.g. a train job starts on the first built-in workload)."""
+    their first choice (e.g. a workload field starts on its first workload)."""
     names = set(schema.get("required", []))
     alternatives = schema.get("oneOf") or schema.get("anyOf") or []
     if alternatives and isinstance(alternatives[0], dict):

@@ -21,6 +21,7 @@ class ServeSpec(KindSpec):
 
     kind: ClassVar[str] = "serve"
     component: ClassVar[str] = "components.serving.component:ServeComponent"
+    panels: ClassVar[tuple[str, ...]] = ("components.serving.panels:ServeEndpointPanel",)
     description: ClassVar[str] = (
         "Serve the model of a finished train job over gRPC (Predict), until cancelled. On a GPU share, its "
         "requests preempt co-located training at the next stage boundary."

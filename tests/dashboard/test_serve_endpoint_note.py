@@ -1,4 +1,4 @@
-"""The job page of a serve job says, under its endpoint, that the endpoint is loopback-only and unauthenticated."""
+"""The job page of a serve job says, in its endpoint panel, that the endpoint is loopback-only and unauthenticated."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
     browser = Client()
     browser.force_login(user)
     page = browser.get(f"/jobs/{job_id}/").content.decode()
-    assert 'id="job-endpoint-note"' not in page  # no endpoint yet, nothing to say
+    assert 'data-panel="serve-endpoint"' not in page  # no endpoint yet, nothing to say
 
     run_pass()
     attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
@@ -50,4 +50,6 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
     node_call(attempt, "report", endpoint="127.0.0.1:50999")
     page = browser.get(f"/jobs/{job_id}/").content.decode()
     assert 'id="job-endpoint">127.0.0.1:50999' in page
-    assert f'<span class="muted" id="job-endpoint-note">{NOTE}</span></dd>' in page
+    panels = {panel["slug"]: panel for panel in browser.get(f"/jobs/{job_id}/live/?panels=1").json()["panels"]}
+    assert panels["serve-endpoint"]["text"] == (f"gRPC Predict on 127.0.0.1:50999: strata infer {job_id} "
+                                                f"--input rows.json. {NOTE}")

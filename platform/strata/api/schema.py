@@ -132,7 +132,7 @@ def register_extensions(endpoints):
 
 def postprocess_enums(result, generator, request, public):
     """drf-spectacular's enum hook (a named component per choice set of the serializers), kept away from the
-    components written here: a kind's spec schema and ``kind: {enum: [train]}`` of each submit variant stay
+    components written here: a kind's spec schema and ``kind: {enum: [<kind>]}`` of each submit variant stay
     as they are written (the hook would turn every ``enum`` there into a shared component)."""
     schemas = result.get("components", {}).get("schemas", {})
     own = {name: schemas.pop(name) for name in list(schemas) if name in OWN_COMPONENTS}
@@ -232,7 +232,7 @@ def openapi30(schema: Any) -> Any:
 
 
 def kind_component_prefix(kind: str) -> str:
-    """``train`` -> ``Train``, ``my-kind`` -> ``MyKind``: a component name prefix for a job kind."""
+    """``hello`` -> ``Hello``, ``my-kind`` -> ``MyKind``: a component name prefix for a job kind."""
     return "".join(part[:1].upper() + part[1:] for part in re.split(r"[^A-Za-z0-9]+", kind) if part) or "Kind"
 
 

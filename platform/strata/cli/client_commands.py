@@ -59,9 +59,8 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
             reason = f" ({job['reason']})" if job["reason"] else ""
             print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
             last_state = job["state"]
-        if job.get("endpoint"):  # a serve job runs until cancelled: waiting ends once it answers requests
-            print(f"serving on {job['endpoint']} (strata infer {job_id} --input rows.json; "
-                  f"strata cancel {job_id} to stop)", flush=True)
+        if job.get("endpoint"):  # a job with an endpoint runs until cancelled: waiting ends once it answers
+            print(f"serving on {job['endpoint']} (strata cancel {job_id} to stop)", flush=True)
             return 0
         points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
         if points:
