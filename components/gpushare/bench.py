@@ -37,7 +37,6 @@ d. **Inference tail latency next to training.** A training job (tiny-gpt with 8 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -56,11 +55,12 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from components.gpushare.executor import DeviceExecutor, percentile
+from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.memory import profile_workload
 from components.gpushare.sessions import Progress, WorkloadSession
 from components.gpushare.stages import InferenceSession, StagedWorkloadSession
+from components.runtime.benchkit import Figure, document, percentile, table, write
 from components.train.spec import TrainSpec
 from components.train.workloads import TinyGPTWorkload, builtin_workload
 
@@ -687,9 +687,7 @@ def format_table(results: dict[str, Any]) -> str:
         rows.append((item["figure"], f"{item['mechanism']}: {item['mechanism_text']}",
                      f"{item['baseline']}: {item['baseline_text']}",
                      "-" if ratio is None else f"{ratio:.2f}x", item["target"], "yes" if item["met"] else "no"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines = table(rows[1:], rows[0]).splitlines()
     extra = results["figures"].get("inference")
     if extra:
         lines.append(f"d. vs whole-graph FIFO: {extra['ratio_vs_whole_graph_fifo']:.2f}x lower p99"
@@ -702,15 +700,35 @@ def format_table(results: dict[str, Any]) -> str:
 def main(quick: bool = False, output: str | None = None) -> int:
     """``strata bench gpushare`` entry point: run, print, optionally write JSON; 0 on success."""
     results = run(quick)
-    if output:
-        Path(output).write_text(json.dumps(results, indent=2, default=_json_default))
+    write(document("gpushare", quick, common_figures(results), details=results, machine=results["machine"]),
+          output)
     return 0
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, MemoryRequest):
-        return value.to_dict()
-    return str(value)
+def common_figures(results: dict[str, Any]) -> list[Figure]:
+    """The harness's figures (numbers, ratio oriented higher-is-better) from each figure's details. The switch
+    figure's target is the 100x ratio; its 5 ms p99 bound is in the details' ``met``."""
+    found = []
+    for key, item in results["figures"].items():
+        if key == "switch":
+            found.append(Figure(key, item["figure"] + " (p50)", item["switch_p50_s"], item["checkpoint_p50_s"], "s",
+                                target=TARGETS["switch"], mechanism_text=item["mechanism_text"],
+                                baseline_text=item["baseline_text"],
+                                extra={"p99_bound_met": (item["switch_p99_s"] or 1) <= TARGETS["switch_ms"] / 1000}))
+        elif key == "jct":
+            found.append(Figure(key, item["figure"], item["srtf"]["mean_jct_s"], item["fifo"]["mean_jct_s"], "s",
+                                target=TARGETS["jct"], mechanism_text=item["mechanism_text"],
+                                baseline_text=item["baseline_text"]))
+        elif key == "utilization":
+            found.append(Figure(key, item["figure"], item["packed_utilization"], item["exclusive_utilization"],
+                                "busy fraction", lower_is_better=False, target=TARGETS["utilization"],
+                                mechanism_text=item["mechanism_text"], baseline_text=item["baseline_text"]))
+        elif key == "inference":
+            variants = item["variants"]
+            found.append(Figure(key, item["figure"], variants["switchflow"]["p99_s"], variants["naive"]["p99_s"], "s",
+                                target=TARGETS["inference"], mechanism_text=item["mechanism_text"],
+                                baseline_text=item["baseline_text"]))
+    return found
 
 
 if __name__ == "__main__":
@@ -721,7 +739,7 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     if arguments.figure:
         outcome = run(arguments.quick, figures=arguments.figure)
-        if arguments.output:
-            Path(arguments.output).write_text(json.dumps(outcome, indent=2, default=_json_default))
+        write(document("gpushare", arguments.quick, common_figures(outcome), details=outcome,
+                       machine=outcome["machine"]), arguments.output)
         sys.exit(0)
     sys.exit(main(arguments.quick, arguments.output))

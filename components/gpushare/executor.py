@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import math
 import threading
 import time
 import traceback
@@ -55,6 +54,7 @@ from components.gpushare.lanes import Admission, LaneAllocator, MemoryRequest, p
 from components.gpushare.memory import EphemeralMeter, persistent_bytes
 from components.gpushare.policies import JobView, Policy, get_policy
 from components.gpushare.sessions import Progress, Session, as_session
+from components.runtime.benchkit import percentile
 
 log = logging.getLogger(__name__)
 
@@ -125,16 +125,6 @@ class _Job:
     result: Any = None
     done: threading.Event = field(default_factory=threading.Event)
 
-
-def percentile(values, q: float) -> float | None:
-    """The ``q``-quantile (0..1) of ``values`` by linear interpolation; None when empty."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def _summary(values) -> dict[str, Any]:

@@ -37,7 +37,6 @@ training throughput in each variant's process before the requests start (alone) 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import platform
@@ -53,6 +52,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from components.runtime.benchkit import Figure, document, percentile, table, write
 
 BUDGET = 2 * 2**30
 TARGET = 5.0  # naive p99 / SwitchFlow p99
@@ -95,10 +96,7 @@ def _ratio(baseline: float | None, mechanism: float | None) -> float | None:
     return baseline / mechanism
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    from components.gpushare.executor import percentile
-
-    return percentile(values, q)
+_percentile = percentile  # the harness's one definition
 
 
 def _pin(core: int | None) -> None:
@@ -563,9 +561,7 @@ def format_table(results: dict[str, Any]) -> str:
             f"{item['train_steps_per_s']:.1f} it/s" if trains else "-",
             f"{item['train_slowdown']:.2f}x" if trains and item.get("train_slowdown") else "-",
         ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines = table(rows[1:], rows[0]).splitlines()
     ratio = results.get("ratio")
     if ratio is not None:
         lines.append(f"naive p99 / SwitchFlow p99: {ratio:.2f}x (target {results['target']}): "
@@ -583,9 +579,23 @@ def format_table(results: dict[str, Any]) -> str:
 def main(quick: bool = False, output: str | None = None) -> int:
     """``strata bench serving`` entry point: run, print, optionally write JSON; 0 on success."""
     results = run(quick)
-    if output:
-        Path(output).write_text(json.dumps(results, indent=2, default=str))
+    write(document("serving", quick, figures(results), details=results, machine=results["machine"]), output)
     return 0
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    """The common figures: SwitchFlow's p99 against each baseline variant measured in the same run."""
+    variants = results["variants"]
+    ours = variants.get("switchflow", {})
+    found = []
+    for key, name, label, target in (("inference_p99", "naive", "naive co-location (OS threads)", TARGET),
+                                     ("inference_p99_vs_fifo", "whole_graph_fifo", "whole-graph FIFO", None),
+                                     ("inference_p99_vs_stages", "switchflow_stages_only", "stage boundaries only",
+                                      None)):
+        if name in variants:
+            found.append(Figure(key, f"inference p99 through gRPC next to training, against {label}",
+                                ours.get("p99_s"), variants[name].get("p99_s"), "s", target=target))
+    return found
 
 
 if __name__ == "__main__":

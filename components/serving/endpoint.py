@@ -32,9 +32,10 @@ import grpc
 import numpy as np
 import torch
 
-from components.gpushare.executor import DeviceExecutor, ExecutorClosed, percentile
+from components.gpushare.executor import DeviceExecutor, ExecutorClosed
 from components.gpushare.lanes import Admission, MemoryRequest
 from components.gpushare.stages import InferenceSession
+from components.runtime.benchkit import percentile
 from components.serving import serving_pb2, serving_pb2_grpc
 from components.serving.component import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel

@@ -92,3 +92,20 @@ class TestScratchDiskServiceConformance(NodeServiceConformance):
 
         shutil.rmtree(service.state_dir)  # its directory vanishes: check() turns false, start() recreates it
         return True
+
+
+def test_the_benchmark_writes_the_common_document(tmp_path, capsys):
+    import json
+
+    from strata_primes.bench import main
+
+    from components.runtime.benchkit import validate_document
+
+    output = tmp_path / "primes.json"
+    assert main(quick=True, output=str(output)) == 0
+    document = json.loads(output.read_text())
+    assert validate_document(document) == []
+    figure = document["figures"]["count_time"]
+    assert document["details"] == {"limit": 20_000, "primes": 2262}
+    assert figure["ratio"] == figure["baseline"] / figure["mechanism"] and len(figure["runs"]["mechanism"]) == 3
+    assert "count_time" not in capsys.readouterr().err

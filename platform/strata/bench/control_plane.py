@@ -30,6 +30,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from components.runtime import benchkit
+from components.runtime.benchkit import percentile
+
 LATENCY_P50_TARGET = 0.100  # seconds, submit -> RUNNING, median
 PASS_TARGET = 1.0  # seconds, one scheduling pass at full size
 POSTGRES_ADMIN_URL = os.environ.get("STRATA_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -60,13 +63,9 @@ def _say(message: str) -> None:
 
 
 def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * fraction
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """The harness's percentile, NaN (shown as n/a) when there are no values."""
+    value = percentile(values, fraction)
+    return float("nan") if value is None else value
 
 
 def _free_port() -> int:
@@ -393,17 +392,25 @@ def _ratio(target: float, measured: float) -> float:
 
 
 def _table(rows: list[dict]) -> str:
-    header = ["measurement", "backend", "measured", "target", "ratio target/measured", "met"]
-    lines = [header] + [[row["measurement"], row["backend"], row["measured_text"], row["target_text"],
-                         f"{row['ratio']:.3g}" if row["ratio"] == row["ratio"] else "n/a",
-                         "-" if row["met"] is None else ("yes" if row["met"] else "NO")] for row in rows]
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
-    out = []
-    for number, line in enumerate(lines):
-        out.append("  ".join(str(cell).ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
-        if number == 0:
-            out.append("  ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return benchkit.table([[row["measurement"], row["backend"], row["measured_text"], row["target_text"],
+                            f"{row['ratio']:.3g}" if row["ratio"] == row["ratio"] else "n/a",
+                            "-" if row["met"] is None else ("yes" if row["met"] else "NO")] for row in rows],
+                          ["measurement", "backend", "measured", "target", "ratio target/measured", "met"])
+
+
+def _figures(results: dict, quick: bool) -> list[benchkit.Figure]:
+    """The common figures: each measurement against its target (the control plane has no peer to run here)."""
+    figures = []
+    for item in results["latency"]:
+        figures.append(benchkit.Figure(
+            f"latency_p50_{item['backend']}", f"submit -> RUNNING p50 ({item['backend']}), against the 100 ms target",
+            item["p50_s"], LATENCY_P50_TARGET, "s", target=1.0, baseline_text="target 100 ms"))
+    for item in results["scheduling_pass"]:
+        figures.append(benchkit.Figure(
+            f"pass_{item['database']}", f"one scheduling pass, {item['jobs']:,} jobs / {item['nodes']:,} nodes "
+            f"({item['database']}), against the 1 s target", item["seconds"], PASS_TARGET, "s",
+            target=None if quick else 1.0, baseline_text="target 1 s"))
+    return figures
 
 
 def main(quick: bool = False, output: str | None = None) -> int:
@@ -460,7 +467,8 @@ def main(quick: bool = False, output: str | None = None) -> int:
          f"{sizes['virtual_gpus']} virtual GPUs and {2 * sizes['virtual_gpus']} slots: sized so no job queues behind "
          "capacity if each child exits promptly (on a CPU-starved machine the slots fill and dispatches wait for one); latency = job.started_at - job.created_at (both server clock).")
     if output:
-        Path(output).write_text(json.dumps(results, indent=2, default=str))
+        benchkit.write(benchkit.document("control-plane", quick, _figures(results, quick), details=results,
+                                         machine=machine), output)
         _say(f"results written to {output}")
     return 0
 

@@ -43,6 +43,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from components.runtime import benchkit
+from components.runtime.benchkit import percentile
+
 RENDER_TARGET_S = 1.0
 PAYLOAD_TARGET_BYTES = 1_000_000
 GIB = 2**30
@@ -61,13 +64,9 @@ def _say(message: str) -> None:
 
 
 def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * fraction
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    """The harness's percentile, NaN when there are no values."""
+    value = percentile(values, fraction)
+    return float("nan") if value is None else value
 
 
 # --- synthetic telemetry ------------------------------------------------------------------------------------
@@ -427,14 +426,32 @@ def _row(measurement: str, backend: str, measured: str, target: str = "-", met: 
 
 def _table(rows: list[dict]) -> str:
     header = list(rows[0]) if rows else []
-    lines = [header] + [[str(row[key]) for key in header] for row in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = []
-    for number, line in enumerate(lines):
-        out.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
-        if number == 0:
-            out.append("  ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return benchkit.table([[row[key] for key in header] for row in rows], header)
+
+
+def _figures(results: dict, quick: bool) -> list[benchkit.Figure]:
+    """The common figures of each backend: the 30-day cluster page and its charts against the naive build."""
+    figures = []
+    for result in results["runs"]:
+        backend = result["database"]
+        thirty = next(page for page in result["pages"] if page["range"] == "30d")
+        naive = result["baselines"]["naive_30d"]
+        figures.append(benchkit.Figure(
+            f"charts_30d_{backend}", f"30-day cluster charts ({backend}): /cluster/charts/ p50 against the naive "
+            "build from minute points", thirty["charts_p50_s"], naive["extrapolated_seconds"], "s",
+            target=None if quick else 1.0))
+        figures.append(benchkit.Figure(
+            f"page_30d_{backend}", f"30-day cluster page render p95 ({backend}), against the 1 s target",
+            thirty["page_p95_s"], RENDER_TARGET_S, "s", target=None if quick else 1.0,
+            baseline_text="target 1 s"))
+        figures.append(benchkit.Figure(
+            f"payload_30d_{backend}", f"30-day chart payload ({backend}) against the naive payload",
+            thirty["charts_bytes"], naive["extrapolated_payload_bytes"], "bytes",
+            # The 1 MB payload target, as a ratio: naive / ours >= naive / 1 MB exactly when ours <= 1 MB.
+            target=None if quick else naive["extrapolated_payload_bytes"] / PAYLOAD_TARGET_BYTES,
+            mechanism_text=f"{thirty['charts_bytes'] / 1000:.0f} kB",
+            baseline_text=f"{naive['extrapolated_payload_bytes'] / 1e6:.0f} MB"))
+    return figures
 
 
 def report_rows(result: dict, quick: bool) -> list[dict]:
@@ -512,7 +529,8 @@ def main(quick: bool = False, output: str | None = None) -> int:
     _say("Render times are server-side (Django test client in-process: routing, middleware, queries, figures, "
          "templates). The naive baseline is measured on a subset of devices and scaled linearly.")
     if output:
-        Path(output).write_text(json.dumps(results, indent=2, default=str))
+        benchkit.write(benchkit.document("dashboard", quick, _figures(results, quick), details=results,
+                                         machine=machine), output)
         _say(f"results written to {output}")
     failed = [row for row in rows if row["met"] == "NO"]
     return 1 if failed else 0

@@ -2,7 +2,10 @@
 
 import math
 
+import pytest
+
 from components.gpushare import bench
+from components.runtime.benchkit import document, validate_document
 
 TINY = {
     "switch_steps": 8, "checkpoint_switches": 6,
@@ -26,6 +29,11 @@ def test_bench_quick_smoke():
     assert 0 < figures["utilization"]["exclusive_utilization"] <= 1
     assert 0 < figures["utilization"]["packed_utilization"] <= 1
     assert {"switchflow", "whole_graph_fifo", "naive"} <= set(figures["inference"]["variants"])
+    common = {figure.key: figure.as_dict() for figure in bench.common_figures(results)}
+    assert set(common) == set(figures)
+    for key, figure in common.items():  # the harness's ratios agree with the benchmark's own
+        assert figure["ratio"] == pytest.approx(figures[key]["ratio"]), key
+    assert validate_document(document("gpushare", True, bench.common_figures(results), details=results)) == []
     table = lines[-1]
     assert "a. switch latency" in table and "d. inference p99" in table and "ratio" in table
 

@@ -5,6 +5,9 @@ It checks the harness (processes, gRPC, counts, the result's shape), not speed.
 
 import math
 
+import pytest
+
+from components.runtime.benchkit import document, validate_document
 from components.serving import bench
 
 TINY = {"model_steps": 2, "requests": 8, "request_interval_ms": 10.0, "warmup_requests": 1, "train_alone_s": 0.2}
@@ -33,5 +36,9 @@ def test_bench_tiny_smoke():
     for key in ("ratio", "ratio_vs_whole_graph_fifo", "ratio_vs_stages_only"):
         assert math.isfinite(results[key]) and results[key] > 0, key
     assert isinstance(results["met"], bool)
+    common = {figure.key: figure.as_dict() for figure in bench.figures(results)}
+    assert common["inference_p99"]["ratio"] == pytest.approx(results["ratio"])
+    assert common["inference_p99"]["target"] == bench.TARGET
+    assert validate_document(document("serving", True, bench.figures(results), details=results)) == []
     table = "\n".join(lines)
     assert "naive p99 / SwitchFlow p99" in table and "whole_graph_fifo" in table

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from components.runtime.benchkit import validate_document
 from strata.cli.main import main
 
 
@@ -14,7 +15,12 @@ def test_bench_dashboard_quick(tmp_path, capsys):
     assert "Results (quick" in printed and "/cluster/?range=30d render p50 / p95" in printed
     assert "naive 30d chart build" in printed and "rollups_update, 2 h backlog" in printed
 
-    results = json.loads(output.read_text())
+    document = json.loads(output.read_text())
+    assert validate_document(document) == [] and document["benchmark"] == "dashboard"
+    assert {"charts_30d_sqlite", "page_30d_sqlite", "payload_30d_sqlite"} <= set(document["figures"])
+    charts = document["figures"]["charts_30d_sqlite"]
+    assert charts["ratio"] == charts["baseline"] / charts["mechanism"] and charts["met"] is None  # quick: no target
+    results = document["details"]
     assert results["quick"] is True and results["runs"]
     run = results["runs"][0]
     assert run["database"] == "sqlite" and run["devices"] == 12
