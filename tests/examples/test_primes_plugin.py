@@ -109,3 +109,30 @@ def test_the_benchmark_writes_the_common_document(tmp_path, capsys):
     assert document["details"] == {"limit": 20_000, "primes": 2262}
     assert figure["ratio"] == figure["baseline"] / figure["mechanism"] and len(figure["runs"]["mechanism"]) == 3
     assert "count_time" not in capsys.readouterr().err
+
+
+from components.runtime.conformance.kinds import KindSpecConformance  # noqa: E402
+from components.runtime.conformance.panels import PanelConformance, StaticData  # noqa: E402
+
+
+class TestPrimesSpecConformance(KindSpecConformance):
+    spec_path = "strata_primes.spec:PrimesSpec"
+    valid_examples = ({"limit": 1000}, {"limit": 10**9, "segment": 1000, "checkpoint_every": 1})
+    invalid_examples = (({"limit": 5, "segment": 0}, {"spec.limit", "spec.segment"}), ({}, {"spec.limit"}))
+
+
+class TestPrimesPanelConformance(PanelConformance):
+    panel_path = "strata_primes.panels:PrimesPanel"
+
+    def data(self):
+        return StaticData(job={"kind": "primes", "spec": {"limit": 200_000}},
+                          metrics={"primes_found": [(1, 1229.0, 0.0), (2, 2262.0, 1.0)],
+                                   "progress": [(2, 0.1, 1.0)], "numbers_per_s": [(2, 1e6, 1.0)]})
+
+
+class TestScratchDiskPanelConformance(PanelConformance):
+    panel_path = "strata_primes.panels:ScratchDiskPanel"
+
+    def data(self):
+        return StaticData(reports={"primes": {"nodes": [{"node": "n1", "time": 0.0, "payload": {
+            "disk_free": 2**30, "disk_total": 2**32, "load1": 0.5}}]}})

@@ -8,6 +8,9 @@ subclass in a plugin's tests says how to build its object, and inherits every ch
     class TestMyService(NodeServiceConformance):
         service_path = "my_plugin.node:MyService"
 
+- :mod:`~components.runtime.conformance.kinds`: job kinds (:class:`components.runtime.spec.KindSpec`).
+- :mod:`~components.runtime.conformance.panels`: panels (:class:`components.runtime.panels.Panel`), with a static
+  ``PanelData`` twin for tests.
 - :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
 - :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
 """

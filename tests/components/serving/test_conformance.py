@@ -1,0 +1,20 @@
+"""The serve kind and its panel against the conformance suites shipped with the contracts."""
+
+from components.runtime.conformance.kinds import KindSpecConformance
+from components.runtime.conformance.panels import PanelConformance, StaticData
+
+JOB = "7a1e0000-0000-4000-8000-000000000001"
+
+
+class TestServeSpec(KindSpecConformance):
+    spec_path = "components.serving.spec:ServeSpec"
+    valid_examples = ({"model": {"job": JOB}}, {"model": {"job": JOB.upper()}, "port": 0, "max_rows": 16})
+    invalid_examples = (({"model": {}, "port": -1, "max_rows": 0}, {"spec.model.job", "spec.port", "spec.max_rows"}),
+                        ({"model": {"job": "not-a-uuid"}}, {"spec.model.job"}))
+
+
+class TestServeEndpointPanel(PanelConformance):
+    panel_path = "components.serving.panels:ServeEndpointPanel"
+
+    def data(self):
+        return StaticData(job={"id": JOB, "kind": "serve", "state": "RUNNING", "endpoint": "127.0.0.1:50999"})
