@@ -54,6 +54,12 @@ class KindSpec(abc.ABC):
         """Other jobs a normalized ``spec`` reads artifacts from (none by default)."""
         return []
 
+    def entrypoint_spec(self, entrypoint: str) -> dict[str, Any] | None:
+        """A normalized spec of this kind that runs the function ``entrypoint`` (``"package.module:function"``,
+        called with the attempt's context), or None when this kind cannot run a bare function (the default).
+        Tools that need some job doing given work, such as the control-plane benchmark, use it."""
+        return None
+
     def source_problem(self, ref: SourceRef, source_spec: dict[str, Any]) -> str | None:
         """Why the source job (of the right kind, SUCCEEDED, with the artifact) still cannot be read from, given
         its spec; None when it can. Checked at submit."""

@@ -140,6 +140,9 @@ class TrainSpec(KindSpec):
             "options": options,
         }
 
+    def entrypoint_spec(self, entrypoint: str) -> dict[str, Any]:
+        return self.validate({"entrypoint": entrypoint})
+
     def json_schema(self) -> dict[str, Any]:
         step_count = {"type": "integer", "minimum": 1, "maximum": MAX_STEPS}
         return {

@@ -137,7 +137,7 @@ def job_rows(request):
 
 def _kind(request) -> str:
     kinds = registry.kinds()
-    kind = request.GET.get("kind") or request.POST.get("kind") or ("train" if "train" in kinds else next(iter(kinds)))
+    kind = request.GET.get("kind") or request.POST.get("kind") or next(iter(kinds))  # the first registered kind
     if kind not in kinds:
         raise Http404(f"unknown job kind {kind!r}")
     return kind
@@ -361,7 +361,7 @@ def _panels(job: Job, team_ids) -> list[dict[str, Any]]:
 
 
 def _source_job(job: Job) -> Job | None:
-    """The job whose model a serve job serves (same team: submit checked it)."""
+    """The first job this one reads from, per its kind's ``KindSpec.sources()`` (same team: submit checked it)."""
     refs = registry.get_kind(job.kind).sources(job.spec) if job.kind in registry.kinds() else []
     return Job.objects.filter(pk=refs[0].job, team_id=job.team_id).only("name").first() if refs else None
 

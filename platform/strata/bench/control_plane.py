@@ -54,8 +54,23 @@ MIXED_REQUESTS = [
 
 
 def noop(ctx) -> None:
-    """Entrypoint of the latency benchmark's train jobs: returns at once, so the child never imports torch."""
+    """What the latency benchmark's jobs run: returns at once, so the child never imports torch."""
     return None
+
+
+NOOP = "strata.bench.control_plane:noop"
+
+
+def bench_job() -> tuple[str, dict]:
+    """``(kind, spec)`` of a job that runs :func:`noop`: the first registered kind that can run a bare function
+    (``KindSpec.entrypoint_spec``)."""
+    from components.runtime import registry
+
+    for kind, spec in registry.kinds().items():
+        found = spec.entrypoint_spec(NOOP)
+        if found is not None:
+            return kind, found
+    raise RuntimeError("no registered job kind can run a bare function (KindSpec.entrypoint_spec)")
 
 
 def _say(message: str) -> None:
@@ -195,9 +210,9 @@ class Stack:
 
 
 def _job_body(name: str) -> dict:
-    return {"name": name, "kind": "train", "max_attempts": 1, "time_limit": 300,
-            "resources": {"gpus": 0.125},
-            "spec": {"entrypoint": "strata.bench.control_plane:noop"}}
+    kind, spec = bench_job()
+    return {"name": name, "kind": kind, "max_attempts": 1, "time_limit": 300, "resources": {"gpus": 0.125},
+            "spec": spec}
 
 
 def _wait_started(client, job_ids: list[str], timeout: float) -> dict[str, dict]:
@@ -303,9 +318,10 @@ def populate(jobs: int, nodes: int, mix: str = "mixed", teams: int = 4) -> dict:
         for node in node_objects for index in range(DEVICES_PER_NODE)
     ], batch_size=1000)
     requests = MIXED_REQUESTS if mix == "mixed" else [{"gpus": 1.0, "gpu_memory": None, "workers": 1}]
+    kind, spec = bench_job()
     Job.objects.bulk_create([
-        Job(team=team_objects[i % teams], owner=user, kind="train", name=f"bench-{i}",
-            spec={"entrypoint": "strata.bench.control_plane:noop"}, resources=dict(requests[i % len(requests)]),
+        Job(team=team_objects[i % teams], owner=user, kind=kind, name=f"bench-{i}",
+            spec=spec, resources=dict(requests[i % len(requests)]),
             state=JobState.QUEUED, queued_at=now + timedelta(microseconds=i), created_at=now)
         for i in range(jobs)
     ], batch_size=1000)

@@ -149,7 +149,7 @@ def populate(sizes: dict, now: datetime, rng: random.Random) -> dict:
     from django.utils import timezone as dj_timezone
 
     from strata.accounts import services as accounts
-    from strata.bench.control_plane import MIXED_REQUESTS
+    from strata.bench.control_plane import MIXED_REQUESTS, bench_job
     from strata.cluster.models import Device, Node
     from strata.jobs.models import Job, JobState
     from strata.scheduling.services import schedule_pass
@@ -165,9 +165,10 @@ def populate(sizes: dict, now: datetime, rng: random.Random) -> dict:
         Device(node=node, index=index, kind=Device.Kind.CUDA, name="NVIDIA H100 80GB HBM3",
                memory_total=DEVICE_MEMORY, utilization=rng.uniform(0, 100), memory_used=int(rng.uniform(0, 60) * GIB))
         for node in nodes for index in range(sizes["devices_per_node"])])
+    kind, spec = bench_job()
     Job.objects.bulk_create([
-        Job(team=teams[i % len(teams)], owner=admin, kind="train", name=f"{teams[i % len(teams)].slug}-run-{i}",
-            spec={"entrypoint": "strata.bench.control_plane:noop"}, resources=dict(MIXED_REQUESTS[i % len(MIXED_REQUESTS)]),
+        Job(team=teams[i % len(teams)], owner=admin, kind=kind, name=f"{teams[i % len(teams)].slug}-run-{i}",
+            spec=spec, resources=dict(MIXED_REQUESTS[i % len(MIXED_REQUESTS)]),
             state=JobState.QUEUED, queued_at=dj_timezone.now() + timedelta(microseconds=i))
         for i in range(sizes["jobs"])])
     placed = schedule_pass(dispatch=False).placed

@@ -36,7 +36,7 @@ HOUR = DeviceRollup.Resolution.HOUR
 ROLLUP_GRACE = timedelta(seconds=10)
 MINUTE_CHUNK = timedelta(hours=6)
 HOUR_CHUNK = timedelta(days=4)
-MINUTE_ROLLUP_DAYS = 8  # minute rollups serve ranges up to 2 days; kept longer so a late look still works
+MINUTE_ROLLUP_DAYS = 8  # minute rollups back ranges up to 2 days; kept longer so a late look still works
 
 
 def samples_record(rows: list[tuple[int, float, int]], now=None) -> None:

@@ -134,7 +134,7 @@ class ReportSerializer(AttemptCallSerializer):
     logs = LogItemSerializer(many=True, required=False, default=list, max_length=5000)
     metrics = MetricItemSerializer(many=True, required=False, default=list, max_length=20000)
     endpoint = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]{1,200}:\d{1,5}$", required=False,
-                                      help_text="host:port where the attempt serves requests (serve jobs).")
+                                      help_text="host:port where the attempt answers requests (kinds with an endpoint).")
 
 
 class FinishSerializer(AttemptCallSerializer):

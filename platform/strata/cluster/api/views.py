@@ -199,7 +199,7 @@ class AttemptArtifactView(NodeAPIView):
 
 
 class AttemptSourceView(NodeAPIView):
-    """GET artifact ``name`` of a job the attempt's spec reads from (``spec.model.job`` of a serve job)."""
+    """GET artifact ``name`` of a job the attempt's spec reads from (its kind's ``KindSpec.sources()``)."""
 
     @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
                                                        404: NO_FILE, 409: STALE_ATTEMPT})

@@ -181,7 +181,7 @@ class JobSerializer(serializers.ModelSerializer):
         list_serializer_class = JobListShareSerializer
 
     @extend_schema_field({"type": "string", "nullable": True,
-                          "description": "host:port of the gRPC endpoint while a serve job runs; null otherwise."})
+                          "description": "host:port of the job's endpoint while it runs (kinds that answer requests); null otherwise."})
     def get_endpoint(self, job):
         from strata.jobs.selectors import serving_endpoint
 
