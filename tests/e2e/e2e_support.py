@@ -8,16 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 import requests
+from support import free_port, group_processes, kill_group, wait_for  # noqa: F401 - re-exported
 
 # Variables the in-process tests (tests/conftest.py) or a CI job may set that must not reach the e2e processes.
 SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", "STRATA_SCHEDULE_INLINE",
@@ -37,53 +35,6 @@ def e2e_env(**extra: str) -> dict[str, str]:
     env.update(FAST)
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.3, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(interval)
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
-
-
-def kill_group(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM the group's leader, wait a little, then SIGKILL whatever is left of its process group."""
-    pgid = process.pid
-    try:
-        os.kill(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=10)
-    wait_for(lambda: not group_processes(pgid), 10, message=f"process group {pgid} to exit")
 
 
 class Cluster:

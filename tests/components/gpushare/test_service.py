@@ -15,21 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import wait_for
 
 from components.gpushare.service import call, connect, read_authkey
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def wait_for(predicate, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(0.05)
 
 
 def service_command(tmp_path: Path, policy: str = "pack") -> list[str]:

@@ -1,11 +1,11 @@
 """ServeComponent: the child-process path of a serve job, driven through a LocalContext."""
 
 import threading
-import time
 
 import grpc
 import numpy as np
 import pytest
+from support import wait_for
 
 from components.runtime.context import DeviceHandle, LocalContext
 from components.runtime.spec import SpecError
@@ -20,13 +20,6 @@ class QuickServe(ServeComponent):
     metrics_every_s = 0.1
     stop_poll_s = 0.02
     stop_grace_s = 0.5
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def start(ctx):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -14,26 +13,12 @@ import uuid
 
 import numpy as np
 import pytest
+from support import free_port, wait_for
 
 from components.gpushare.service import call, connect, read_authkey
 from components.serving.client import ServingError, predict
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def wait_for(predicate, timeout: float, message: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(0.05)
-    return value
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

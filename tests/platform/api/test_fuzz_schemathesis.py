@@ -41,10 +41,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import requests
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
-
-from e2e_support import e2e_env, free_port, kill_group, strata_command, wait_for  # noqa: E402
+from e2e_support import e2e_env, strata_command
+from support import free_port, kill_group, wait_for
 
 pytestmark = pytest.mark.e2e
 

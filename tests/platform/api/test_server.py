@@ -25,10 +25,7 @@ from types import SimpleNamespace
 from wsgiref.util import setup_testing_defaults
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
-
-from e2e_support import wait_for  # noqa: E402
+from support import wait_for
 
 SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", "STRATA_CACHE_URL", "STRATA_HOME",
             "STRATA_CONFIG", "STRATA_URL", "STRATA_TOKEN", "STRATA_NODE_TOKEN", "STRATA_PUBLIC_URL",
