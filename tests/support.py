@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -80,3 +84,75 @@ def reaper(grace: float = 5.0) -> Iterator[Callable[..., subprocess.Popen]]:
     finally:
         for process in reversed(started):
             kill_group(process, grace=grace)
+
+
+# -- the GPU-sharing device service (gpushare's node service hosts attempts) ------------------------------
+
+def device_service_command(tmp_path: Path, policy: str = "pack") -> list[str]:
+    return [sys.executable, "-m", "components.gpushare.service", "--device-index", "0", "--kind", "virtual",
+            "--memory", str(2**30), "--socket", str(tmp_path / "s.sock"), "--authkey-file", str(tmp_path / "key"),
+            "--policy", policy, "--local-root", str(tmp_path / "jobs")]
+
+
+class DeviceService:
+    """A running device service: ``call`` one request, ``run`` an attempt, wait for its ``done`` event."""
+
+    def __init__(self, process: subprocess.Popen, path: str, authkey: bytes, root: Path):
+        self.process, self.path, self.authkey, self.root = process, path, authkey, root
+
+    def alive_and_listening(self) -> bool:
+        assert self.process.poll() is None, f"the service exited with {self.process.returncode}"
+        from components.gpushare.service import call
+
+        try:
+            return call(self.path, self.authkey, {"op": "ping"})["ok"]
+        except OSError:
+            return False
+
+    def call(self, message: dict, timeout: float = 10.0) -> dict:
+        from components.gpushare.service import call
+
+        return call(self.path, self.authkey, message, timeout)
+
+    def connect(self):
+        from components.gpushare.service import connect
+
+        return connect(self.path, self.authkey)
+
+    def run(self, spec: dict, kind: str = "train", share: float = 0.5, memory: int = 2**28, **extra):
+        """Submit an attempt; returns (attempt id, the open connection, the reply)."""
+        attempt = str(uuid.uuid4())
+        payload = {"attempt": attempt, "job": str(uuid.uuid4()), "number": 1, "kind": kind, "spec": spec,
+                   "world_size": 1, "rank": 0,
+                   "device": {"kind": "virtual", "index": 0, "memory": memory, "share": share}, **extra}
+        conn = self.connect()
+        conn.send({"op": "run", "payload": payload})
+        assert conn.poll(60), "no answer to run"
+        return attempt, conn, conn.recv()
+
+    @staticmethod
+    def done(conn, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if conn.poll(0.1):
+                message = conn.recv()
+                if message.get("event") == "done":
+                    return message
+        raise AssertionError("the job did not end")
+
+
+def start_device_service(tmp_path: Path, policy: str = "pack"):
+    """Start gpushare's device service on a virtual device under ``tmp_path`` and wait until it listens."""
+    from components.gpushare.service import read_authkey
+
+    (tmp_path / "key").write_text(secrets.token_hex(16))
+    env = {**os.environ, "STRATA_TORCH_THREADS": "1"}
+    process = subprocess.Popen(device_service_command(tmp_path, policy), env=env, stdin=subprocess.DEVNULL)
+    handle = DeviceService(process, str(tmp_path / "s.sock"), read_authkey(tmp_path / "key"), tmp_path / "jobs")
+    try:
+        wait_for(handle.alive_and_listening, 30, "the service to listen")
+    except BaseException:
+        process.kill()
+        process.wait(timeout=10)
+        raise
+    return handle

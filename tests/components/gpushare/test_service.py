@@ -3,83 +3,27 @@ place of the control plane."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import subprocess
 import sys
-import time
-import uuid
 from multiprocessing import AuthenticationError
-from pathlib import Path
 
 import psutil
 import pytest
-from support import wait_for
+from support import device_service_command, wait_for
 
-from components.gpushare.service import call, connect, read_authkey
+from components.gpushare.service import call, read_authkey
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def service_command(tmp_path: Path, policy: str = "pack") -> list[str]:
-    return [sys.executable, "-m", "components.gpushare.service", "--device-index", "0", "--kind", "virtual",
-            "--memory", str(2**30), "--socket", str(tmp_path / "s.sock"), "--authkey-file", str(tmp_path / "key"),
-            "--policy", policy, "--local-root", str(tmp_path / "jobs")]
+SMALL = {"workload": "mlp-digits", "epochs": 2, "batch_size": 32, "log_every": 10, "checkpoint_every": 1000}
 
 
 @pytest.fixture
-def service(tmp_path):
-    (tmp_path / "key").write_text(secrets.token_hex(16))
-    env = {**os.environ, "STRATA_TORCH_THREADS": "1"}
-    process = subprocess.Popen(service_command(tmp_path), env=env, stdin=subprocess.DEVNULL)
-    handle = Service(process, str(tmp_path / "s.sock"), read_authkey(tmp_path / "key"), tmp_path / "jobs")
-    wait_for(lambda: handle.alive_and_listening(), 30, "the service to listen")
-    try:
-        yield handle
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-
-
-class Service:
-    def __init__(self, process, path, authkey, root):
-        self.process, self.path, self.authkey, self.root = process, path, authkey, root
-
-    def alive_and_listening(self) -> bool:
-        assert self.process.poll() is None, f"the service exited with {self.process.returncode}"
-        try:
-            return call(self.path, self.authkey, {"op": "ping"})["ok"]
-        except OSError:
-            return False
-
-    def call(self, message: dict, timeout: float = 10.0) -> dict:
-        return call(self.path, self.authkey, message, timeout)
-
-    def run(self, spec: dict, share: float = 0.5, memory: int = 2**28):
-        """Submit an attempt; returns (attempt id, the open connection, the reply)."""
-        attempt = str(uuid.uuid4())
-        payload = {"attempt": attempt, "job": str(uuid.uuid4()), "number": 1, "kind": "train", "spec": spec,
-                   "world_size": 1, "rank": 0,
-                   "device": {"kind": "virtual", "index": 0, "memory": memory, "share": share}}
-        conn = connect(self.path, self.authkey)
-        conn.send({"op": "run", "payload": payload})
-        assert conn.poll(60), "no answer to run"
-        return attempt, conn, conn.recv()
-
-    @staticmethod
-    def done(conn, timeout: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if conn.poll(0.1):
-                message = conn.recv()
-                if message.get("event") == "done":
-                    return message
-        raise AssertionError("the job did not end")
-
-
-SMALL = {"workload": "mlp-digits", "epochs": 2, "batch_size": 32, "log_every": 10, "checkpoint_every": 1000}
+def service(device_service):
+    return device_service
 
 
 def test_two_jobs_interleave_and_cancel_frees_the_lane(service):
@@ -165,7 +109,7 @@ def test_service_exits_when_its_parent_dies(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys, time\n"
-         f"child = subprocess.Popen({service_command(tmp_path)!r})\n"
+         f"child = subprocess.Popen({device_service_command(tmp_path)!r})\n"
          "print(child.pid, flush=True)\n"
          "time.sleep(120)\n"],
         stdout=subprocess.PIPE, text=True)

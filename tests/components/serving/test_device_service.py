@@ -4,18 +4,12 @@ its caller goes away."""
 
 from __future__ import annotations
 
-import os
-import secrets
-import subprocess
-import sys
-import time
 import uuid
 
 import numpy as np
 import pytest
-from support import free_port, wait_for
+from support import DeviceService, free_port, start_device_service, wait_for
 
-from components.gpushare.service import call, connect, read_authkey
 from components.serving.client import ServingError, predict
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,28 +17,13 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def service(tmp_path):
-    key, path = tmp_path / "key", str(tmp_path / "s.sock")
-    key.write_text(secrets.token_hex(16))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "components.gpushare.service", "--device-index", "0", "--kind", "virtual",
-         "--memory", str(2**30), "--socket", path, "--authkey-file", str(key), "--policy", "fair",
-         "--local-root", str(tmp_path / "jobs")],
-        env={**os.environ, "STRATA_TORCH_THREADS": "1"}, stdin=subprocess.DEVNULL)
-
-    def listening() -> bool:
-        assert process.poll() is None, f"the service exited with {process.returncode}"
-        try:
-            return call(path, read_authkey(key), {"op": "ping"})["ok"]
-        except OSError:
-            return False
-
-    wait_for(listening, 30, "the service to listen")
+    """The real device service (tests/support.py), under the fair policy, as ``(ask, open_connection)``."""
+    handle = start_device_service(tmp_path, policy="fair")
     try:
-        yield lambda message, timeout=10.0: call(path, read_authkey(key), message, timeout), \
-            lambda: connect(path, read_authkey(key))
+        yield handle.call, handle.connect
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        handle.process.kill()
+        handle.process.wait(timeout=10)
 
 
 def submit(open_connection, kind: str, spec: dict, **extra):
@@ -58,14 +37,7 @@ def submit(open_connection, kind: str, spec: dict, **extra):
     return attempt, conn, conn.recv()
 
 
-def done_event(conn, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if conn.poll(0.1):
-            message = conn.recv()
-            if message.get("event") == "done":
-                return message
-    raise AssertionError("no done event")
+done_event = DeviceService.done
 
 
 def test_a_serve_attempt_answers_next_to_training_and_stops_on_cancel(service, digits_model, digits_test_set):
