@@ -58,6 +58,34 @@ class DatabasePanelData(PanelData):
     def sharing(self, device_ids=None, since=None, job_id=None):
         return cluster_sharing(self.team_ids, device_ids=device_ids, since=since, job_id=job_id)
 
+    def reports(self, plugin, device_ids=None, since=None, job_id=None):
+        return plugin_reports(self.team_ids, plugin, since=since, job_id=job_id)
+
+
+def plugin_reports(team_ids, plugin: str, since: float | None = None, job_id: str | None = None) -> dict[str, Any]:
+    """The generic report channel, read for a viewer: every node's latest report of ``plugin`` (node reports are
+    about the machines, which every viewer of the cluster page sees), and the latest report of ``plugin`` about
+    each attempt of job ``job_id`` when the viewer may see that job (another team's job gives nothing)."""
+    from strata.cluster.models import Node
+    from strata.jobs.models import Attempt
+
+    nodes = []
+    for node_id, name, stored in Node.objects.order_by("name").values_list("id", "name", "reports"):
+        entry = (stored or {}).get(plugin)
+        if entry and (since is None or entry.get("time", 0) >= since):
+            nodes.append({"node": name, "node_id": str(node_id), "time": entry.get("time"),
+                          "payload": entry.get("payload")})
+    attempts = []
+    if job_id is not None:
+        rows = (Attempt.objects.filter(job_id=job_id, job__team_id__in=team_ids, reports__isnull=False)
+                .order_by("number").values_list("id", "number", "reports"))
+        for attempt_id, number, stored in rows:
+            entry = (stored or {}).get(plugin)
+            if entry and (since is None or entry.get("time", 0) >= since):
+                attempts.append({"attempt": str(attempt_id), "number": number, "job_id": str(job_id),
+                                 "time": entry.get("time"), "payload": entry.get("payload")})
+    return {"nodes": nodes, "attempts": attempts}
+
 
 def cluster_sharing(team_ids, device_ids=None, since=None, job_id=None) -> dict[str, Any]:
     """GPU-sharing state and slices (see ``PanelData.sharing``); other teams' jobs carry no id or name."""

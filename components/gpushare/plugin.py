@@ -8,5 +8,6 @@ PLUGIN = Plugin(
     description="Several jobs on one GPU: memory admission, fast switching at iteration boundaries.",
     panels=("components.gpushare.panels:GpuShareTimelinePanel", "components.gpushare.panels:GpuShareJobPanel"),
     node_services=("components.gpushare.node:DeviceSharingService",),
+    reports="components.gpushare.report:GpuShareReport",
     benchmarks={"gpushare": "components.gpushare.bench:main"},
 )

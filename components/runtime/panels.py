@@ -43,6 +43,16 @@ class PanelData(abc.ABC):
         see carry ``job_id``, ``job_name``, ``team``, ``owner``, ``kind``, ``state``, ``rank``, ``share`` and
         ``memory``; other teams' jobs appear only as ``{"foreign": True, "share", "memory"}``."""
 
+    def reports(self, plugin: str, device_ids: list[int] | None = None, since: float | None = None,
+                job_id: str | None = None) -> dict[str, Any]:
+        """The generic report channel: what ``plugin`` reported, as its ``ReportSchema`` normalized it.
+
+        Returns ``{"nodes": [{"node", "node_id", "time", "payload"}], "attempts": [{"attempt", "number",
+        "job_id", "time", "payload"}]}``: every node's latest node report, and, for ``job_id`` (a job the viewer
+        may see), the latest report about each of its attempts. ``time`` is unix seconds; ``since`` keeps
+        reports at least that recent. The default implementation has nothing."""
+        return {"nodes": [], "attempts": []}
+
     def sharing(self, device_ids: list[int] | None = None, since: float | None = None,
                 job_id: str | None = None) -> dict[str, Any]:
         """GPU sharing: what each device's sharing service last reported, and who ran when.
@@ -78,3 +88,46 @@ class Panel(abc.ABC):
     @abc.abstractmethod
     def render(self, data: PanelData) -> dict[str, Any] | None:
         """The panel's content (see the module docstring), or None to hide it."""
+
+
+class StaticPanelData(PanelData):
+    """The static twin of the dashboard's :class:`PanelData`: serves what it is given, filtered as the real one
+    filters (metric names, event kind, report plugin), with no database. For panel tests and the conformance
+    suite (:mod:`components.runtime.conformance.panels`).
+
+    ``metrics`` is ``{name: [(step, value, unix time), ...]}``; ``reports`` is ``{plugin: {"nodes": [...],
+    "attempts": [...]}}`` in the shape :meth:`PanelData.reports` returns."""
+
+    def __init__(self, job: dict[str, Any] | None = None, metrics: dict[str, list] | None = None,
+                 events: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
+                 reports: dict[str, dict[str, Any]] | None = None,
+                 sharing: dict[str, Any] | None = None):
+        self.job = job
+        self._metrics = metrics or {}
+        self._events = events or []
+        self._devices = devices or []
+        self._reports = reports or {}
+        self._sharing = sharing or {"devices": [], "slices": []}
+
+    def metrics(self, names=None):
+        return {name: list(points) for name, points in self._metrics.items() if names is None or name in names}
+
+    def events(self, kind=None):
+        return [event for event in self._events if kind is None or event.get("kind") == kind]
+
+    def devices(self):
+        return list(self._devices)
+
+    def reports(self, plugin, device_ids=None, since=None, job_id=None):
+        found = self._reports.get(plugin, {})
+
+        def keep(entry: dict[str, Any]) -> bool:
+            return since is None or (entry.get("time") or 0) >= since
+
+        attempts = [entry for entry in found.get("attempts", [])
+                    if keep(entry) and (job_id is None or entry.get("job_id") == job_id)]
+        return {"nodes": [entry for entry in found.get("nodes", []) if keep(entry)], "attempts": attempts}
+
+    def sharing(self, device_ids=None, since=None, job_id=None):
+        return self._sharing
+

@@ -23,36 +23,14 @@ import re
 from typing import Any, ClassVar
 
 from components.runtime.conformance.kinds import light_import_problem
-from components.runtime.panels import Panel, PanelData
+from components.runtime.panels import Panel, PanelData, StaticPanelData
 from components.runtime.registry import import_path
 
 SLUG_RE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
 SHAPES = {"figure", "table", "text", "error"}
 
 
-class StaticData(PanelData):
-    """A static :class:`PanelData` for panel tests: whatever it is given, filtered as a real one would."""
-
-    def __init__(self, job: dict[str, Any] | None = None, metrics: dict[str, list] | None = None,
-                 events: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
-                 reports: dict[str, dict[str, Any]] | None = None):
-        self.job = job
-        self._metrics = metrics or {}
-        self._events = events or []
-        self._devices = devices or []
-        self._reports = reports or {}
-
-    def metrics(self, names=None):
-        return {name: list(points) for name, points in self._metrics.items() if names is None or name in names}
-
-    def events(self, kind=None):
-        return [event for event in self._events if kind is None or event.get("kind") == kind]
-
-    def devices(self):
-        return list(self._devices)
-
-    def reports(self, plugin: str, device_ids=None, since=None, job_id=None) -> dict[str, Any]:
-        return self._reports.get(plugin, {})
+StaticData = StaticPanelData  # the twin shipped with the contract (components.runtime.panels)
 
 
 def _finite(value: Any) -> Any:

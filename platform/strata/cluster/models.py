@@ -26,6 +26,9 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(default=timezone.now)
     lease_expires_at = models.DateTimeField(default=timezone.now, db_index=True)
     info = models.JSONField(default=dict, blank=True)
+    # The generic report channel: each plugin's latest node report, {plugin: {"time": unix s, "payload": ...}},
+    # checked by the plugin's ReportSchema.node() (cluster.services.reports_clean).
+    reports = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]

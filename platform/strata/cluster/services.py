@@ -1,7 +1,9 @@
-"""Node registration, heartbeats (the node's lease), GPU-sharing reports and device-pool policies."""
+"""Node registration, heartbeats (the node's lease), plugins' reports, GPU-sharing reports and device-pool
+policies."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,6 +17,7 @@ from strata.cluster.models import Device, DevicePool, Node, node_pool
 from strata.jobs.models import Allocation, Attempt
 from strata.jobs.services import STOPPED_STATES
 
+log = logging.getLogger(__name__)
 SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,200}$")
 
 
@@ -163,8 +166,46 @@ def sharing_record(node: Node, devices: dict[int, Device], reports: list[dict], 
     ShareSlice.objects.bulk_create(slices, batch_size=1000)
 
 
+MAX_REPORT_PLUGINS = 64
+
+
+def reports_clean(reports: object, scope: str) -> tuple[dict, dict]:
+    """``(normalized, errors)`` of a ``{plugin: payload}`` report: each payload checked by its plugin's
+    ``ReportSchema`` (``scope`` is "node" or "attempt"). ``errors`` is ``{plugin: {field: [message]}}``: an
+    unregistered plugin, a plugin without a schema, a refused payload, or a schema that failed."""
+    from components.runtime import registry
+    from components.runtime.plugins import ReportError
+
+    if not isinstance(reports, dict):
+        return {}, {"non_field_errors": ["must be an object {plugin: payload}"]}
+    if len(reports) > MAX_REPORT_PLUGINS:
+        return {}, {"non_field_errors": [f"at most {MAX_REPORT_PLUGINS} plugins may report at once"]}
+    clean: dict = {}
+    errors: dict = {}
+    for plugin, payload in reports.items():
+        schema = registry.report_schema(plugin)
+        if schema is None:
+            errors[plugin] = {"non_field_errors": [f"no registered plugin {plugin!r} takes reports"]}
+            continue
+        try:
+            clean[plugin] = getattr(schema, scope)(payload)
+        except ReportError as error:
+            errors[plugin] = {field or "non_field_errors": [message] for field, message in error.errors.items()}
+        except Exception as error:  # noqa: BLE001 - a plugin's schema must not turn a heartbeat into a 500
+            log.exception("the report schema of plugin %s failed", plugin)
+            errors[plugin] = {"non_field_errors": [f"the plugin's report schema failed: {type(error).__name__}"]}
+    return clean, errors
+
+
+def reports_merge(stored: dict | None, clean: dict, now) -> dict:
+    """The stored ``{plugin: {"time", "payload"}}`` with the new payloads of ``clean`` put in at ``now``."""
+    merged = dict(stored or {})
+    merged.update({plugin: {"time": now.timestamp(), "payload": payload} for plugin, payload in clean.items()})
+    return merged
+
+
 def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: list[str],
-                   sharing: list[dict] | None = None) -> dict:
+                   sharing: list[dict] | None = None, reports: dict | None = None) -> dict:
     """Extend the lease, record device samples and GPU-sharing reports, and tell the node which of its
     attempts must stop and which sharing policy its pool uses."""
     from strata.telemetry.services import samples_record
@@ -174,7 +215,10 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     now = timezone.now()
     if node.state == Node.State.DOWN:
         raise StaleSession("the node's lease expired and its attempts were requeued; register again")
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
+    changes = {"last_heartbeat": now, "lease_expires_at": _lease_until(now)}
+    if reports:
+        changes["reports"] = reports_merge(node.reports, reports, now)
+    Node.objects.filter(pk=node.pk).update(**changes)
     devices = {device.index: device for device in node.devices.all()}
     rows = []
     for sample in samples:

@@ -101,6 +101,9 @@ class Attempt(models.Model):
     # memory, steps), kept after the attempt ends, when the device's own report no longer lists it. Null when
     # the attempt never ran shared (the scheduler writes attempts with raw multi-row inserts).
     sharing = models.JSONField(null=True, blank=True)
+    # The generic report channel: each plugin's latest report about this attempt, {plugin: {"time", "payload"}},
+    # checked by the plugin's ReportSchema.attempt(). Nullable for the same reason as ``sharing``.
+    reports = models.JSONField(null=True, blank=True)
     # Where the attempt serves requests ("host:port"), for kinds that answer requests; null otherwise. Nullable
     # for the same reason as ``sharing``.
     endpoint = models.CharField(max_length=255, null=True, blank=True)

@@ -184,9 +184,17 @@ def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
     return attempt
 
 
-def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | None = None) -> None:
-    """Append log lines and metric points sent by a running attempt; record where it serves requests."""
+def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | None = None,
+                   reports: dict | None = None) -> None:
+    """Append log lines and metric points sent by a running attempt; record where it serves requests and the
+    plugins' reports about it (already checked by their schemas)."""
     now = timezone.now()
+    if reports:
+        from strata.cluster.services import reports_merge
+
+        merged = reports_merge(attempt.reports, reports, now)
+        Attempt.objects.filter(pk=attempt.pk).update(reports=merged)
+        attempt.reports = merged
     if endpoint and endpoint != attempt.endpoint:
         Attempt.objects.filter(pk=attempt.pk).update(endpoint=endpoint)
         attempt.endpoint = endpoint

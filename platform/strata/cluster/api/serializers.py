@@ -105,6 +105,15 @@ class SharingReportSerializer(serializers.Serializer):
     slices = SliceReportSerializer(many=True, required=False, default=list, max_length=MAX_SLICES)
 
 
+def _clean_reports(value: dict, scope: str) -> dict:
+    from strata.cluster.services import reports_clean
+
+    clean, errors = reports_clean(value, scope)
+    if errors:
+        raise serializers.ValidationError(errors)
+    return clean
+
+
 class HeartbeatSerializer(serializers.Serializer):
     node = serializers.UUIDField()
     session = serializers.UUIDField()
@@ -112,6 +121,12 @@ class HeartbeatSerializer(serializers.Serializer):
     sharing = SharingReportSerializer(many=True, required=False, default=list, max_length=MAX_SHARING_DEVICES)
     attempts = serializers.ListField(child=serializers.UUIDField(format="hex_verbose"), required=False, default=list,
                                      max_length=1024)
+    reports = serializers.DictField(required=False, default=dict, help_text=(
+        "The generic report channel: {plugin: payload}, each payload checked by that plugin's report schema "
+        "(ReportSchema.node); a refused payload is a 400 naming reports.<plugin>.<field>."))
+
+    def validate_reports(self, value):
+        return _clean_reports(value, "node")
 
 
 class AttemptCallSerializer(serializers.Serializer):
@@ -133,6 +148,11 @@ class MetricItemSerializer(serializers.Serializer):
 class ReportSerializer(AttemptCallSerializer):
     logs = LogItemSerializer(many=True, required=False, default=list, max_length=5000)
     metrics = MetricItemSerializer(many=True, required=False, default=list, max_length=20000)
+    reports = serializers.DictField(required=False, default=dict, help_text=(
+        "{plugin: payload} about this attempt, each checked by that plugin's report schema (ReportSchema.attempt)."))
+
+    def validate_reports(self, value):
+        return _clean_reports(value, "attempt")
     endpoint = serializers.RegexField(r"^[A-Za-z0-9.\-\[\]:]{1,200}:\d{1,5}$", required=False,
                                       help_text="host:port where the attempt answers requests (kinds with an endpoint).")
 

@@ -111,7 +111,7 @@ class HeartbeatView(NodeAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         answer = services.node_heartbeat(_node(data), str(data["session"]), data["samples"],
-                                         [str(a) for a in data["attempts"]], data["sharing"])
+                                         [str(a) for a in data["attempts"]], data["sharing"], data["reports"])
         return Response(answer)
 
 
@@ -151,7 +151,8 @@ class AttemptReportView(NodeAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         attempt = job_services.attempt_for_node(attempt_id, data["token"], _node(data))
-        job_services.attempt_report(attempt, logs=data["logs"], metrics=data["metrics"], endpoint=data.get("endpoint"))
+        job_services.attempt_report(attempt, logs=data["logs"], metrics=data["metrics"], endpoint=data.get("endpoint"),
+                                    reports=data["reports"])
         return Response({"stop": job_services.attempt_stop_requested(attempt)})
 
 
