@@ -14,6 +14,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from components.runtime.registry import subscribers as registry_subscribers
+from strata.jobs.events import emit
 from strata.jobs.models import (
     Allocation,
     Artifact,
@@ -86,6 +88,11 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) ->
         with transaction.atomic():
             job.save()
             job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
+            if registry_subscribers():
+                from components.runtime.events import JobTransitioned
+
+                emit(JobTransitioned(job_id=str(job.pk), team_id=team.pk, kind=job.kind, source=None,
+                                     target=S.PENDING, reason="submitted"))
     except IntegrityError:
         if idempotency_key:
             existing = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
@@ -206,6 +213,15 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
                          message=str(item.get("message", ""))[:10000], time=item.get("time") or now)
                  for item in logs[: max(room, 0)]]
         LogLine.objects.bulk_create(lines)
+    if metrics and registry_subscribers():
+        from components.runtime.events import MetricsReported
+
+        last = {}
+        for item in sorted(metrics, key=lambda item: int(item["step"])):
+            last[str(item["name"])[:100]] = float(item["value"])
+        kind = Job.objects.filter(pk=attempt.job_id).values_list("kind", flat=True).first() or ""
+        emit(MetricsReported(job_id=str(attempt.job_id), attempt_id=str(attempt.pk), kind=kind, last=last,
+                             step=max(int(item["step"]) for item in metrics)))
     if metrics:
         MetricPoint.objects.bulk_create([
             MetricPoint(job_id=attempt.job_id, attempt=attempt, name=str(item["name"])[:100], step=int(item["step"]),
@@ -222,6 +238,13 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
         Allocation.objects.filter(attempt=attempt).update(active=False)
         job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
                   attempt=attempt, outcome=outcome)
+        if registry_subscribers():
+            from components.runtime.events import AttemptEnded
+
+            kind = Job.objects.filter(pk=attempt.job_id).values_list("kind", flat=True).first() or ""
+            emit(AttemptEnded(attempt_id=str(attempt.pk), job_id=str(attempt.job_id), kind=kind,
+                              number=attempt.number, outcome=str(outcome), reason=reason[:500],
+                              node_id=str(attempt.node_id) if attempt.node_id else None))
     return bool(ended)
 
 

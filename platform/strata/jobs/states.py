@@ -52,6 +52,27 @@ def transition(job: Job | str, sources, target: str, reason: str = "", **fields)
         raise InvalidTransition(job_id, sources, target, actual)
     JobEvent.objects.create(job_id=job_id, kind="state", message=f"{target}: {reason}" if reason else target,
                             data={"state": target})
+    _announce(job, job_id, sources, target, reason)
     if isinstance(job, Job):
         for name, value in updates.items():
             setattr(job, name, value)
+
+
+def _announce(job, job_id, sources, target: str, reason: str) -> None:
+    """The lifecycle event of a transition, delivered to plugins after commit (strata.jobs.events)."""
+    from components.runtime import registry
+
+    if not registry.subscribers():
+        return
+    from components.runtime.events import JobTransitioned
+    from strata.jobs.events import emit
+
+    if isinstance(job, Job):
+        team_id, kind, before = job.team_id, job.kind, job.state
+    else:
+        team_id, kind = Job.objects.filter(pk=job_id).values_list("team_id", "kind").first() or (None, "")
+        before = None
+    source = before if before in sources else (sources[0] if len(sources) == 1 else None)
+    emit(JobTransitioned(job_id=str(job_id), team_id=team_id, kind=kind, source=source, target=target,
+                         reason=reason))
+

@@ -335,7 +335,23 @@ def _create_attempts(placements, now, notes=None) -> list[tuple[str, str, str]]:
                           "created_at", "dispatched_at", "published_at", "outcome", "exit_reason"], attempts)
     insert_rows(Allocation, ["attempt", "device", "rank", "share", "memory", "active"], allocations)
     insert_rows(JobEvent, ["job", "attempt", "time", "kind", "data", "message"], events)
+    _announce_scheduled(job_ids)
     return dispatches
+
+
+def _announce_scheduled(job_ids: list) -> None:
+    """One lifecycle event per job the bulk UPDATE moved QUEUED -> SCHEDULED, delivered after commit."""
+    from components.runtime import registry
+
+    if not registry.subscribers():
+        return
+    from components.runtime.events import JobTransitioned
+    from strata.jobs.events import emit_many
+
+    rows = Job.objects.filter(pk__in=job_ids).values_list("id", "team_id", "kind")
+    emit_many([JobTransitioned(job_id=str(job_id), team_id=team_id, kind=kind, source=S.QUEUED,
+                               target=S.SCHEDULED, reason="placed; waiting for the node to start it")
+               for job_id, team_id, kind in rows])
 
 
 def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
