@@ -115,7 +115,7 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
     for spec in kinds.values():
         panels.extend((path, _subclass(path, Panel)) for path in spec.panels if path not in plugin.panels)
     report = _subclass(plugin.reports, ReportSchema)() if plugin.reports else None
-    hooks = tuple(_instance(path) for path in plugin.hooks)
+    hooks = tuple(_hook(path) for path in plugin.hooks)
     subscribers = []
     for path in plugin.subscribers:
         subscriber = import_path(path)
@@ -133,10 +133,16 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
                         hooks=hooks, subscribers=tuple(subscribers), commands=commands)
 
 
-def _instance(path: str) -> Any:
-    """A scheduler hook: a class (instantiated with no arguments) or a ready object."""
+def _hook(path: str) -> Any:
+    """A scheduler hook: a Policy subclass (instantiated with no arguments) or a ready Policy object."""
+    from components.runtime.policies import Policy
+
     value = import_path(path)
-    return value() if isinstance(value, type) else value
+    if isinstance(value, type) and issubclass(value, Policy):
+        return value()
+    if isinstance(value, Policy):
+        return value
+    raise TypeError(f"{path} is not a components.runtime.policies.Policy")
 
 
 def _manifests() -> list[tuple[str, Any]]:

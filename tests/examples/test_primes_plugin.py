@@ -136,3 +136,17 @@ class TestScratchDiskPanelConformance(PanelConformance):
     def data(self):
         return StaticData(reports={"primes": {"nodes": [{"node": "n1", "time": 0.0, "payload": {
             "disk_free": 2**30, "disk_total": 2**32, "load1": 0.5}}]}})
+
+
+from components.runtime.conformance.policies import QueueOrderConformance  # noqa: E402
+
+
+class TestSmallestLimitFirstConformance(QueueOrderConformance):
+    hook_path = "strata_primes.hooks:SmallestLimitFirst"
+    specs = ({"limit": 500}, {"limit": 20}, {"limit": 100})
+
+    def test_smaller_sieves_go_first(self):
+        from components.runtime.policies import reorder
+
+        order = [job.spec["limit"] for job in reorder(self.jobs(), [self.hook()]) if job.kind == "primes"]
+        assert order == [20, 100, 500, 20, 100, 500]

@@ -174,8 +174,28 @@ def _queue_by_team(quotas: dict[int, Quota]) -> tuple[dict[int, deque], dict]:
                 resources = {**resources, "gpu_memory": memory}
         boost = quotas[team_id].priority if team_id in quotas else 0
         queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason))
-    ordered = {team: deque(sorted(items, key=lambda item: (item[0], item[1]))) for team, items in queues.items()}
-    return ordered, notes
+    ordered = {team: sorted(items, key=lambda item: (item[0], item[1])) for team, items in queues.items()}
+    return {team: deque(_hooked_order(team, items)) for team, items in ordered.items()}, notes
+
+
+def _hooked_order(team_id: int, items: list[tuple]) -> list[tuple]:
+    """One team's queue after the plugins' queue-order hooks (``components.runtime.policies.QueueOrder``): each
+    permutes only its own kinds' jobs within a priority level. Unchanged when no plugin has such a hook."""
+    from components.runtime import registry
+    from components.runtime.policies import QueuedJob, QueueOrder, reorder
+
+    hooks = registry.hooks(QueueOrder)
+    if not hooks or len(items) < 2:
+        return items
+    rows = Job.objects.filter(pk__in=[item[2] for item in items])
+    if all(hook.kinds is not None for hook in hooks):
+        rows = rows.filter(kind__in={kind for hook in hooks for kind in hook.kinds})
+    details = {job_id: (kind, spec) for job_id, kind, spec in rows.values_list("id", "kind", "spec")}
+    by_id = {str(item[2]): item for item in items}
+    views = [QueuedJob(id=str(item[2]), team_id=team_id, kind=details.get(item[2], ("", {}))[0], priority=-item[0],
+                       queued_at=item[1].timestamp() if item[1] else 0.0, resources=dict(item[3]),
+                       spec=dict(details.get(item[2], ("", {}))[1] or {})) for item in items]
+    return [by_id[view.id] for view in reorder(views, hooks)]
 
 
 def _held_by_team() -> dict[int, float]:

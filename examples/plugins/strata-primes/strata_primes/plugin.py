@@ -8,6 +8,7 @@ PLUGIN = Plugin(
     kinds=("strata_primes.spec:PrimesSpec",),
     panels=("strata_primes.panels:ScratchDiskPanel",),
     reports="strata_primes.report:ScratchDiskReport",
+    hooks=("strata_primes.hooks:SmallestLimitFirst",),
     commands=("strata_primes.commands:PrimesCommand",),
     node_services=("strata_primes.service:ScratchDiskService",),
     benchmarks={"primes": "strata_primes.bench:main"},
