@@ -57,7 +57,7 @@ def test_an_installed_outside_plugin_contributes_every_seam(primes_cluster, tmp_
     assert listing.returncode == 0, listing.stderr
     line = next(line for line in listing.stdout.splitlines() if line.startswith("primes"))
     for part in ("kinds: primes", "PrimesPanel", "ScratchDiskPanel", "report: ScratchDiskReport",
-                 "hooks: SmallestLimitFirst", "commands: primes", "node services: ScratchDiskService",
+                 "hooks: SmallestLimitFirst", "subscribers: on_event", "commands: primes", "node services: ScratchDiskService",
                  "benchmarks: primes"):
         assert part in line, (part, line)
     assert "LEFT OUT" not in listing.stdout, listing.stdout

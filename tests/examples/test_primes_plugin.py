@@ -150,3 +150,18 @@ class TestSmallestLimitFirstConformance(QueueOrderConformance):
 
         order = [job.spec["limit"] for job in reorder(self.jobs(), [self.hook()]) if job.kind == "primes"]
         assert order == [20, 100, 500, 20, 100, 500]
+
+
+def test_the_subscriber_logs_primes_transitions_only(caplog):
+    import logging
+
+    from strata_primes.events import on_event
+
+    from components.runtime.events import AttemptEnded, JobTransitioned
+
+    with caplog.at_level(logging.INFO, logger="strata_primes"):
+        on_event(JobTransitioned(job_id="j1", team_id=1, kind="primes", source="QUEUED", target="SCHEDULED",
+                                 reason="placed"))
+        on_event(JobTransitioned(job_id="j2", team_id=1, kind="train", source=None, target="PENDING"))
+        on_event(AttemptEnded(attempt_id="a", job_id="j1", kind="primes", number=1, outcome="succeeded"))
+    assert [record.getMessage() for record in caplog.records] == ["primes job j1: QUEUED -> SCHEDULED (placed)"]

@@ -9,6 +9,7 @@ PLUGIN = Plugin(
     panels=("strata_primes.panels:ScratchDiskPanel",),
     reports="strata_primes.report:ScratchDiskReport",
     hooks=("strata_primes.hooks:SmallestLimitFirst",),
+    subscribers=("strata_primes.events:on_event",),
     commands=("strata_primes.commands:PrimesCommand",),
     node_services=("strata_primes.service:ScratchDiskService",),
     benchmarks={"primes": "strata_primes.bench:main"},
