@@ -30,10 +30,12 @@ run: install
 	$(BIN)/strata up --port $(PORT)
 
 test: install browser
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/strata bench control-plane
