@@ -119,6 +119,20 @@ class Context(abc.ABC):
         """Flush, and release what the context holds (threads, downloaded files); once, when the attempt ends."""
         self.flush()
 
+    # -- child jobs (tuning trials, ranks): jobs of the same team, under the same checks and quota --------------
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
+        ``{"id", "name", "kind", "state", "reason", "parent"}``. A bad body raises ``ValueError`` naming the fields."""
+        raise NotImplementedError(f"{type(self).__name__} cannot submit child jobs")
+
+    def children(self) -> list[dict[str, Any]]:
+        """This job's child jobs, oldest first (their summaries, with the current state)."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
+    def cancel_child(self, job_id: str) -> dict[str, Any]:
+        """Cancel one of this job's child jobs; returns its summary."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
 
 @dataclass
 class LocalContext(Context):
@@ -134,6 +148,7 @@ class LocalContext(Context):
     sources: dict[str, Path] = field(default_factory=dict)  # artifacts of the source job, by name
     endpoint: str | None = None
     echo: bool = False
+    child_jobs: list[dict[str, Any]] = field(default_factory=list)  # what submit_child recorded (no scheduler)
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -177,6 +192,30 @@ class LocalContext(Context):
     def _load_checkpoint_bytes(self) -> bytes | None:
         path = self._checkpoint_path()
         return path.read_bytes() if path.exists() else None
+
+    # -- child jobs: recorded in memory (nothing runs them) ---------------------------------------------------
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        if not isinstance(job, dict) or not job.get("kind"):
+            raise ValueError("the child job was refused: kind: required")
+        for existing in self.child_jobs:
+            if idempotency_key and existing["idempotency_key"] == idempotency_key:
+                return existing["summary"]
+        import uuid
+
+        summary = {"id": str(uuid.uuid4()), "name": job.get("name", ""), "kind": job["kind"], "state": "QUEUED",
+                   "reason": "", "parent": self.job_id}
+        self.child_jobs.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key})
+        return summary
+
+    def children(self) -> list[dict[str, Any]]:
+        return [dict(entry["summary"]) for entry in self.child_jobs]
+
+    def cancel_child(self, job_id: str) -> dict[str, Any]:
+        for entry in self.child_jobs:
+            if entry["summary"]["id"] == job_id:
+                entry["summary"]["state"] = "CANCELLED"
+                return dict(entry["summary"])
+        raise LookupError(f"no child job {job_id}")
 
 
 def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,

@@ -13,6 +13,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 from components.runtime.context import Context
@@ -137,3 +138,20 @@ class RemoteContext(Context):
                 return None
             raise
         return response.content
+
+    # -- child jobs ------------------------------------------------------------------------------------------
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        try:
+            return self.client.post(self._path("children/"), {**self._auth(), "job": job,
+                                                              "idempotency_key": idempotency_key})
+        except ApiError as error:
+            if error.status == 400:
+                raise ValueError(f"the child job was refused: {error}") from None
+            raise
+
+    def children(self) -> list[dict[str, Any]]:
+        return self.client.get(self._path("children/"), params=self._auth())
+
+    def cancel_child(self, job_id: str) -> dict[str, Any]:
+        return self.client.post(self._path(f"children/{job_id}/cancel/"), self._auth())
+

@@ -38,6 +38,8 @@ class Job(models.Model):
     # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}
     resources = models.JSONField(default=dict)
     priority = models.IntegerField(default=0)
+    # Child jobs: a running job may submit jobs of its own team (tuning trials, ranks); cancelling it cancels them.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     max_attempts = models.PositiveIntegerField(default=3)
     time_limit = models.PositiveIntegerField(help_text="Seconds an attempt may run.", default=3600)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from components.runtime.registry import subscribers as registry_subscribers
 from strata.jobs.events import emit
 from strata.jobs.models import (
+    TERMINAL_STATES,
     Allocation,
     Artifact,
     Attempt,
@@ -60,8 +61,10 @@ def job_event(job_id, kind: str, message: str, attempt=None, **data) -> None:
     JobEvent.objects.create(job_id=job_id, attempt=attempt, kind=kind, message=message[:1000], data=data)
 
 
-def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Record a validated job and admit it under the team's quota. Returns (job, created)."""
+def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
+               parent: Job | None = None) -> tuple[Job, bool]:
+    """Record a validated job (a child of ``parent`` when given) and admit it under the team's quota. Returns
+    (job, created)."""
     from strata.quotas.models import Quota
     from strata.quotas.services import ClusterView, admit_pending, never_fits
     from strata.scheduling.tasks import request_pass
@@ -73,7 +76,8 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None) ->
             if existing.request_digest != digest:
                 raise IdempotencyConflict(idempotency_key)
             return existing, False
-    job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, **data)
+    job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
+              **data)
     check_sources(team, job.kind, job.spec)
     view = ClusterView()
     # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
@@ -128,12 +132,15 @@ def check_sources(team, kind: str, spec: dict) -> None:
 
 
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
-    """Cancel a job. A running attempt keeps its devices until its node confirms the child is gone."""
+    """Cancel a job and, in the same transaction, its child jobs that have not ended (recursively). A running
+    attempt keeps its devices until its node confirms the child process is gone."""
     from strata.scheduling.tasks import request_pass
 
     if job.terminal:
         return job
     with transaction.atomic():
+        for child in Job.objects.filter(parent=job).exclude(state__in=TERMINAL_STATES):
+            job_cancel(child, f"parent job {job.pk} was cancelled")
         try:
             transition(job, [S.PENDING, S.QUEUED, S.SCHEDULED, S.RUNNING, S.PREEMPTED], S.CANCELLED, reason)
         except InvalidTransition:
@@ -145,6 +152,26 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
             _release(attempt, Attempt.Outcome.CANCELLED, "cancelled before it started")
     transaction.on_commit(request_pass)
     return job
+
+
+def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Submit a child job of the attempt's job: same team and owner, the normal checks and quota admission.
+    Only a running job may have children submitted."""
+    parent = attempt.job
+    if parent.state != S.RUNNING:
+        raise InvalidTransition(parent.pk, [S.RUNNING], "child submit", parent.state)
+    return job_submit(user=parent.owner, team=parent.team, data=data, idempotency_key=idempotency_key,
+                      parent=parent)
+
+
+def children_of(job: Job):
+    return Job.objects.filter(parent=job).order_by("created_at")
+
+
+def children_end_with(job: Job) -> None:
+    """A parent that ended (succeeded or failed) takes its children that have not ended with it."""
+    for child in Job.objects.filter(parent=job).exclude(state__in=TERMINAL_STATES):
+        job_cancel(child, f"parent job {job.pk} ended {job.state}")
 
 
 def job_resubmit(job: Job, *, user) -> Job:
@@ -312,6 +339,8 @@ def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, fin
                 transition(job, job.state, S.FAILED,
                            f"attempt {attempt.number} failed ({reason}); {failures}/{job.max_attempts} attempts used",
                            failures=failures)
+    if job.state in TERMINAL_STATES:
+        children_end_with(job)
 
 
 def attempt_lost(attempt: Attempt, reason: str) -> None:

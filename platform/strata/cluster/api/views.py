@@ -224,3 +224,55 @@ class AttemptCheckpointView(NodeAPIView):
         if checkpoint is None:
             raise Http404("no checkpoint")
         return FileResponse(get_storage().open(checkpoint.storage_key), content_type="application/octet-stream")
+
+
+# --- child jobs: a running job submits, lists and cancels jobs of its team ---------------------------------
+
+class ChildSubmitSerializer(s.AttemptCallSerializer):
+    job = serializers.DictField(help_text="The child job, as POST /api/v1/jobs/ takes it (without team).")
+    idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+
+
+def _child_summary(job) -> dict:
+    return {"id": str(job.pk), "name": job.name, "kind": job.kind, "state": job.state, "reason": job.reason,
+            "parent": str(job.parent_id)}
+
+
+class AttemptChildrenView(NodeAPIView):
+    """A running attempt's child jobs: GET lists them (``?node=&token=``), POST submits one."""
+
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        return Response([_child_summary(job) for job in job_services.children_of(attempt.job)])
+
+    @extend_schema(request=ChildSubmitSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT,
+                                                             409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        from strata.jobs.api.serializers import JobSubmitSerializer
+
+        call = ChildSubmitSerializer(data=request.data)
+        call.is_valid(raise_exception=True)
+        data = call.validated_data
+        attempt = job_services.attempt_for_node(attempt_id, data["token"], _node(data))
+        body = dict(data["job"])
+        if "team" in body:
+            raise serializers.ValidationError({"job": {"team": ["a child job runs in its parent's team"]}})
+        submit = JobSubmitSerializer(data=body)
+        if not submit.is_valid():
+            raise serializers.ValidationError({"job": submit.errors})
+        job, created = job_services.child_submit(attempt, dict(submit.validated_data), data["idempotency_key"])
+        return Response(_child_summary(job), status=201 if created else 200)
+
+
+class AttemptChildCancelView(NodeAPIView):
+    @extend_schema(request=s.AttemptCallSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
+                                                                409: STALE_ATTEMPT})
+    def post(self, request, attempt_id, child_id):
+        call = s.AttemptCallSerializer(data=request.data)
+        call.is_valid(raise_exception=True)
+        attempt = job_services.attempt_for_node(attempt_id, call.validated_data["token"], _node(call.validated_data))
+        child = job_services.children_of(attempt.job).filter(pk=child_id).first()
+        if child is None:
+            raise Http404("no such child job")
+        return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))

@@ -171,14 +171,24 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="The job's share of a shared GPU (its latest attempt's fractional allocation); null for "
                   "whole-GPU jobs and jobs not placed yet.")
     endpoint = serializers.SerializerMethodField()
+    parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True,
+                                   help_text="The job that submitted this one (child jobs), or null.")
+    children = serializers.SerializerMethodField(help_text="Jobs this job submitted: id, name, kind, state.")
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
-                  "finished_at", "share", "endpoint", "attempts"]
+                  "finished_at", "share", "endpoint", "parent", "children", "attempts"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
+        "id": {"type": "string", "format": "uuid"}, "name": {"type": "string"}, "kind": {"type": "string"},
+        "state": {"type": "string"}}}})
+    def get_children(self, job):
+        return [{"id": str(pk), "name": name, "kind": kind, "state": state} for pk, name, kind, state in
+                job.children.order_by("created_at").values_list("id", "name", "kind", "state")[:1000]]
 
     @extend_schema_field({"type": "string", "nullable": True,
                           "description": "host:port of the job's endpoint while it runs (kinds that answer requests); null otherwise."})
@@ -203,7 +213,7 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobListSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
-        fields = [f for f in JobSerializer.Meta.fields if f not in ("attempts", "endpoint")]
+        fields = [f for f in JobSerializer.Meta.fields if f not in ("attempts", "endpoint", "children")]
         read_only_fields = fields
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -68,6 +70,11 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
             queryset = queryset.filter(team__slug=team)
         if owner := params.get("owner"):
             queryset = queryset.filter(owner__username=owner)
+        if parent := params.get("parent"):
+            try:
+                queryset = queryset.filter(parent_id=uuid.UUID(parent))
+            except ValueError:
+                raise serializers.ValidationError({"parent": ["must be a job id"]}) from None
         if self.action == "retrieve":
             queryset = jobs_with_attempts(queryset)
         return queryset
