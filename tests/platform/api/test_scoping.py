@@ -13,7 +13,8 @@ from strata.jobs.models import Attempt, Job, JobState
 
 PREFIX = "/api/v1/"
 NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
-               "attempt-artifact", "attempt-checkpoint", "attempt-source"}
+               "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
+               "attempt-child-cancel"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 
@@ -78,7 +79,7 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "token_a": ApiToken.objects.get(user=alice),
         "a": api(token_a), "b": api(make_token(bob, team_b)), "node_client": api(node_token),
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
-                   "attempt_id": str(attempt.pk), "name": "alpha-secret.bin"},
+                   "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin"},
     }
 
 
