@@ -7,12 +7,14 @@ only place the dashboard touches them, so a new component's panels appear withou
 from __future__ import annotations
 
 import logging
-import math
 from datetime import UTC, datetime
 from typing import Any
 
 from components.runtime import registry
-from components.runtime.panels import PanelData
+from components.runtime.panels import (
+    PanelData,
+    finite,  # noqa: F401 - the one definition, used here and by views
+)
 from strata.cluster.models import Device
 from strata.jobs.models import Allocation, Job
 
@@ -202,14 +204,3 @@ def render_panels(placement: str, data: PanelData, kind: str | None = None) -> l
         entry.update(finite(content))
         rendered.append(entry)
     return rendered
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None (recursively through dicts and lists)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(item) for item in value]
-    return value

@@ -18,19 +18,7 @@ from typing import Any
 
 import psutil
 
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, message: str = "condition",
-             interval: float = 0.1) -> Any:
-    """Poll ``predicate`` until it returns something true and return that; AssertionError after ``timeout``
-    seconds. Tests wait on states and counts with generous deadlines, never on short wall times."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(interval)
+from components.runtime.conformance import wait_for  # the one definition, shipped with the suites
 
 
 def free_port() -> int:

@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from components.runtime.panels import finite
+
 FIGURE_KEYS = ("figure", "mechanism", "baseline", "unit", "ratio", "target", "met")
 
 
@@ -197,20 +199,12 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 def write(doc: dict[str, Any], output: str | Path | None) -> None:
     """Write ``doc`` as JSON to ``output`` (nothing when None); non-finite numbers become null."""
     if output:
-        Path(output).write_text(json.dumps(_finite(doc), indent=2, default=_json_default) + "\n")
+        Path(output).write_text(json.dumps(finite(doc), indent=2, default=_json_default) + "\n")
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -17,9 +17,22 @@ The dashboard shows a panel's title and draws what :meth:`Panel.render` returns,
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any, ClassVar, Literal
 
 Placement = Literal["job", "cluster"]
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (recursively through dicts and lists): what a
+    panel returns becomes valid JSON this way."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
 
 
 class PanelData(abc.ABC):

@@ -14,3 +14,22 @@ subclass in a plugin's tests says how to build its object, and inherits every ch
 - :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
 - :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
 """
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, message: str = "condition",
+             interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until it returns something true and return that; AssertionError after ``timeout``
+    seconds. The suites (and the project's own tests) wait on states with generous deadlines, never on wall time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
+        time.sleep(interval)
+

@@ -18,12 +18,11 @@ returns None or one of the documented shapes (figure, table, text), JSON with no
 from __future__ import annotations
 
 import json
-import math
 import re
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from components.runtime.conformance.kinds import light_import_problem
-from components.runtime.panels import Panel, PanelData, StaticPanelData
+from components.runtime.panels import Panel, PanelData, StaticPanelData, finite
 from components.runtime.registry import import_path
 
 SLUG_RE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
@@ -33,14 +32,6 @@ SHAPES = {"figure", "table", "text", "error"}
 StaticData = StaticPanelData  # the twin shipped with the contract (components.runtime.panels)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value
 
 
 class PanelConformance:
@@ -83,12 +74,12 @@ class PanelConformance:
             assert len(widths) <= 1, "ragged table: rows (and columns, when given) differ in width"
         if "figure" in content:
             assert isinstance(content["figure"].get("data"), list)
-        json.dumps(_finite(content), allow_nan=False)
+        json.dumps(finite(content), allow_nan=False)
 
     def test_render_is_free_of_side_effects(self):
         data = self.data()
-        first = json.dumps(_finite(self.panel_class()().render(data)), sort_keys=True, default=str)
-        second = json.dumps(_finite(self.panel_class()().render(data)), sort_keys=True, default=str)
+        first = json.dumps(finite(self.panel_class()().render(data)), sort_keys=True, default=str)
+        second = json.dumps(finite(self.panel_class()().render(data)), sort_keys=True, default=str)
         assert first == second
 
     def test_render_copes_with_no_data(self):

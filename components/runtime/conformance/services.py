@@ -17,25 +17,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
+from components.runtime.conformance import wait_for
 from components.runtime.registry import import_path
 from components.runtime.services import NodeInfo, NodeService, ProcessService, Supervisor
-
-
-def wait_until(predicate, timeout: float, message: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(0.05)
 
 
 class FakeDevice:
@@ -90,7 +79,7 @@ class NodeServiceConformance:
         for service in services:
             service.start()
         for service in services:
-            wait_until(service.check, self.start_timeout, f"{service.label} to be healthy")
+            wait_for(service.check, self.start_timeout, f"{service.label} to be healthy")
         return services
 
     # -- the contract -------------------------------------------------------------------------------------
@@ -104,7 +93,7 @@ class NodeServiceConformance:
         for service in services:
             service.stop(self.stop_timeout)
         for service in services:
-            wait_until(lambda service=service: not service.check(), self.stop_timeout, f"{service.label} to stop")
+            wait_for(lambda service=service: not service.check(), self.stop_timeout, f"{service.label} to stop")
             service.stop(self.stop_timeout)  # stopping twice is harmless
 
     def test_reports_and_worker_config_are_json(self, services):
@@ -143,19 +132,19 @@ class NodeServiceConformance:
             supervisor.start_all()
             services = [entry.service for entry in supervisor.entries]
             for service in services:
-                wait_until(service.check, self.start_timeout, f"{service.label} to be healthy")
+                wait_for(service.check, self.start_timeout, f"{service.label} to be healthy")
             assert set(supervisor.reports()) <= {self.plugin}
             json.dumps(supervisor.worker_config())
             if not services or not self.kill(services[0]):
                 pytest.skip("this suite cannot make the service die")
             victim = services[0]
-            wait_until(lambda: not victim.check(), self.stop_timeout, "the service to die")
+            wait_for(lambda: not victim.check(), self.stop_timeout, "the service to die")
 
             def restarted() -> bool:
                 supervisor.check()
                 return victim.check()
 
-            wait_until(restarted, self.start_timeout + 5.0, "the supervisor to start the service again")
+            wait_for(restarted, self.start_timeout + 5.0, "the supervisor to start the service again")
             assert supervisor.entries[0].failures == 1
         finally:
             supervisor.stop_all(self.stop_timeout)
