@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from components.gpushare.node import DeviceSharingService
-from components.runtime.conformance.services import NodeServiceConformance, wait_until
+from components.runtime.conformance import wait_for
+from components.runtime.conformance.services import NodeServiceConformance
 from components.runtime.protocol import HostAddress
 
 pytestmark = pytest.mark.timeout(180)
@@ -25,7 +26,7 @@ def test_reports_merge_per_device_and_the_policy_follows_the_heartbeat_answer(tm
     services = DeviceSharingService.instances(suite.node(tmp_path))
     try:
         suite.started(services)
-        payloads = [wait_until(service.report, 30, "a report") for service in services]
+        payloads = [wait_for(service.report, 30, "a report") for service in services]
         merged = DeviceSharingService.merge(payloads)
         assert [entry["index"] for entry in merged["devices"]] == [0, 1]
         assert {entry["policy"] for entry in merged["devices"]} == {"fair"}
