@@ -14,7 +14,9 @@ from typing import Any
 from components.runtime.plugins import ReportError, ReportSchema
 
 MAX_DEVICES = 64
-MAX_ITEMS = 1024  # lanes, jobs and slices per device
+# Per device and heartbeat: the service sends at most SLICE_LIMIT (2000) slices, and lanes and jobs are bounded
+# by its admission; the limits here match what the control plane stores.
+MAX_ITEMS = {"lanes": 256, "jobs": 256, "slices": 2000}
 
 
 def _number(value: Any, low: float, high: float | None = None, whole: bool = False) -> bool:
@@ -48,10 +50,10 @@ class GpuShareReport(ReportSchema):
                 errors[f"{where}.utilization"] = "must be within 0..1"
             if "budget" in entry and not _number(entry["budget"], 0, whole=True):
                 errors[f"{where}.budget"] = "must be a whole number of bytes >= 0"
-            for name in ("lanes", "jobs", "slices"):
+            for name, limit in MAX_ITEMS.items():
                 items = entry.get(name, [])
-                if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(isinstance(i, dict) for i in items):
-                    errors[f"{where}.{name}"] = f"must be a list of at most {MAX_ITEMS} objects"
+                if not isinstance(items, list) or len(items) > limit or not all(isinstance(i, dict) for i in items):
+                    errors[f"{where}.{name}"] = f"must be a list of at most {limit} objects"
         if errors:
             raise ReportError(errors)
         return {"devices": devices}

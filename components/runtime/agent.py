@@ -153,14 +153,31 @@ class NodeAgent:
             if error.status != 400 or not reported:
                 raise
             # A report the control plane refuses must not cost the node its lease.
-            log.warning("the control plane refused the node services' reports (%s); heartbeat sent without them",
-                        error.message)
-            for name in reported:
-                body.pop(name, None)
-            answer = self.client.post("node/heartbeat/", body)
+            refused = error.payload.get("reports") if isinstance(error.payload, dict) else None
+            if isinstance(refused, dict) and set(error.payload) == {"reports"} and isinstance(body.get("reports"), dict):
+                # Only some plugins' reports were refused: send the heartbeat with the others.
+                log.warning("the control plane refused the reports of %s (%s); heartbeat sent without them",
+                            ", ".join(sorted(refused)), error.message)
+                body["reports"] = {name: value for name, value in body["reports"].items() if name not in refused}
+                try:
+                    answer = self.client.post("node/heartbeat/", body)
+                except ApiError as again:
+                    if again.status != 400:
+                        raise
+                    answer = self._heartbeat_without(body, reported, again)
+            else:
+                answer = self._heartbeat_without(body, reported, error)
         if self.services is not None and isinstance(answer, dict):
             self.services.configure(answer)
         return answer
+
+    def _heartbeat_without(self, body: dict, reported: list[str], error: ApiError):
+        """A report the control plane refuses must not cost the node its lease: send the heartbeat without any."""
+        log.warning("the control plane refused the node services' reports (%s); heartbeat sent without them",
+                    error.message)
+        for name in reported:
+            body.pop(name, None)
+        return self.client.post("node/heartbeat/", body)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)

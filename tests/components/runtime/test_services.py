@@ -312,3 +312,32 @@ def test_a_hosted_attempt_ends_as_its_host_says(tmp_path, monkeypatch, event, ex
         end = protocol.end_of_event(event)
         theirs.send(protocol.done_event("a" * 32, end, error=event.get("error")))
     assert runner.supervise_hosted(time_limit=3600) == expected
+
+
+class SelectiveClient(FakeClient):
+    """Refuses the ``memory`` plugin's report, naming it, the way the control plane does."""
+
+    def post(self, path: str, body: dict):
+        self.bodies.append(json.loads(json.dumps(body)))
+        if "memory" in body.get("reports", {}):
+            raise ApiError(400, "reports: bad", {"reports": {"memory": {"items": ["bad"]}}})
+        return {"lease_seconds": 30.0, "stop": [], "sharing_policy": "srtf"}
+
+
+def test_a_refused_plugin_report_costs_only_that_plugin(tmp_path):
+    from components.runtime.agent import NodeAgent
+
+    agent = object.__new__(NodeAgent)
+    agent.state_dir = tmp_path
+    (tmp_path / "running").mkdir()
+    agent.devices = []
+    agent.registration = {"node": "n1", "session": "s1"}
+    agent.client = SelectiveClient(refuse=True)
+    agent.services = Supervisor(node(tmp_path, devices=1), [("memory", f"{__name__}:Memory"),
+                                                            ("other", f"{__name__}:Memory")])
+    agent.services.start_all()
+    assert agent.heartbeat()["sharing_policy"] == "srtf"
+    assert len(agent.client.bodies) == 2
+    retry = agent.client.bodies[1]
+    assert set(retry["reports"]) == {"other"}  # the healthy plugin's report still goes through
+    assert "legacy_items" in retry  # and the legacy fields too

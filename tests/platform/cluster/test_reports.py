@@ -139,3 +139,11 @@ def test_node_reports_reach_panels_through_the_static_twin_and_the_database(clus
 
     table = ScratchDiskPanel().render(DatabasePanelData([cluster["team"].pk]))["table"]
     assert table["rows"] == [["n1", "1.0 GiB", "4.0 GiB", "25%", "0.25"]]
+
+
+def test_gpushare_takes_a_full_heartbeat_of_slices(cluster):
+    slices = [{"attempt": "a", "start": float(i), "end": float(i) + 0.5} for i in range(2000)]
+    entry = {"index": 0, "policy": "pack", "switches": 3, "lanes": [], "jobs": [], "slices": slices}
+    assert beat(cluster, reports={"gpushare": {"devices": [entry]}}).status_code == 200  # the service's limit
+    refused = beat(cluster, reports={"gpushare": {"devices": [{**entry, "slices": slices + slices[:1]}]}})
+    assert refused.json()["reports"]["gpushare"] == {"devices.0.slices": ["must be a list of at most 2000 objects"]}
