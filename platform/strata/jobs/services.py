@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from components.runtime import protocol
 from components.runtime.registry import subscribers as registry_subscribers
 from strata.jobs.events import emit
 from strata.jobs.models import (
@@ -275,13 +276,13 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
     return bool(ended)
 
 
-# ``finish`` outcome of an attempt whose node's GPU-sharing service died under it. The attempt is recorded as
-# NODE_LOST with a reason starting with SERVICE_LOST_REASON and the job is requeued without counting a
-# failure, as for a lost node -- except that the SERVICE_LOST_LIMIT-th such loss of one job fails the job (a
-# job that crashes the service would otherwise take it down forever).
-SERVICE_LOST = "service_lost"
-SERVICE_LOST_REASON = "GPU-sharing service died"
-SERVICE_LOST_LIMIT = 3
+# How an attempt ended, as data (components.runtime.protocol, shared with the node's worker): an outcome that
+# ``requeue``s (a host such as a device's sharing service died under the attempt) is recorded as NODE_LOST with
+# a reason starting with LOST_REASON, and the job is requeued without counting a failure, as for a lost node --
+# except that the LOST_LIMIT-th such loss of one job fails it (a crash loop must end).
+SERVICE_LOST = protocol.SERVICE_LOST.name
+SERVICE_LOST_REASON = protocol.LOST_REASON
+SERVICE_LOST_LIMIT = protocol.LOST_LIMIT
 
 
 def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: str = "") -> Job:
@@ -297,7 +298,7 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
             outcome = Attempt.Outcome.CANCELLED
         elif job.state == S.PREEMPTED:
             outcome = Attempt.Outcome.PREEMPTED
-        elif outcome == SERVICE_LOST:
+        elif outcome in protocol.OUTCOMES and protocol.outcome(outcome).requeue:
             outcome, reason, final = _service_lost(job, attempt, reason)
         _release(attempt, outcome, reason)
         _after_attempt(job, attempt, outcome, reason, final=final)
@@ -341,6 +342,18 @@ def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, fin
                            failures=failures)
     if job.state in TERMINAL_STATES:
         children_end_with(job)
+
+
+def attempt_end(attempt: Attempt, outcome: str, reason: str, *, final: bool = False) -> bool:
+    """End ``attempt`` with ``outcome`` (freeing its devices) and move its job on, in one transaction. False when
+    it had already ended (someone else won). The one public way for other apps (the scheduler's reaper) to end
+    an attempt."""
+    with transaction.atomic():
+        if not _release(attempt, outcome, reason):
+            return False
+        job = Job.objects.get(pk=attempt.job_id)
+        _after_attempt(job, attempt, outcome, reason, final=final)
+    return True
 
 
 def attempt_lost(attempt: Attempt, reason: str) -> None:

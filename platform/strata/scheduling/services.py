@@ -448,13 +448,10 @@ def reap(now=None) -> dict:
     grace = timedelta(seconds=60)
     for attempt in Attempt.objects.filter(ended_at__isnull=True, started_at__isnull=False).select_related("job"):
         if attempt.started_at + timedelta(seconds=attempt.job.time_limit) + grace < now:
-            from strata.jobs.services import _after_attempt, _release
+            from strata.jobs.services import attempt_end
 
-            with transaction.atomic():
-                if _release(attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded (reaped)"):
-                    job = Job.objects.get(pk=attempt.job_id)
-                    _after_attempt(job, attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded")
-                    overdue += 1
+            if attempt_end(attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded (reaped)"):
+                overdue += 1
     return {"lost_nodes": len(lost_nodes), "requeued": requeued, "overdue": overdue}
 
 

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from components.runtime.protocol import FINISH_OUTCOMES
 from strata.cluster.models import Device, DevicePool, Node
 
 
@@ -158,8 +159,9 @@ class ReportSerializer(AttemptCallSerializer):
 
 
 class FinishSerializer(AttemptCallSerializer):
-    # service_lost: the node's GPU-sharing service died under the attempt (requeued without a failure).
-    outcome = serializers.ChoiceField(choices=["succeeded", "failed", "time_limit", "service_lost"])
+    # The outcomes of components.runtime.protocol (the node's worker reports them): service_lost means the node
+    # service hosting the attempt died under it (requeued without a failure, up to a limit).
+    outcome = serializers.ChoiceField(choices=list(FINISH_OUTCOMES))
     reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)
 
 
