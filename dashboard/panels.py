@@ -21,7 +21,8 @@ from strata.jobs.models import Allocation, Job
 log = logging.getLogger(__name__)
 
 MAX_PANEL_POINTS = 20_000  # per metric series handed to a panel
-MAX_PANEL_SLICES = 5_000  # GPU-sharing slices handed to a panel (the newest)
+MAX_PANEL_SLICES = 5_000  # report series rows handed to a panel (the newest)
+MAX_PANEL_ATTEMPTS = 5_000  # attempts' reports handed to a panel
 
 
 class DatabasePanelData(PanelData):
@@ -57,94 +58,106 @@ class DatabasePanelData(PanelData):
     def devices(self):
         return cluster_devices(self.team_ids)
 
-    def sharing(self, device_ids=None, since=None, job_id=None):
-        return cluster_sharing(self.team_ids, device_ids=device_ids, since=since, job_id=job_id)
-
     def reports(self, plugin, device_ids=None, since=None, job_id=None):
-        return plugin_reports(self.team_ids, plugin, since=since, job_id=job_id)
+        return plugin_reports(self.team_ids, plugin, device_ids=device_ids, since=since, job_id=job_id)
 
 
-def plugin_reports(team_ids, plugin: str, since: float | None = None, job_id: str | None = None) -> dict[str, Any]:
-    """The generic report channel, read for a viewer: every node's latest report of ``plugin`` (node reports are
-    about the machines, which every viewer of the cluster page sees), and the latest report of ``plugin`` about
-    each attempt of job ``job_id`` when the viewer may see that job (another team's job gives nothing)."""
+def plugin_reports(team_ids, plugin: str, device_ids=None, since: float | None = None,
+                   job_id: str | None = None) -> dict[str, Any]:
+    """The generic report channel read for a viewer (see ``PanelData.reports``): node and device reports (about
+    machines, which every viewer of the cluster page sees), attempts' reports and series rows, where another
+    team's job is only ``foreign`` (no attempt, number, job id or name)."""
     from strata.cluster.models import Node
     from strata.jobs.models import Attempt
+    from strata.telemetry.models import ReportSeries
 
-    nodes = []
-    for node_id, name, stored in Node.objects.order_by("name").values_list("id", "name", "reports"):
-        entry = (stored or {}).get(plugin)
-        if entry and (since is None or entry.get("time", 0) >= since):
-            nodes.append({"node": name, "node_id": str(node_id), "time": entry.get("time"),
-                          "payload": entry.get("payload")})
-    attempts = []
-    if job_id is not None:
-        rows = (Attempt.objects.filter(job_id=job_id, job__team_id__in=team_ids, reports__isnull=False)
-                .order_by("number").values_list("id", "number", "reports"))
-        for attempt_id, number, stored in rows:
-            entry = (stored or {}).get(plugin)
-            if entry and (since is None or entry.get("time", 0) >= since):
-                attempts.append({"attempt": str(attempt_id), "number": number, "job_id": str(job_id),
-                                 "time": entry.get("time"), "payload": entry.get("payload")})
-    return {"nodes": nodes, "attempts": attempts}
-
-
-def cluster_sharing(team_ids, device_ids=None, since=None, job_id=None) -> dict[str, Any]:
-    """GPU-sharing state and slices (see ``PanelData.sharing``); other teams' jobs carry no id or name."""
-    from strata.cluster.selectors import device_policy, pool_policies
-    from strata.telemetry.models import ShareSlice
-
+    empty = {"nodes": [], "devices": [], "attempts": [], "series": []}
     visible = set(team_ids)
-    slices = ShareSlice.objects.order_by("-start")
-    if since is not None:
-        slices = slices.filter(end__gte=datetime.fromtimestamp(float(since), tz=UTC))
-    if device_ids is not None:
-        slices = slices.filter(device_id__in=list(device_ids))
-    devices = Device.objects.select_related("node").exclude(sharing={}).order_by("node__name", "index")
-    if device_ids is not None:
-        devices = devices.filter(pk__in=list(device_ids))
+    if job_id is not None and not Job.objects.filter(pk=job_id, team_id__in=visible).exists():
+        return empty
+    wanted = None if device_ids is None else {int(device_id) for device_id in device_ids}
+
+    def recent(entry: dict) -> bool:
+        return since is None or float(entry.get("time") or 0) >= since
+
+    nodes, node_times = [], {}
+    for node_id, name, stored in Node.objects.filter(reports__has_key=plugin).order_by("name").values_list(
+            "id", "name", "reports"):
+        entry = (stored or {}).get(plugin)
+        if isinstance(entry, dict):
+            node_times[str(node_id)] = entry.get("time")
+            if recent(entry):
+                nodes.append({"node": name, "node_id": str(node_id), "time": entry.get("time"),
+                              "payload": entry.get("payload")})
+    devices, device_times = [], {}
+    rows = Device.objects.filter(reports__has_key=plugin).select_related("node").order_by("node__name", "index")
+    for device in rows:
+        entry = (device.reports or {}).get(plugin)
+        if not isinstance(entry, dict):
+            continue
+        device_times[device.pk] = entry.get("time")
+        if recent(entry) and (wanted is None or device.pk in wanted) and entry.get("payload") is not None:
+            devices.append({"id": device.pk, "node": device.node.name, "index": device.index, "kind": device.kind,
+                            "time": entry.get("time"), "payload": entry.get("payload")})
+
+    def current(entry: dict) -> bool:
+        # Reported with its node's (or device's) latest report of the plugin: what is there now.
+        device = entry.get("device")
+        latest = device_times.get(device) if device is not None else node_times.get(str(entry.get("node")))
+        return latest is not None and entry.get("time") == latest
+
+    attempts_query = Attempt.objects.filter(reports__has_key=plugin)
     if job_id is not None:
-        if not Job.objects.filter(pk=job_id, team_id__in=visible).exists():
-            return {"devices": [], "slices": []}
-        slices = slices.filter(job_id=job_id)
-        held = set(Allocation.objects.filter(attempt__job_id=job_id).values_list("device_id", flat=True))
-        held |= set(slices.values_list("device_id", flat=True).distinct())
-        devices = devices.filter(pk__in=held)
-    rows = list(slices.values_list("device_id", "attempt_id", "job_id", "start", "end")[:MAX_PANEL_SLICES])
-    rows.reverse()
-    devices = list(devices)
-    job_ids = {row[2] for row in rows}
-    for device in devices:
-        job_ids.update(job.get("job") for job in device.sharing.get("jobs", []) if job.get("job"))
-    jobs = {str(pk): (team, name) for pk, team, name in
-            Job.objects.filter(pk__in=list(job_ids)).values_list("id", "team_id", "name")} if job_ids else {}
+        attempts_query = attempts_query.filter(job_id=job_id)
+    else:
+        # The attempts of the latest node reports: those of the latest report times only.
+        attempts_query = attempts_query.filter(node_id__in=list(node_times), ended_at__isnull=True) | \
+            attempts_query.filter(node_id__in=list(node_times), ended_at__gte=_oldest(node_times, device_times))
+    attempts_query = attempts_query.order_by("job_id", "number").values_list(
+        "id", "number", "job_id", "job__team_id", "job__name", "reports")
+    attempts = []
+    for attempt_id, number, owner_job, team, name, stored in attempts_query[:MAX_PANEL_ATTEMPTS]:
+        entry = (stored or {}).get(plugin)
+        if not isinstance(entry, dict) or not recent(entry):
+            continue
+        if wanted is not None and entry.get("device") not in wanted:
+            continue
+        now = current(entry)
+        if job_id is None and not now:
+            continue
+        seen = team in visible
+        attempts.append({
+            "attempt": str(attempt_id) if seen else None, "number": number if seen else None,
+            "job_id": str(owner_job) if seen else None, "job_name": name if seen else None, "foreign": not seen,
+            "device": entry.get("device"), "time": entry.get("time"), "current": now,
+            "payload": entry.get("payload")})
 
-    def who(job, attempt) -> dict[str, Any]:
-        team, name = jobs.get(str(job), (None, None))
-        if team in visible:
-            return {"attempt": str(attempt), "job_id": str(job), "job_name": name, "foreign": False}
-        return {"attempt": None, "job_id": None, "job_name": None, "foreign": True}
+    series = ReportSeries.objects.filter(plugin=plugin).order_by("-start")
+    if since is not None:
+        series = series.filter(end__gte=datetime.fromtimestamp(float(since), tz=UTC))
+    if wanted is not None:
+        series = series.filter(device_id__in=list(wanted))
+    if job_id is not None:
+        series = series.filter(job_id=job_id)
+    series_rows = list(series.values_list("device_id", "attempt_id", "job_id", "job__team_id", "job__name", "start",
+                                          "end", "data")[:MAX_PANEL_SLICES])
+    series_rows.reverse()
+    return {"nodes": nodes, "devices": devices, "attempts": attempts, "series": [
+        {"device": device, "start": start.timestamp(), "end": end.timestamp(), "data": data,
+         **_who(attempt, owner_job, name, team is not None and team in visible or owner_job is None)}
+        for device, attempt, owner_job, team, name, start, end, data in series_rows]}
 
-    policies = pool_policies()
-    entries = []
-    for device in devices:
-        report = device.sharing
-        shared = []
-        for job in report.get("jobs", []):
-            shared.append({**who(job.get("job"), job.get("attempt")), "state": job.get("state"),
-                           "persistent": job.get("persistent"), "ephemeral": job.get("ephemeral"),
-                           "lane": job.get("lane"), "steps": job.get("steps")})
-        entries.append({
-            "id": device.pk, "node": device.node.name, "index": device.index, "kind": device.kind,
-            "policy": device_policy(device, policies), "switches": report.get("switches"),
-            "switch_latency_ms": report.get("switch_latency_ms") or {}, "utilization": report.get("utilization"),
-            "budget": report.get("budget"),
-            "lanes": [{"id": lane.get("id"), "size": lane.get("size"), "jobs": len(lane.get("attempts", []))}
-                      for lane in report.get("lanes", [])],
-            "jobs": shared})
-    return {"devices": entries, "slices": [
-        {"device": device, **who(job, attempt), "start": start.timestamp(), "end": end.timestamp()}
-        for device, attempt, job, start, end in rows]}
+
+def _who(attempt, job, name, seen: bool) -> dict[str, Any]:
+    if seen:
+        return {"attempt": str(attempt) if attempt else None, "job_id": str(job) if job else None,
+                "job_name": name, "foreign": False}
+    return {"attempt": None, "job_id": None, "job_name": None, "foreign": True}
+
+
+def _oldest(node_times: dict, device_times: dict) -> datetime:
+    times = [float(time) for time in [*node_times.values(), *device_times.values()] if time is not None]
+    return datetime.fromtimestamp(min(times, default=0.0), tz=UTC)
 
 
 def cluster_devices(team_ids) -> list[dict[str, Any]]:

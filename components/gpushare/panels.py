@@ -1,8 +1,9 @@
 """Dashboard panels for GPU sharing: who ran when on each shared device, and one job's share.
 
 Light like a spec module (no torch): the control plane imports it to render pages. Both panels read only
-``PanelData.sharing()``, which the dashboard scopes to the viewer (other teams' jobs come without id or name).
-Registered on ``TrainSpec.panels``.
+gpushare's reports through ``PanelData.reports("gpushare", ...)``, which the dashboard scopes to the viewer
+(other teams' jobs come without id or name), shaped by :mod:`components.gpushare.report`. Listed in the
+plugin's manifest (``components.gpushare.plugin``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
+from components.gpushare.report import attempt_measurement, read, sharing_view
 from components.runtime.panels import Panel, PanelData
 
 WINDOW_SECONDS = 600  # the cluster timeline shows the last 10 minutes
@@ -77,7 +79,7 @@ class GpuShareTimelinePanel(Panel):
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
         since = time.time() - WINDOW_SECONDS
-        sharing = data.sharing(since=since)
+        sharing = sharing_view(read(data, since=since))
         devices, slices = sharing.get("devices", []), sharing.get("slices", [])[-MAX_BARS:]
         if not devices and not slices:
             return None
@@ -114,15 +116,19 @@ class GpuShareJobPanel(Panel):
         share = job.get("share")
         if not share:
             return None
-        sharing = data.sharing(job_id=str(job.get("id")))
+        job_id = str(job.get("id"))
+        found = read(data, job_id=job_id)
+        sharing = sharing_view(found, job_id=job_id)
+        measured = attempt_measurement(found)
         slices = sharing.get("slices", [])[-MAX_JOB_BARS:]
+        on_device = next((device for device in sharing.get("devices", [])
+                          if measured and device["id"] == measured.get("device")), {})
         rows = [["share", f"{share['gpus']:g} GPU"], ["GPU memory reserved", bytes_text(share.get("gpu_memory"))],
-                ["device", share.get("device")], ["policy", share.get("policy")],
-                ["lane", "—" if share.get("lane") is None else share["lane"]],
-                ["persistent memory (measured)", bytes_text(share.get("persistent"))],
-                ["ephemeral memory (measured)", bytes_text(share.get("ephemeral"))],
-                ["switches on the device", "—" if share.get("switches_on_device") is None
-                 else share["switches_on_device"]],
+                ["device", share.get("device")], ["policy", measured.get("policy") or share.get("policy")],
+                ["lane", "—" if measured.get("lane") is None else measured["lane"]],
+                ["persistent memory (measured)", bytes_text(measured.get("persistent"))],
+                ["ephemeral memory (measured)", bytes_text(measured.get("ephemeral"))],
+                ["switches on the device", "—" if on_device.get("switches") is None else on_device["switches"]],
                 ["time slices", len(slices)]]
         if slices:
             ran = sum(max(0.0, piece["end"] - piece["start"]) for piece in slices)

@@ -58,28 +58,25 @@ class PanelData(abc.ABC):
 
     def reports(self, plugin: str, device_ids: list[int] | None = None, since: float | None = None,
                 job_id: str | None = None) -> dict[str, Any]:
-        """The generic report channel: what ``plugin`` reported, as its ``ReportSchema`` normalized it.
+        """The generic report channel: what ``plugin`` reported, as its ``ReportSchema`` normalized and split it
+        (``components.runtime.plugins.ReportParts``), scoped to the viewer. Returns::
 
-        Returns ``{"nodes": [{"node", "node_id", "time", "payload"}], "attempts": [{"attempt", "number",
-        "job_id", "time", "payload"}]}``: every node's latest node report, and, for ``job_id`` (a job the viewer
-        may see), the latest report about each of its attempts. ``time`` is unix seconds; ``since`` keeps
-        reports at least that recent. The default implementation has nothing."""
-        return {"nodes": [], "attempts": []}
+            {"nodes":    [{"node", "node_id", "time", "payload"}],
+             "devices":  [{"id", "node", "index", "kind", "time", "payload"}],
+             "attempts": [{"attempt", "number", "job_id", "job_name", "foreign", "device", "time", "current",
+                           "payload"}],
+             "series":   [{"device", "attempt", "job_id", "job_name", "foreign", "start", "end", "data"}]}
 
-    def sharing(self, device_ids: list[int] | None = None, since: float | None = None,
-                job_id: str | None = None) -> dict[str, Any]:
-        """GPU sharing: what each device's sharing service last reported, and who ran when.
-
-        Returns ``{"devices": [...], "slices": [...]}``. A device (only those running a sharing service; only
-        ``device_ids`` when given) is ``id``, ``node``, ``index``, ``kind``, ``policy``, ``switches``,
-        ``switch_latency_ms`` (``{"p50", "p99"}``), ``utilization`` (0..1), ``budget`` (bytes), ``lanes``
-        (``{"id", "size", "jobs"}``: how many jobs share the lane) and ``jobs`` (``state``, ``persistent``,
-        ``ephemeral``, ``lane``, ``steps``, ``foreign``, and for jobs the viewer may see ``attempt``,
-        ``job_id`` and ``job_name``). A slice is ``device``, ``start`` and ``end`` (unix seconds),
-        ``foreign`` and, for jobs the viewer may see, ``attempt``, ``job_id`` and ``job_name`` (None for
-        another team's job). ``since`` (unix seconds) keeps the slices that end after it; ``job_id`` keeps
-        that job's slices and the devices it ran on. The default implementation shares nothing."""
-        return {"devices": [], "slices": []}
+        ``nodes`` and ``devices`` are each node's and device's latest report (machines: every viewer sees them).
+        ``attempts`` are the latest reports about attempts: without ``job_id``, those of the latest node reports
+        (``current``); with ``job_id``, every attempt of that job (nothing when the viewer may not see it).
+        ``series`` are the plugin's time-series rows, oldest first (the newest few thousand), with ``job_id``
+        only that job's. An attempt or row of another team's job has ``foreign`` true and ``attempt``,
+        ``number``, ``job_id`` and ``job_name`` None (its payload and times stay: they are not secret).
+        ``device`` is a device id (as in :meth:`devices`) or None; times are unix seconds. ``device_ids`` keeps
+        the devices, attempts and rows of those devices; ``since`` keeps reports at least that recent and rows
+        that end at or after it. The default implementation has nothing."""
+        return {"nodes": [], "devices": [], "attempts": [], "series": []}
 
 
 class Panel(abc.ABC):
@@ -105,22 +102,21 @@ class Panel(abc.ABC):
 
 class StaticPanelData(PanelData):
     """The static twin of the dashboard's :class:`PanelData`: serves what it is given, filtered as the real one
-    filters (metric names, event kind, report plugin), with no database. For panel tests and the conformance
-    suite (:mod:`components.runtime.conformance.panels`).
+    filters (metric names, event kind, report plugin, devices, time and job), with no database. For panel tests
+    and the conformance suite (:mod:`components.runtime.conformance.panels`).
 
     ``metrics`` is ``{name: [(step, value, unix time), ...]}``; ``reports`` is ``{plugin: {"nodes": [...],
-    "attempts": [...]}}`` in the shape :meth:`PanelData.reports` returns."""
+    "devices": [...], "attempts": [...], "series": [...]}}`` in the shape :meth:`PanelData.reports` returns
+    (already scoped: give foreign entries as the viewer would see them)."""
 
     def __init__(self, job: dict[str, Any] | None = None, metrics: dict[str, list] | None = None,
                  events: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
-                 reports: dict[str, dict[str, Any]] | None = None,
-                 sharing: dict[str, Any] | None = None):
+                 reports: dict[str, dict[str, Any]] | None = None):
         self.job = job
         self._metrics = metrics or {}
         self._events = events or []
         self._devices = devices or []
         self._reports = reports or {}
-        self._sharing = sharing or {"devices": [], "slices": []}
 
     def metrics(self, names=None):
         return {name: list(points) for name, points in self._metrics.items() if names is None or name in names}
@@ -133,14 +129,21 @@ class StaticPanelData(PanelData):
 
     def reports(self, plugin, device_ids=None, since=None, job_id=None):
         found = self._reports.get(plugin, {})
+        wanted = None if device_ids is None else set(device_ids)
 
-        def keep(entry: dict[str, Any]) -> bool:
-            return since is None or (entry.get("time") or 0) >= since
+        def recent(entry: dict[str, Any], key: str = "time") -> bool:
+            return since is None or (entry.get(key) or 0) >= since
 
-        attempts = [entry for entry in found.get("attempts", [])
-                    if keep(entry) and (job_id is None or entry.get("job_id") == job_id)]
-        return {"nodes": [entry for entry in found.get("nodes", []) if keep(entry)], "attempts": attempts}
+        def on(entry: dict[str, Any], key: str = "device") -> bool:
+            return wanted is None or entry.get(key) in wanted
 
-    def sharing(self, device_ids=None, since=None, job_id=None):
-        return self._sharing
+        def of_job(entry: dict[str, Any]) -> bool:
+            return job_id is None or (not entry.get("foreign") and str(entry.get("job_id")) == str(job_id))
 
+        attempts = [entry for entry in found.get("attempts", []) if recent(entry) and on(entry) and of_job(entry)
+                    and (job_id is not None or entry.get("current", True))]
+        return {"nodes": [entry for entry in found.get("nodes", []) if recent(entry)],
+                "devices": [entry for entry in found.get("devices", []) if recent(entry) and on(entry, "id")],
+                "attempts": attempts,
+                "series": [entry for entry in found.get("series", []) if recent(entry, "end") and on(entry)
+                           and of_job(entry)]}

@@ -115,6 +115,35 @@ class ReportSchema:
         """The normalized attempt-level payload, or raise :class:`ReportError`."""
         raise ReportError({"": "this plugin takes no attempt reports"})
 
+    def parts(self, payload: dict[str, Any]) -> ReportParts:
+        """How the control plane stores a node payload that :meth:`node` returned: what to keep as the node's
+        latest report, each device's and each attempt's latest report, and the rows to append to the plugin's
+        time series. Pure and cheap like :meth:`node`. By default the whole payload is the node's report."""
+        return ReportParts(node=payload)
+
+
+@dataclass
+class ReportParts:
+    """One node payload of a plugin, split for storage (see :meth:`ReportSchema.parts`). Indexes are the node's
+    device indexes and attempts are attempt ids (strings); the control plane drops what names a device the node
+    does not have or an attempt not placed on the node.
+
+    * ``node``: kept as the node's latest report of the plugin (None keeps nothing);
+    * ``devices``: ``{index: payload}``, each device's latest report (a device of the node left out, or every
+      device when the plugin does not report in a heartbeat, loses its report: it has nothing to say now);
+    * ``attempts``: ``[{"attempt", "device" (index or None), "memory" (bytes measured or None), "payload"}]``:
+      each attempt's latest report; ``memory`` is the device memory the attempt was measured to use, which
+      the scheduler reserves for the job's next attempt;
+    * ``series``: ``[{"start", "end" (unix s), "device" (index or None), "attempt" (id or None), "data"}]``:
+      rows appended to the plugin's time series (kept as long as raw telemetry); rows of a device that start
+      before the end of the last row stored for it (a retried heartbeat) are not stored twice.
+    """
+
+    node: dict[str, Any] | None = None
+    devices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    series: list[dict[str, Any]] = field(default_factory=list)
+
 
 class Command(abc.ABC):
     """One ``strata`` CLI verb a plugin adds (``strata <name> ...``).

@@ -53,7 +53,8 @@ def world(make_team, make_user, make_node, node_token, api, submit, run_pass):
 def beat(world, sharing):
     node = world["node"]
     response = world["agent"].post("/api/v1/node/heartbeat/", {
-        "node": str(node.pk), "session": str(node.session), "sharing": sharing}, format="json")
+        "node": str(node.pk), "session": str(node.session), "reports": {"gpushare": {"devices": sharing}}},
+        format="json")
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -111,18 +112,23 @@ def test_another_team_sees_anonymous_bars(world):
 
 
 def test_sharing_data_is_scoped(world):
+    from components.gpushare.report import read, sharing_view
     from dashboard.panels import DatabasePanelData
 
     beat(world, [report(world)])
-    foreign = DatabasePanelData([]).sharing()
+    foreign = sharing_view(read(DatabasePanelData([])))
     assert all(piece["foreign"] and piece["job_id"] is None and piece["job_name"] is None
-               and piece["attempt"] is None for piece in foreign["slices"])
-    assert all(job["foreign"] and job["job_id"] is None for job in foreign["devices"][0]["jobs"])
-    own = DatabasePanelData([world["first"].team_id]).sharing(job_id=str(world["first"].pk))
+               and piece["attempt"] is None for piece in foreign["slices"]) and len(foreign["slices"]) == 3
+    assert [job["foreign"] and job["job_id"] is None for job in foreign["devices"][0]["jobs"]] == [True, True]
+    assert {job["persistent"] for job in foreign["devices"][0]["jobs"]} == {300 * 2**20, 10 * 2**20}  # not secret
+    own_data = DatabasePanelData([world["first"].team_id])
+    own = sharing_view(read(own_data, job_id=str(world["first"].pk)), job_id=str(world["first"].pk))
     assert {piece["job_name"] for piece in own["slices"]} == {"resnet-sweep"} and len(own["slices"]) == 2
     assert [device["policy"] for device in own["devices"]] == ["fair"]
+    mine = sharing_view(read(own_data))
+    assert {job["job_name"] for job in mine["devices"][0]["jobs"]} == {"resnet-sweep", "tiny-probe"}
     # Another team's job id gives nothing at all.
-    assert DatabasePanelData([]).sharing(job_id=str(world["first"].pk)) == {"devices": [], "slices": []}
+    assert sharing_view(read(DatabasePanelData([]), job_id=str(world["first"].pk))) == {"devices": [], "slices": []}
 
 
 def test_job_page_panel(world):
@@ -165,7 +171,7 @@ class EmptyData(PanelData):
 
 
 def test_panel_data_default_shares_nothing():
-    assert EmptyData().sharing() == {"devices": [], "slices": []}
+    assert EmptyData().reports("gpushare") == {"nodes": [], "devices": [], "attempts": [], "series": []}
     assert GpuShareTimelinePanel().render(EmptyData()) is None
 
 

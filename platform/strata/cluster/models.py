@@ -26,8 +26,9 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(default=timezone.now)
     lease_expires_at = models.DateTimeField(default=timezone.now, db_index=True)
     info = models.JSONField(default=dict, blank=True)
-    # The generic report channel: each plugin's latest node report, {plugin: {"time": unix s, "payload": ...}},
-    # checked by the plugin's ReportSchema.node() (cluster.services.reports_clean).
+    # The generic report channel: each plugin's latest node report, {plugin: {"time": unix s, "payload": ...,
+    # "series_until": unix s}}, checked by the plugin's ReportSchema.node() and split by its parts()
+    # (cluster.services.reports_record); series_until is the end of the last series row without a device.
     reports = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -58,9 +59,10 @@ class Device(models.Model):
     utilization = models.FloatField(default=0.0)
     memory_used = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(default=timezone.now)
-    # The node's latest report of this device's GPU-sharing service (policy, switches, lanes, jobs), without
-    # its time slices (those are ShareSlice rows); {} when the device runs no sharing service.
-    sharing = models.JSONField(default=dict, blank=True)
+    # The generic report channel: each plugin's latest report about this device, {plugin: {"time": unix s,
+    # "payload": ..., "series_until": unix s}} (the device's part of the plugin's node report; series_until is
+    # the end of the last series row of the device). {} when no plugin reports about it now.
+    reports = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -33,8 +33,8 @@ def default_policy() -> str:
 
 
 def device_policy(device: Device, policies: dict[str, str]) -> str:
-    """The policy the device's service reports it runs, else the one its pool should run."""
-    return (device.sharing or {}).get("policy") or policies.get(node_pool(device.node.labels), default_policy())
+    """The sharing policy of the device's pool."""
+    return policies.get(node_pool(device.node.labels), default_policy())
 
 
 def _latest_attempts(jobs: list[Job]) -> dict[Any, Attempt]:
@@ -66,9 +66,10 @@ def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
     """Job id -> its share of a shared GPU (None for whole-GPU or unplaced jobs), in a fixed number of
     queries for any number of jobs.
 
-    The share is that of the job's latest attempt on its first device (rank 0), with what the device's
-    sharing service last reported about it: ``gpus``, ``gpu_memory``, ``device`` (``node:gpuN``),
-    ``shared``, ``policy``, ``lane``, ``persistent``, ``ephemeral`` and ``switches_on_device``.
+    The share is that of the job's latest attempt on its first device (rank 0): ``gpus``, ``gpu_memory``,
+    ``device`` (``node:gpuN``), ``shared``, ``policy`` (the sharing policy of the device's pool) and
+    ``measured_memory`` (bytes a plugin measured the attempt to use, or None). What plugins measured beyond that
+    is in the attempts' ``reports``.
     """
     shares: dict[Any, dict | None] = {job.pk: None for job in jobs}
     latest = _latest_attempts(list(jobs))
@@ -94,15 +95,9 @@ def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
     policies = pool_policies()
     for job_id, allocation in fractional.items():
         device = allocation.device
-        sharing = device.sharing or {}
-        # The device's latest report while the attempt runs; what the attempt kept from it once it has ended.
-        entry = next((job for job in sharing.get("jobs", []) if job.get("attempt") == str(allocation.attempt_id)),
-                     None) or latest[job_id].sharing or {}
         shares[job_id] = {
             "gpus": allocation.share, "gpu_memory": allocation.memory,
             "device": f"{device.node.name}:gpu{device.index}", "shared": True,
-            "policy": device_policy(device, policies), "lane": entry.get("lane"),
-            "persistent": entry.get("persistent"), "ephemeral": entry.get("ephemeral"),
-            "switches_on_device": sharing.get("switches"),
+            "policy": device_policy(device, policies), "measured_memory": latest[job_id].measured_memory,
         }
     return shares

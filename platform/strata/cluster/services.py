@@ -1,5 +1,5 @@
-"""Node registration, heartbeats (the node's lease), plugins' reports, GPU-sharing reports and device-pool
-policies."""
+"""Node registration, heartbeats (the node's lease), plugins' reports (the generic report channel) and
+device-pool policies."""
 
 from __future__ import annotations
 
@@ -112,58 +112,124 @@ def _epoch(value: float):
     return datetime.fromtimestamp(value, tz=UTC)
 
 
-SHARED_JOB_FIELDS = ("state", "lane", "persistent", "ephemeral", "steps")
+MAX_SERIES_ROWS = 64 * 2000  # series rows stored per plugin and heartbeat
 
 
-def sharing_record(node: Node, devices: dict[int, Device], reports: list[dict], now) -> None:
-    """Store each device service's report: the latest state (without slices) on ``Device.sharing`` and the
-    slices as ShareSlice rows. Attempts that are unknown or not on this node are dropped, and slices that
-    start before the device's last stored slice ended (a retried heartbeat) are not stored twice."""
-    from strata.telemetry.models import ShareSlice
+def _parts(plugin: str, payload: dict):
+    """The plugin's ReportParts of a checked node payload, or None when its schema failed (logged)."""
+    from components.runtime import registry
+    from components.runtime.plugins import ReportParts
 
-    wanted = set()
-    for report in reports:
-        for lane in report.get("lanes", []):
-            wanted.update(str(a) for a in lane.get("attempts", []))
-        wanted.update(str(job["attempt"]) for job in report.get("jobs", []))
-        wanted.update(str(piece["attempt"]) for piece in report.get("slices", []))
-    owned = {str(attempt_id): job_id for attempt_id, job_id in
-             Attempt.objects.filter(pk__in=wanted, node=node).values_list("id", "job_id")} if wanted else {}
-    slices, reported = [], set()
-    for report in reports:
-        device = devices.get(int(report["index"]))
-        if device is None or device.pk in reported:
-            continue
-        reported.add(device.pk)
-        previous_until = float((device.sharing or {}).get("slices_until") or 0.0)
-        until = previous_until
-        for piece in report.get("slices", []):
-            attempt = str(piece["attempt"])
-            if attempt not in owned or piece["start"] < previous_until:
+    schema = registry.report_schema(plugin)
+    if schema is None:
+        return None
+    try:
+        parts = schema.parts(payload)
+    except Exception:  # noqa: BLE001 - a plugin's schema must not turn a heartbeat into a 500
+        log.exception("the report schema of plugin %s failed to split its report", plugin)
+        return None
+    return parts if isinstance(parts, ReportParts) else None
+
+
+def _index(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def reports_record(node: Node, devices: dict[int, Device], reports: dict, now) -> None:
+    """Store the plugins' checked node reports, split by each plugin's ``ReportSchema.parts``: the node's part on
+    ``Node.reports``, each device's on ``Device.reports``, each attempt's on ``Attempt.reports`` (and its
+    measured memory on ``Attempt.measured_memory``), and the series rows as ``telemetry.ReportSeries``.
+
+    Parts naming a device the node does not have, or an attempt that is unknown or not on this node, are
+    dropped; series rows of a device (or of the node, without a device) that start before the end of the last
+    stored row are not stored twice (a retried heartbeat). A device a plugin no longer reports about (or every
+    device, when the plugin sent nothing) loses that plugin's report."""
+    from strata.telemetry.models import ReportSeries
+
+    stamp = now.timestamp()
+    split = {plugin: parts for plugin, payload in (reports or {}).items()
+             if (parts := _parts(plugin, payload)) is not None}
+    wanted = {str(entry.get("attempt")) for parts in split.values() for entry in parts.attempts}
+    wanted |= {str(row["attempt"]) for parts in split.values() for row in parts.series if row.get("attempt")}
+    owned = {str(attempt_id): (job_id, stored) for attempt_id, job_id, stored in
+             Attempt.objects.filter(pk__in=wanted, node=node).values_list("id", "job_id", "reports")} if wanted else {}
+
+    node_reports = dict(node.reports or {})
+    device_reports = {index: dict(device.reports or {}) for index, device in devices.items()}
+    attempt_updates: dict[str, dict] = {}
+    series = []
+    for plugin, parts in split.items():
+        previous = node_reports.get(plugin) or {}
+        node_until = float(previous.get("series_until") or 0.0)
+        node_entry = {"time": stamp, "payload": parts.node, "series_until": node_until}
+        fresh = {}
+        for index, payload in parts.devices.items():
+            index = _index(index)
+            if index in devices:
+                old = (devices[index].reports or {}).get(plugin) or {}
+                fresh[index] = {"time": stamp, "payload": payload, "series_until": float(old.get("series_until") or 0.0)}
+        for index, stored in device_reports.items():
+            if index in fresh:
+                stored[plugin] = fresh[index]
+            else:
+                stored.pop(plugin, None)
+        for entry in parts.attempts:
+            attempt = str(entry.get("attempt"))
+            if attempt not in owned:
                 continue
-            slices.append(ShareSlice(device=device, attempt_id=attempt, job_id=owned[attempt],
-                                     start=_epoch(piece["start"]), end=_epoch(piece["end"])))
-            until = max(until, piece["end"])
-        state = {
-            "policy": report["policy"], "switches": report["switches"],
-            "switch_latency_ms": dict(report["switch_latency_ms"]), "utilization": report["utilization"],
-            "budget": report["budget"],
-            "lanes": [{"id": lane["id"], "size": lane["size"],
-                       "attempts": [str(a) for a in lane.get("attempts", []) if str(a) in owned]}
-                      for lane in report.get("lanes", [])],
-            "jobs": [{**job, "attempt": str(job["attempt"]), "job": str(owned[str(job["attempt"])])}
-                     for job in report.get("jobs", []) if str(job["attempt"]) in owned],
-            "reported_at": now.timestamp(), "slices_until": until,
-        }
-        Device.objects.filter(pk=device.pk).update(sharing=state)
-        for job in state["jobs"]:
-            Attempt.objects.filter(pk=job["attempt"]).update(sharing={
-                "policy": report["policy"], **{key: job.get(key) for key in SHARED_JOB_FIELDS}})
-    # A device whose service is no longer reported shares nothing now.
-    stale = [device.pk for device in devices.values() if device.sharing and device.pk not in reported]
-    if stale:
-        Device.objects.filter(pk__in=stale).update(sharing={})
-    ShareSlice.objects.bulk_create(slices, batch_size=1000)
+            device = devices.get(_index(entry.get("device")))
+            update = attempt_updates.setdefault(attempt, {"reports": dict(owned[attempt][1] or {})})
+            update["reports"][plugin] = {"time": stamp, "payload": entry.get("payload"), "node": str(node.pk),
+                                         "device": device.pk if device is not None else None}
+            memory = entry.get("memory")
+            if isinstance(memory, int | float) and not isinstance(memory, bool) and memory >= 0:
+                update["measured_memory"] = max(int(memory), update.get("measured_memory", 0))
+        for row in parts.series[:MAX_SERIES_ROWS]:
+            attempt = str(row["attempt"]) if row.get("attempt") else None
+            if attempt is not None and attempt not in owned:
+                continue
+            index = _index(row.get("device")) if row.get("device") is not None else None
+            if index is not None and index not in fresh:
+                if index not in devices:
+                    continue
+                # Rows about a device without a device part: the device's report is its series bookkeeping.
+                old = (devices[index].reports or {}).get(plugin) or {}
+                fresh[index] = device_reports[index][plugin] = {
+                    "time": stamp, "payload": None, "series_until": float(old.get("series_until") or 0.0)}
+            holder = fresh[index] if index is not None else node_entry
+            until = holder["series_until"]
+            try:
+                start, end = float(row["start"]), float(row["end"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if start < until or end < start:
+                continue
+            series.append((holder, end, ReportSeries(
+                plugin=plugin, device=devices[index] if index is not None else None, attempt_id=attempt,
+                job_id=owned[attempt][0] if attempt else None, start=_epoch(start), end=_epoch(end),
+                data=row.get("data") or {})))
+        node_reports[plugin] = node_entry
+    # Each holder's series_until moves to the end of its newest stored row (after all rows were checked against
+    # the previous value, so the rows of one heartbeat are never checked against each other).
+    for holder, end, _ in series:
+        holder["series_until"] = max(holder["series_until"], end)
+
+    for stored in device_reports.values():
+        for plugin in [plugin for plugin in stored if plugin not in split]:
+            del stored[plugin]  # the plugin said nothing about its devices this time: nothing to show now
+    if split:
+        Node.objects.filter(pk=node.pk).update(reports=node_reports)
+        node.reports = node_reports
+    for index, device in devices.items():
+        if device_reports[index] != (device.reports or {}):
+            Device.objects.filter(pk=device.pk).update(reports=device_reports[index])
+            device.reports = device_reports[index]
+    for attempt, update in attempt_updates.items():
+        Attempt.objects.filter(pk=attempt).update(**update)
+    ReportSeries.objects.bulk_create([row for _, _, row in series], batch_size=1000)
 
 
 MAX_REPORT_PLUGINS = 64
@@ -205,9 +271,10 @@ def reports_merge(stored: dict | None, clean: dict, now) -> dict:
 
 
 def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: list[str],
-                   sharing: list[dict] | None = None, reports: dict | None = None) -> dict:
-    """Extend the lease, record device samples and GPU-sharing reports, and tell the node which of its
-    attempts must stop and which sharing policy its pool uses."""
+                   reports: dict | None = None) -> dict:
+    """Extend the lease, record device samples and the plugins' reports (already checked by their schemas,
+    see ``reports_clean``), and tell the node which of its attempts must stop and which sharing policy its pool
+    uses."""
     from strata.telemetry.services import samples_record
 
     if str(node.session) != str(session):
@@ -215,10 +282,7 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     now = timezone.now()
     if node.state == Node.State.DOWN:
         raise StaleSession("the node's lease expired and its attempts were requeued; register again")
-    changes = {"last_heartbeat": now, "lease_expires_at": _lease_until(now)}
-    if reports:
-        changes["reports"] = reports_merge(node.reports, reports, now)
-    Node.objects.filter(pk=node.pk).update(**changes)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
     devices = {device.index: device for device in node.devices.all()}
     rows = []
     for sample in samples:
@@ -230,7 +294,7 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
         Device.objects.filter(pk=device.pk).update(utilization=utilization, memory_used=memory, updated_at=now)
         rows.append((device.pk, utilization, memory))
     samples_record(rows, now)
-    sharing_record(node, devices, sharing or [], now)
+    reports_record(node, devices, reports or {}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}

@@ -99,15 +99,17 @@ class Attempt(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     exit_reason = models.CharField(max_length=500, blank=True)
-    # What a device's GPU-sharing service last measured for this attempt (lane, persistent and per-iteration
-    # memory, steps), kept after the attempt ends, when the device's own report no longer lists it. Null when
-    # the attempt never ran shared (the scheduler writes attempts with raw multi-row inserts).
-    sharing = models.JSONField(null=True, blank=True)
-    # The generic report channel: each plugin's latest report about this attempt, {plugin: {"time", "payload"}},
-    # checked by the plugin's ReportSchema.attempt(). Nullable for the same reason as ``sharing``.
+    # The generic report channel: each plugin's latest report about this attempt, {plugin: {"time": unix s,
+    # "payload": ...}} plus, when it came with a node report, "node" and "device" (ids; device may be null).
+    # From attempt reports (ReportSchema.attempt) and from the attempts' parts of node reports
+    # (ReportSchema.parts); kept after the attempt ends. Null when no plugin reported about it (the scheduler
+    # writes attempts with raw multi-row inserts, so new columns are nullable).
     reports = models.JSONField(null=True, blank=True)
+    # The device memory (bytes) a plugin last measured this attempt to use (ReportParts.attempts' "memory"):
+    # the scheduler reserves it for the job's next attempt. Null when never measured.
+    measured_memory = models.BigIntegerField(null=True, blank=True)
     # Where the attempt serves requests ("host:port"), for kinds that answer requests; null otherwise. Nullable
-    # for the same reason as ``sharing``.
+    # for the same reason as ``reports``.
     endpoint = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:

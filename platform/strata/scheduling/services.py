@@ -19,7 +19,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Max, TextField
-from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -85,20 +84,6 @@ MEASURED_HEADROOM = 1.1
 PROFILE_WINDOW = 5000
 
 
-def _measured_total(sharing) -> int:
-    """Device memory one shared attempt measured: persistent bytes plus the per-iteration peak."""
-    sharing = sharing or {}
-    return int(sharing.get("persistent") or 0) + int(sharing.get("ephemeral") or 0)
-
-
-def _bytes(value) -> int:
-    """A measured size read out of JSON by the database: a number, its text, or (unreported) null or 'null'."""
-    try:
-        return int(float(value))
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
 class _CanonicalSpecs(dict):
     """A spec's JSON text as the database returns it -> its canonical JSON (keys sorted, no spaces), so that
     identical specs compare equal whatever their key order; each distinct text is parsed once."""
@@ -109,12 +94,13 @@ class _CanonicalSpecs(dict):
 
 
 def _measured_memory() -> dict:
-    """Queued jobs whose earlier attempts ran in a GPU-sharing service: job id -> the most device memory one
-    measured (persistent + per-iteration peak), so the next attempt is placed on what the job really uses."""
+    """Queued jobs whose earlier attempts a plugin measured (``Attempt.measured_memory``, from the report
+    channel): job id -> the most device memory one measured, so the next attempt is placed on what the job
+    really uses."""
     measured: dict = {}
-    rows = Attempt.objects.filter(job__state=S.QUEUED, sharing__isnull=False).values_list("job_id", "sharing")
-    for job_id, sharing in rows:
-        total = _measured_total(sharing)
+    rows = (Attempt.objects.filter(job__state=S.QUEUED, measured_memory__isnull=False)
+            .values_list("job_id", "measured_memory"))
+    for job_id, total in rows:
         if total > measured.get(job_id, 0):
             measured[job_id] = total
     return measured
@@ -125,14 +111,12 @@ def _measured_profiles(canonical: _CanonicalSpecs) -> dict:
     attempts (running ones first, then by end, newest first) of a job of that kind and spec measured, in any
     team: memory sizes are not secret, and specs are equal only when identical."""
     profiles: dict = {}
-    # Only the two numbers and the spec's text come back: parsing 5,000 JSON documents was half the cost.
-    rows = (Attempt.objects.filter(sharing__isnull=False)
-            .annotate(spec_text=Cast("job__spec", TextField()), persistent=KeyTextTransform("persistent", "sharing"),
-                      ephemeral=KeyTextTransform("ephemeral", "sharing"))
+    # Only the number and the spec's text come back: parsing 5,000 JSON documents was half the cost.
+    rows = (Attempt.objects.filter(measured_memory__isnull=False)
+            .annotate(spec_text=Cast("job__spec", TextField()))
             .order_by(F("ended_at").desc(nulls_first=True))
-            .values_list("job__kind", "spec_text", "persistent", "ephemeral")[:PROFILE_WINDOW])
-    for kind, text, persistent, ephemeral in rows:
-        total = _bytes(persistent) + _bytes(ephemeral)
+            .values_list("job__kind", "spec_text", "measured_memory")[:PROFILE_WINDOW])
+    for kind, text, total in rows:
         if total > 0:
             key = (kind, canonical[text])
             if total > profiles.get(key, 0):

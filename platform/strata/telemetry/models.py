@@ -7,7 +7,8 @@ Three tiers, so a chart over any range reads a bounded number of rows:
 * ``DeviceRollup`` at ``resolution=3600``: one row per device per hour, kept
   ``STRATA_TELEMETRY_RETENTION_DAYS`` (35 days).
 
-``ShareSlice`` rows record who ran when on a shared device (from the nodes' GPU-sharing reports); they are
+``ReportSeries`` rows are the plugins' time series from the generic report channel (the ``series`` part of a
+node report, see ``components.runtime.plugins.ReportParts``: who ran when on a device, for example); they are
 kept as long as raw samples.
 
 ``RollupWatermark`` records, per resolution, up to where rollups are complete (see
@@ -70,17 +71,25 @@ class RollupWatermark(models.Model):
         return f"{self.resolution}s rollups complete until {self.until:%Y-%m-%d %H:%M}"
 
 
-class ShareSlice(models.Model):
-    """One stretch ``[start, end)`` during which ``attempt`` had a shared device's execution thread."""
+class ReportSeries(models.Model):
+    """One row ``[start, end)`` of a plugin's time series, about a device and/or an attempt of the node that
+    reported it, with the plugin's own ``data``."""
 
-    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="share_slices")
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, related_name="share_slices")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="share_slices")
+    plugin = models.CharField(max_length=40)
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, null=True, blank=True, related_name="report_series")
+    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="report_series")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True, related_name="report_series")
     start = models.DateTimeField()
     end = models.DateTimeField()
+    data = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["start"]
-        indexes = [models.Index(fields=["device", "start"], name="telemetry_slice_device_start"),
-                   models.Index(fields=["job", "start"], name="telemetry_slice_job_start"),
-                   models.Index(fields=["start"], name="telemetry_slice_start")]
+        indexes = [models.Index(fields=["plugin", "start"], name="telemetry_series_plugin_start"),
+                   models.Index(fields=["plugin", "device", "start"], name="telemetry_series_device_start"),
+                   models.Index(fields=["plugin", "job", "start"], name="telemetry_series_job_start"),
+                   models.Index(fields=["start"], name="telemetry_series_start")]
+
+    def __str__(self) -> str:
+        return f"{self.plugin} {self.device_id}/{self.attempt_id} {self.start:%H:%M:%S}"

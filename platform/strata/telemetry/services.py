@@ -27,7 +27,7 @@ from django.db.models import Avg, Count, F, Max, Min, Sum
 from django.utils import timezone
 
 from strata.telemetry.expressions import EpochBucket
-from strata.telemetry.models import DeviceRollup, DeviceSample, RollupWatermark, ShareSlice
+from strata.telemetry.models import DeviceRollup, DeviceSample, ReportSeries, RollupWatermark
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -138,11 +138,11 @@ def rollups_rebuild(since: datetime, now=None) -> dict[str, int]:
 
 def telemetry_prune(now=None) -> dict[str, int]:
     """Delete raw samples after STRATA_TELEMETRY_RAW_DAYS, minute rollups after MINUTE_ROLLUP_DAYS and hour
-    rollups after STRATA_TELEMETRY_RETENTION_DAYS; GPU-sharing slices (never rolled up) after
+    rollups after STRATA_TELEMETRY_RETENTION_DAYS; the plugins' report series (never rolled up) after
     STRATA_TELEMETRY_RAW_DAYS. Returns rows deleted per tier."""
     now = now or timezone.now()
     raw_cutoff = now - timedelta(days=settings.STRATA_TELEMETRY_RAW_DAYS)
-    share_slices, _ = ShareSlice.objects.filter(start__lt=raw_cutoff).delete()
+    report_series, _ = ReportSeries.objects.filter(start__lt=raw_cutoff).delete()
     minute_cutoff = now - timedelta(days=MINUTE_ROLLUP_DAYS)
     # Never drop what the next tier has not summarized yet (the beat may have been down for a while, or have
     # never run: without a watermark nothing is summarized, so nothing of that tier may go).
@@ -152,4 +152,4 @@ def telemetry_prune(now=None) -> dict[str, int]:
     minute, _ = DeviceRollup.objects.filter(resolution=MINUTE, time__lt=minute_cutoff).delete()
     hour, _ = DeviceRollup.objects.filter(
         resolution=HOUR, time__lt=now - timedelta(days=settings.STRATA_TELEMETRY_RETENTION_DAYS)).delete()
-    return {"raw": raw, "minute": minute, "hour": hour, "share_slices": share_slices}
+    return {"raw": raw, "minute": minute, "hour": hour, "report_series": report_series}

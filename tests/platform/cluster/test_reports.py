@@ -78,7 +78,9 @@ def test_gpushare_reports_its_devices_through_the_channel(cluster):
     entry = {"index": 0, "policy": "pack", "switches": 3, "switch_latency_ms": {"p50": 0.1, "p99": 0.2},
              "utilization": 0.5, "budget": 2**30, "lanes": [], "jobs": [], "slices": []}
     assert beat(cluster, reports={"gpushare": {"devices": [entry]}}).status_code == 200
-    assert Node.objects.get(pk=cluster["node"].pk).reports["gpushare"]["payload"] == {"devices": [entry]}
+    assert Node.objects.get(pk=cluster["node"].pk).reports["gpushare"]["payload"] == {"devices": [0]}
+    device = cluster["node"].devices.get(index=0)
+    assert device.reports["gpushare"]["payload"]["switches"] == 3  # its part, split by the plugin's schema
     refused = beat(cluster, reports={"gpushare": {"devices": [{**entry, "utilization": 3, "index": -1}]}})
     assert refused.status_code == 400
     assert set(refused.json()["reports"]["gpushare"]) == {"devices.0.utilization", "devices.0.index"}
@@ -132,9 +134,10 @@ def test_node_reports_reach_panels_through_the_static_twin_and_the_database(clus
     assert beat(cluster, reports={"primes": DISK}).status_code == 200
     read = DatabasePanelData([cluster["other"].pk]).reports("primes")  # machines: every viewer sees them
     assert [(entry["node"], entry["payload"]) for entry in read["nodes"]] == [("n1", DISK)]
-    assert DatabasePanelData([]).reports("gpushare") == {"nodes": [], "attempts": []}
+    empty = {"nodes": [], "devices": [], "attempts": [], "series": []}
+    assert DatabasePanelData([]).reports("gpushare") == empty
     twin = StaticPanelData(reports={"primes": read})
-    assert twin.reports("primes") == read and twin.reports("other") == {"nodes": [], "attempts": []}
+    assert twin.reports("primes") == read and twin.reports("other") == empty
     from strata_primes.panels import ScratchDiskPanel
 
     table = ScratchDiskPanel().render(DatabasePanelData([cluster["team"].pk]))["table"]
@@ -142,7 +145,8 @@ def test_node_reports_reach_panels_through_the_static_twin_and_the_database(clus
 
 
 def test_gpushare_takes_a_full_heartbeat_of_slices(cluster):
-    slices = [{"attempt": "a", "start": float(i), "end": float(i) + 0.5} for i in range(2000)]
+    attempt = "0" * 8 + "-0000-4000-8000-" + "0" * 12  # unknown: checked, then dropped
+    slices = [{"attempt": attempt, "start": float(i), "end": float(i) + 0.5} for i in range(2000)]
     entry = {"index": 0, "policy": "pack", "switches": 3, "lanes": [], "jobs": [], "slices": slices}
     assert beat(cluster, reports={"gpushare": {"devices": [entry]}}).status_code == 200  # the service's limit
     refused = beat(cluster, reports={"gpushare": {"devices": [{**entry, "slices": slices + slices[:1]}]}})

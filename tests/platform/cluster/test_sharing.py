@@ -1,5 +1,6 @@
-"""GPU sharing on the control plane: heartbeat sharing reports, device pools and their policy, each job's
-share in the API, and pruning of the sharing slices."""
+"""GPU sharing on the control plane: gpushare's heartbeat reports through the generic report channel (stored
+per device, per attempt and as series rows), device pools and their policy, each job's share in the API, and
+pruning of the series rows."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from strata.cluster.models import Device, DevicePool
 from strata.jobs.models import Allocation, Attempt
-from strata.telemetry.models import ShareSlice
+from strata.telemetry.models import ReportSeries
 from strata.telemetry.services import telemetry_prune
 
 HEARTBEAT = "/api/v1/node/heartbeat/"
@@ -57,7 +58,12 @@ def _report(attempt_ids, index=0, slices=None, **overrides) -> dict:
 
 def _beat(world, node, sharing, attempts=()):
     return world["agent"].post(HEARTBEAT, {"node": str(node.pk), "session": str(node.session),
-                                           "attempts": [str(a) for a in attempts], "sharing": sharing}, format="json")
+                                           "attempts": [str(a) for a in attempts],
+                                           "reports": {"gpushare": {"devices": sharing}}}, format="json")
+
+
+def _slices():
+    return ReportSeries.objects.filter(plugin="gpushare")
 
 
 def _node_of(world, job):
@@ -65,31 +71,42 @@ def _node_of(world, job):
     return world["node"] if attempt.node_id == world["node"].pk else world["other_node"]
 
 
-def test_heartbeat_stores_sharing_and_slices(world):
+def test_heartbeat_stores_devices_attempts_and_slices(world):
     attempt = _attempt(world["shared"])
     node = _node_of(world, world["shared"])
     device = Allocation.objects.get(attempt=attempt).device
     response = _beat(world, node, [_report([str(attempt.pk)], index=device.index)])
     assert response.status_code == 200, response.content
     device.refresh_from_db()
-    assert device.sharing["policy"] == "fair" and device.sharing["switches"] == 12
-    assert device.sharing["switch_latency_ms"] == {"p50": 0.07, "p99": 0.4}
-    assert device.sharing["lanes"] == [{"id": 0, "size": 2**30, "attempts": [str(attempt.pk)]}]
-    assert device.sharing["jobs"][0]["attempt"] == str(attempt.pk)
-    assert device.sharing["jobs"][0]["job"] == str(world["shared"].pk)
-    assert "slices" not in device.sharing
-    rows = list(ShareSlice.objects.all())
+    stored = device.reports["gpushare"]["payload"]
+    assert stored["policy"] == "fair" and stored["switches"] == 12
+    assert stored["switch_latency_ms"] == {"p50": 0.07, "p99": 0.4}
+    assert stored["lanes"] == [{"id": 0, "size": 2**30, "jobs": 1}]  # attempt ids stay on the attempts
+    assert "slices" not in stored and "jobs" not in stored
+    attempt.refresh_from_db()
+    assert attempt.reports["gpushare"]["payload"] == {"policy": "fair", "state": "running", "lane": 0,
+                                                      "persistent": 100 * 2**20, "ephemeral": 50 * 2**20, "steps": 40}
+    assert attempt.reports["gpushare"]["device"] == device.pk and attempt.measured_memory == 150 * 2**20
+    node.refresh_from_db()
+    assert node.reports["gpushare"]["payload"] == {"devices": [device.index]}
+    rows = list(_slices())
     assert len(rows) == 1 and rows[0].attempt_id == attempt.pk and rows[0].job_id == world["shared"].pk
     assert rows[0].device_id == device.pk and rows[0].end > rows[0].start
     # A retried heartbeat with the same slices does not store them twice.
     assert _beat(world, node, [_report([str(attempt.pk)], index=device.index,
                                        slices=[{"attempt": str(attempt.pk), "start": rows[0].start.timestamp(),
                                                 "end": rows[0].end.timestamp()}])]).status_code == 200
-    assert ShareSlice.objects.count() == 1
-    # A device no longer reported shares nothing.
+    assert _slices().count() == 1
+    # A device no longer reported shares nothing; the attempt keeps what was last measured.
     assert _beat(world, node, []).status_code == 200
     device.refresh_from_db()
-    assert device.sharing == {}
+    assert device.reports == {}
+    assert Attempt.objects.get(pk=attempt.pk).reports["gpushare"]["payload"]["lane"] == 0
+    # Nor does a heartbeat in which the plugin reports nothing.
+    _beat(world, node, [_report([str(attempt.pk)], index=device.index, slices=[])])
+    assert Device.objects.get(pk=device.pk).reports
+    world["agent"].post(HEARTBEAT, {"node": str(node.pk), "session": str(node.session)}, format="json")
+    assert Device.objects.get(pk=device.pk).reports == {}
 
 
 def test_heartbeat_drops_unknown_and_foreign_attempts(world):
@@ -101,10 +118,9 @@ def test_heartbeat_drops_unknown_and_foreign_attempts(world):
     ids = [str(attempt.pk), unknown, str(foreign.pk)]
     response = _beat(world, node, [_report(ids)])
     assert response.status_code == 200, response.content
-    device = node.devices.get(index=0)
-    assert [job["attempt"] for job in device.sharing["jobs"]] == [str(attempt.pk)]
-    assert device.sharing["lanes"][0]["attempts"] == [str(attempt.pk)]
-    assert list(ShareSlice.objects.values_list("attempt_id", flat=True)) == [attempt.pk]
+    assert Attempt.objects.get(pk=attempt.pk).reports["gpushare"]["payload"]["lane"] == 0
+    assert Attempt.objects.get(pk=foreign.pk).reports is None  # not on this node: dropped
+    assert list(_slices().values_list("attempt_id", flat=True)) == [attempt.pk]
 
 
 @pytest.mark.parametrize(("entry", "field"), [
@@ -120,14 +136,14 @@ def test_malformed_sharing_is_400_naming_the_field(world, entry, field):
     node = world["node"]
     response = _beat(world, node, [_report([], **entry)])
     assert response.status_code == 400
-    body = response.json()
-    assert "sharing" in body and field in str(body["sharing"]), body
-    assert not ShareSlice.objects.exists()
+    refused = response.json()["reports"]["gpushare"]
+    assert any(name.startswith(f"devices.0.{field}") for name in refused), refused
+    assert not _slices().exists()
 
 
 def test_more_than_64_devices_is_400(world):
     response = _beat(world, world["node"], [_report([], index=i) for i in range(65)])
-    assert response.status_code == 400 and "sharing" in response.json()
+    assert response.status_code == 400 and "devices" in response.json()["reports"]["gpushare"]
 
 
 def test_heartbeat_returns_the_policy_of_the_nodes_pool(world):
@@ -173,19 +189,23 @@ def test_job_share_field(world):
     share = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()["share"]
     assert share == {"gpus": 0.5, "gpu_memory": allocation.memory,
                      "device": f"{allocation.device.node.name}:gpu{allocation.device.index}", "shared": True,
-                     "policy": "fair", "lane": None, "persistent": None, "ephemeral": None, "switches_on_device": None}
+                     "policy": "fair", "measured_memory": None}
     _beat(world, node, [_report([str(attempt.pk)], index=allocation.device.index, policy="srtf")])
-    share = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()["share"]
-    assert share["policy"] == "srtf" and share["lane"] == 0 and share["switches_on_device"] == 12
-    assert share["persistent"] == 100 * 2**20 and share["ephemeral"] == 50 * 2**20
+    body = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()
+    assert body["share"]["policy"] == "fair"  # the pool's; what the service runs is in its report
+    assert body["share"]["measured_memory"] == 150 * 2**20
+    report = body["attempts"][-1]["reports"]["gpushare"]
+    assert report["payload"]["lane"] == 0 and report["payload"]["policy"] == "srtf"
+    assert report["device"] == allocation.device.pk and body["attempts"][-1]["measured_memory"] == 150 * 2**20
     assert client.get(f"/api/v1/jobs/{world['whole'].pk}/").json()["share"] is None
-    listed = {job["name"]: job["share"] for job in client.get("/api/v1/jobs/").json()["results"]}
-    assert listed["whole"] is None and listed["half"]["lane"] == 0
+    listed = {job["name"]: job for job in client.get("/api/v1/jobs/").json()["results"]}
+    assert listed["whole"]["share"] is None and listed["half"]["share"]["measured_memory"] == 150 * 2**20
 
     # Once the service stops listing the attempt (it ended), the job keeps what was last measured.
     _beat(world, node, [_report([], index=allocation.device.index, policy="srtf")])
-    share = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()["share"]
-    assert share["lane"] == 0 and share["persistent"] == 100 * 2**20 and share["ephemeral"] == 50 * 2**20
+    body = client.get(f"/api/v1/jobs/{world['shared'].pk}/").json()
+    assert body["attempts"][-1]["reports"]["gpushare"]["payload"]["persistent"] == 100 * 2**20
+    assert body["share"]["measured_memory"] == 150 * 2**20
 
 
 def test_job_list_share_does_not_query_per_job(world, submit, run_pass, make_node):
@@ -208,10 +228,10 @@ def test_pruning_removes_old_slices(world, settings):
     device = Allocation.objects.get(attempt=attempt).device
     now = timezone.now()
     old = now - timedelta(days=settings.STRATA_TELEMETRY_RAW_DAYS, hours=1)
-    ShareSlice.objects.create(device=device, attempt=attempt, job=world["shared"], start=old,
-                              end=old + timedelta(seconds=1))
-    ShareSlice.objects.create(device=device, attempt=attempt, job=world["shared"], start=now - timedelta(minutes=1),
-                              end=now)
-    assert telemetry_prune(now=now)["share_slices"] == 1
-    assert ShareSlice.objects.count() == 1
+    ReportSeries.objects.create(plugin="gpushare", device=device, attempt=attempt, job=world["shared"], start=old,
+                                end=old + timedelta(seconds=1))
+    ReportSeries.objects.create(plugin="gpushare", device=device, attempt=attempt, job=world["shared"],
+                                start=now - timedelta(minutes=1), end=now)
+    assert telemetry_prune(now=now)["report_series"] == 1
+    assert ReportSeries.objects.count() == 1
     assert Device.objects.filter(pk=device.pk).exists()

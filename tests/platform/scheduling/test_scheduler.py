@@ -104,7 +104,7 @@ def test_a_shared_job_is_placed_on_the_memory_it_measured(alpha, submit, make_no
     # A quarter-GPU job whose earlier shared attempt measured 3 GiB (its share alone would reserve 2 GiB).
     job = submit(user, team, gpus=0.25, name="measured")
     Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now(), outcome="node_lost",
-                           sharing={"lane": 0, "persistent": 2 * GiB, "ephemeral": GiB})
+                           measured_memory=3 * GiB)
     run_pass()
     assert state(job) == JobState.QUEUED, "3.3 GiB does not fit the 2 GiB left: it must wait or go elsewhere"
     make_node("n2", gpus=1, memory=8 * GiB)
@@ -339,7 +339,8 @@ def finished(make_team, make_user, submit):
         Job.objects.filter(pk=job.pk).update(state=state, kind=kind, spec=spec)
         Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now() if ended else None,
                                outcome="succeeded" if ended else "",
-                               sharing={"policy": "fair", "lane": 0, "persistent": persistent, "ephemeral": ephemeral})
+                               measured_memory=None if persistent is None and ephemeral is None
+                               else (persistent or 0) + (ephemeral or 0))
         return job
 
     return make
@@ -429,7 +430,7 @@ def test_a_jobs_own_measurement_wins_over_a_borrowed_one(alpha, submit, make_nod
     finished(3 * GiB, GiB)  # 4 GiB measured by another job of the same spec
     job = submit(user, team, gpus=0.25, name="rerun")
     Attempt.objects.create(job=job, number=1, fencing_token="t", ended_at=timezone.now(), outcome="node_lost",
-                           sharing={"lane": 0, "persistent": GiB // 2, "ephemeral": GiB // 2})
+                           measured_memory=GiB)
     run_pass()
     (allocation,) = allocations(job)
     assert allocation.memory == int(GiB * 1.1)
@@ -444,7 +445,7 @@ def test_the_most_recent_measurements_are_read_first(alpha, submit, make_node, r
     Attempt.objects.filter(job=old).update(ended_at=timezone.now() - timedelta(days=1))
     finished(GiB, 0, name="newer")
     finished(None, None, name="unreported")  # the service reported no sizes (yet): skipped
-    Attempt.objects.filter(job__name="unreported").update(sharing={"lane": 0, "persistent": None})
+    Attempt.objects.filter(job__name="unreported").update(measured_memory=0)
     monkeypatch.setattr(services, "PROFILE_WINDOW", 3)
     first = submit(user, team, gpus=0.25, name="first")
     run_pass()

@@ -131,11 +131,11 @@ def test_pruning_deletes_by_age(devices, settings):
     RollupWatermark.objects.create(resolution=MINUTE, until=now)
     RollupWatermark.objects.create(resolution=HOUR, until=now)
 
-    assert telemetry_prune(now=now) == {"raw": 1, "minute": 1, "hour": 1, "share_slices": 0}
+    assert telemetry_prune(now=now) == {"raw": 1, "minute": 1, "hour": 1, "report_series": 0}
     assert list(DeviceSample.objects.values_list("utilization", flat=True)) == [2]
     assert DeviceRollup.objects.filter(resolution=MINUTE).count() == 1
     assert DeviceRollup.objects.filter(resolution=HOUR).count() == 1
-    assert telemetry_prune(now=now) == {"raw": 0, "minute": 0, "hour": 0, "share_slices": 0}
+    assert telemetry_prune(now=now) == {"raw": 0, "minute": 0, "hour": 0, "report_series": 0}
 
 
 def test_pruning_keeps_what_is_not_rolled_up_yet(devices):

@@ -55,57 +55,6 @@ class SampleSerializer(serializers.Serializer):
     memory_used = serializers.IntegerField(min_value=0)
 
 
-MAX_SHARING_DEVICES = 64
-MAX_SLICES = 2000
-MAX_SHARED_JOBS = 256
-
-
-class SwitchLatencySerializer(serializers.Serializer):
-    p50 = serializers.FloatField(min_value=0)
-    p99 = serializers.FloatField(min_value=0)
-
-
-class LaneReportSerializer(serializers.Serializer):
-    id = serializers.IntegerField(min_value=0)
-    size = serializers.IntegerField(min_value=0)
-    attempts = serializers.ListField(child=serializers.UUIDField(format="hex_verbose"), max_length=MAX_SHARED_JOBS,
-                                     required=False, default=list)
-
-
-class SharedJobReportSerializer(serializers.Serializer):
-    attempt = serializers.UUIDField(format="hex_verbose")
-    state = serializers.CharField(max_length=32)
-    persistent = serializers.IntegerField(min_value=0)
-    ephemeral = serializers.IntegerField(min_value=0)
-    lane = serializers.IntegerField(min_value=0, allow_null=True, required=False, default=None)
-    steps = serializers.IntegerField(min_value=0)
-
-
-class SliceReportSerializer(serializers.Serializer):
-    attempt = serializers.UUIDField(format="hex_verbose")
-    start = serializers.FloatField(min_value=0)
-    end = serializers.FloatField(min_value=0)
-
-    def validate(self, attrs):
-        if attrs["end"] < attrs["start"]:
-            raise serializers.ValidationError({"end": ["must not be before start"]})
-        return attrs
-
-
-class SharingReportSerializer(serializers.Serializer):
-    """One device's GPU-sharing service, as the node reports it with each heartbeat."""
-
-    index = serializers.IntegerField(min_value=0, max_value=1024)
-    policy = serializers.CharField(max_length=32)
-    switches = serializers.IntegerField(min_value=0)
-    switch_latency_ms = SwitchLatencySerializer()
-    utilization = serializers.FloatField(min_value=0, max_value=1)
-    budget = serializers.IntegerField(min_value=0)
-    lanes = LaneReportSerializer(many=True, required=False, default=list, max_length=MAX_SHARED_JOBS)
-    jobs = SharedJobReportSerializer(many=True, required=False, default=list, max_length=MAX_SHARED_JOBS)
-    slices = SliceReportSerializer(many=True, required=False, default=list, max_length=MAX_SLICES)
-
-
 def _clean_reports(value: dict, scope: str) -> dict:
     from strata.cluster.services import reports_clean
 
@@ -119,7 +68,6 @@ class HeartbeatSerializer(serializers.Serializer):
     node = serializers.UUIDField()
     session = serializers.UUIDField()
     samples = SampleSerializer(many=True, required=False, default=list)
-    sharing = SharingReportSerializer(many=True, required=False, default=list, max_length=MAX_SHARING_DEVICES)
     attempts = serializers.ListField(child=serializers.UUIDField(format="hex_verbose"), required=False, default=list,
                                      max_length=1024)
     reports = serializers.DictField(required=False, default=dict, help_text=(

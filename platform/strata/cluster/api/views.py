@@ -111,7 +111,7 @@ class HeartbeatView(NodeAPIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         answer = services.node_heartbeat(_node(data), str(data["session"]), data["samples"],
-                                         [str(a) for a in data["attempts"]], data["sharing"], data["reports"])
+                                         [str(a) for a in data["attempts"]], data["reports"])
         return Response(answer)
 
 

@@ -144,12 +144,23 @@ class AttemptSerializer(serializers.ModelSerializer):
     # Declared so the schema allows "" (read-only model fields lose allow_blank): blank until the attempt ends.
     outcome = serializers.ChoiceField(choices=Attempt.Outcome.choices, allow_blank=True, read_only=True,
                                       help_text="How the attempt ended; empty while it has not.")
+    reports = serializers.SerializerMethodField(help_text=(
+        "The generic report channel: each plugin's latest report about this attempt, {plugin: {time (unix s), "
+        "payload, device (id or null)}}, as the plugin's report schema normalized it; {} when none."))
+    measured_memory = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "Device memory (bytes) a plugin last measured this attempt to use; null when never measured."))
 
     class Meta:
         model = Attempt
         fields = ["id", "number", "node", "gpu_share", "dispatched_at", "started_at", "ended_at", "outcome",
-                  "exit_reason", "endpoint", "allocations"]
+                  "exit_reason", "endpoint", "measured_memory", "reports", "allocations"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "object", "properties": {
+        "time": {"type": "number"}, "payload": {}, "device": {"type": "integer", "nullable": True}}}})
+    def get_reports(self, attempt):
+        return {plugin: {"time": entry.get("time"), "payload": entry.get("payload"), "device": entry.get("device")}
+                for plugin, entry in (attempt.reports or {}).items() if isinstance(entry, dict)}
 
 
 class JobListShareSerializer(serializers.ListSerializer):
@@ -168,8 +179,9 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     attempts = AttemptSerializer(many=True, read_only=True)
     share = serializers.SerializerMethodField(
-        help_text="The job's share of a shared GPU (its latest attempt's fractional allocation); null for "
-                  "whole-GPU jobs and jobs not placed yet.")
+        help_text="The job's share of a shared GPU (its latest attempt's fractional allocation: GPUs, memory, "
+                  "device, its pool's sharing policy, the memory measured); null for whole-GPU jobs and jobs not "
+                  "placed yet. What plugins measured about the attempt is in attempts[].reports.")
     endpoint = serializers.SerializerMethodField()
     parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True,
                                    help_text="The job that submitted this one (child jobs), or null.")
@@ -199,9 +211,8 @@ class JobSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "gpus": {"type": "number"}, "gpu_memory": {"type": "integer"}, "device": {"type": "string"},
-        "shared": {"type": "boolean"}, "policy": {"type": "string"}, "lane": {"type": "integer", "nullable": True},
-        "persistent": {"type": "integer", "nullable": True}, "ephemeral": {"type": "integer", "nullable": True},
-        "switches_on_device": {"type": "integer", "nullable": True}}})
+        "shared": {"type": "boolean"}, "policy": {"type": "string"},
+        "measured_memory": {"type": "integer", "nullable": True}}})
     def get_share(self, job):
         from strata.cluster.selectors import job_shares
 
