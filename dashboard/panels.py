@@ -10,6 +10,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db.models import Q
+
 from components.runtime import registry
 from components.runtime.panels import (
     PanelData,
@@ -89,13 +91,14 @@ def plugin_reports(team_ids, plugin: str, device_ids=None, since: float | None =
             if recent(entry):
                 nodes.append({"node": name, "node_id": str(node_id), "time": entry.get("time"),
                               "payload": entry.get("payload")})
-    devices, device_times = [], {}
+    devices, device_times, reporting = [], {}, set(node_times)
     rows = Device.objects.filter(reports__has_key=plugin).select_related("node").order_by("node__name", "index")
     for device in rows:
         entry = (device.reports or {}).get(plugin)
         if not isinstance(entry, dict):
             continue
         device_times[device.pk] = entry.get("time")
+        reporting.add(str(device.node_id))
         if recent(entry) and (wanted is None or device.pk in wanted) and entry.get("payload") is not None:
             devices.append({"id": device.pk, "node": device.node.name, "index": device.index, "kind": device.kind,
                             "time": entry.get("time"), "payload": entry.get("payload")})
@@ -111,8 +114,8 @@ def plugin_reports(team_ids, plugin: str, device_ids=None, since: float | None =
         attempts_query = attempts_query.filter(job_id=job_id)
     else:
         # The attempts of the latest node reports: those of the latest report times only.
-        attempts_query = attempts_query.filter(node_id__in=list(node_times), ended_at__isnull=True) | \
-            attempts_query.filter(node_id__in=list(node_times), ended_at__gte=_oldest(node_times, device_times))
+        attempts_query = attempts_query.filter(node_id__in=list(reporting)).filter(
+            Q(ended_at__isnull=True) | Q(ended_at__gte=_oldest(node_times, device_times)))
     attempts_query = attempts_query.order_by("job_id", "number").values_list(
         "id", "number", "job_id", "job__team_id", "job__name", "reports")
     attempts = []

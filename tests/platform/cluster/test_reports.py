@@ -4,6 +4,8 @@ checked by its plugin's light ReportSchema, stored, and read by panels through `
 from __future__ import annotations
 
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,107 @@ def test_gpushare_takes_a_full_heartbeat_of_slices(cluster):
     assert beat(cluster, reports={"gpushare": {"devices": [entry]}}).status_code == 200  # the service's limit
     refused = beat(cluster, reports={"gpushare": {"devices": [{**entry, "slices": slices + slices[:1]}]}})
     assert refused.json()["reports"]["gpushare"] == {"devices.0.slices": ["must be a list of at most 2000 objects"]}
+
+
+class LedgerSchema(ReportSchema):
+    """A test plugin that splits its node report into every part: ``{"devices": {index: n}, "attempts":
+    [{"attempt", "device", "memory"}], "rows": [{"device", "attempt", "start", "end"}]}``."""
+
+    def node(self, payload):
+        if not isinstance(payload, dict):
+            raise ReportError({"": "must be an object"})
+        return payload
+
+    def parts(self, payload):
+        from components.runtime.plugins import ReportParts
+
+        return ReportParts(node={"beat": True}, devices={int(k): {"n": v} for k, v in payload.get("devices", {}).items()},
+                           attempts=[{"attempt": a["attempt"], "device": a.get("device"), "memory": a.get("memory"),
+                                      "payload": {"seen": True}} for a in payload.get("attempts", [])],
+                           series=[{**row, "data": {"k": 1}} for row in payload.get("rows", [])])
+
+
+LEDGER = Plugin(name="ledger", reports=f"{__name__}:LedgerSchema")
+
+
+def test_parts_are_stored_per_device_attempt_and_series_and_read_scoped(cluster, submit, run_pass, install_plugins,
+                                                                        make_node, make_user):
+    from dashboard.panels import DatabasePanelData
+    from strata.telemetry.models import ReportSeries
+
+    install_plugins(f"{__name__}:LEDGER")
+    job = submit(cluster["user"], cluster["team"], gpus=0.5, name="mine")
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    assert attempt.node_id == cluster["node"].pk
+    stranger = str(uuid.uuid4())
+    now = time.time()
+    rows = [{"device": 0, "attempt": str(attempt.pk), "start": now - 2, "end": now - 1},
+            {"device": 0, "attempt": stranger, "start": now - 2, "end": now - 1},  # not on this node: dropped
+            {"device": 9, "attempt": None, "start": now - 2, "end": now - 1},  # no such device: dropped
+            {"device": None, "attempt": None, "start": now - 2, "end": now - 1}]  # the node's own row
+    payload = {"devices": {"0": 3, "9": 1}, "rows": rows,
+               "attempts": [{"attempt": str(attempt.pk), "device": 0, "memory": 5 * 2**20},
+                            {"attempt": stranger, "device": 0, "memory": 1}]}
+    assert beat(cluster, reports={"ledger": payload}).status_code == 200
+    device = cluster["node"].devices.get(index=0)
+    assert device.reports["ledger"]["payload"] == {"n": 3}
+    attempt.refresh_from_db()
+    assert attempt.reports["ledger"]["payload"] == {"seen": True} and attempt.reports["ledger"]["device"] == device.pk
+    assert attempt.measured_memory == 5 * 2**20
+    assert {(r.device_id, r.attempt_id, r.job_id) for r in ReportSeries.objects.all()} == {
+        (device.pk, attempt.pk, job.pk), (None, None, None)}
+    # A retried heartbeat stores no row twice.
+    assert beat(cluster, reports={"ledger": payload}).status_code == 200
+    assert ReportSeries.objects.count() == 2
+
+    own = DatabasePanelData([cluster["team"].pk]).reports("ledger")
+    assert [entry["payload"] for entry in own["devices"]] == [{"n": 3}]
+    assert [(a["attempt"], a["job_id"], a["job_name"], a["foreign"], a["current"]) for a in own["attempts"]] == [
+        (str(attempt.pk), str(job.pk), "mine", False, True)]
+    assert {(row["job_name"], row["foreign"]) for row in own["series"]} == {("mine", False), (None, False)}
+    theirs = DatabasePanelData([cluster["other"].pk]).reports("ledger")
+    assert [(a["attempt"], a["job_id"], a["number"], a["foreign"], a["payload"]) for a in theirs["attempts"]] == [
+        (None, None, None, True, {"seen": True})]  # another team's attempt: only as foreign
+    assert {(row["attempt"], row["job_id"], row["foreign"]) for row in theirs["series"]} == {
+        (None, None, True), (None, None, False)}
+    assert DatabasePanelData([cluster["other"].pk]).reports("ledger", job_id=str(job.pk))["attempts"] == []
+    scoped = DatabasePanelData([cluster["team"].pk]).reports("ledger", device_ids=[device.pk + 1000])
+    assert scoped["devices"] == [] and scoped["attempts"] == [] and scoped["series"] == []
+    assert DatabasePanelData([cluster["team"].pk]).reports("ledger", since=now + 3600)["series"] == []
+    # The plugin said nothing this time: its devices have nothing to show; the attempt keeps its report.
+    assert beat(cluster).status_code == 200
+    assert cluster["node"].devices.get(index=0).reports == {}
+    assert Attempt.objects.get(pk=attempt.pk).reports["ledger"]["payload"] == {"seen": True}
+
+
+def test_the_static_twin_filters_as_the_database_does():
+    from components.runtime.panels import StaticPanelData
+
+    reports = {"ledger": {
+        "nodes": [{"node": "n1", "node_id": "x", "time": 10.0, "payload": {}}],
+        "devices": [{"id": 1, "node": "n1", "index": 0, "kind": "virtual", "time": 10.0, "payload": {"n": 1}},
+                    {"id": 2, "node": "n1", "index": 1, "kind": "virtual", "time": 5.0, "payload": {"n": 2}}],
+        "attempts": [{"attempt": "a", "number": 1, "job_id": "j", "job_name": "mine", "foreign": False, "device": 1,
+                      "time": 10.0, "current": True, "payload": {}},
+                     {"attempt": None, "number": None, "job_id": None, "job_name": None, "foreign": True,
+                      "device": 2, "time": 10.0, "current": True, "payload": {}},
+                     {"attempt": "old", "number": 0, "job_id": "j", "job_name": "mine", "foreign": False,
+                      "device": 1, "time": 1.0, "current": False, "payload": {}}],
+        "series": [{"device": 1, "attempt": "a", "job_id": "j", "job_name": "mine", "foreign": False, "start": 1.0,
+                    "end": 2.0, "data": {}},
+                   {"device": 2, "attempt": None, "job_id": None, "job_name": None, "foreign": True, "start": 8.0,
+                    "end": 9.0, "data": {}}]}}
+    twin = StaticPanelData(job={"id": "j"}, metrics={"loss": [(1, 0.5, 1.0)], "acc": []},
+                           events=[{"kind": "note"}, {"kind": "other"}], devices=[{"id": 1}], reports=reports)
+    assert twin.metrics(["loss"]) == {"loss": [(1, 0.5, 1.0)]} and twin.events("note") == [{"kind": "note"}]
+    assert twin.devices() == [{"id": 1}] and twin.job == {"id": "j"}
+    everything = twin.reports("ledger")
+    assert len(everything["attempts"]) == 2  # without a job: the current ones
+    assert [a["attempt"] for a in twin.reports("ledger", job_id="j")["attempts"]] == ["a", "old"]
+    recent = twin.reports("ledger", since=6.0)
+    assert [d["id"] for d in recent["devices"]] == [1] and [s["device"] for s in recent["series"]] == [2]
+    on_two = twin.reports("ledger", device_ids=[2])
+    assert [d["id"] for d in on_two["devices"]] == [2] and [a["foreign"] for a in on_two["attempts"]] == [True]
+    assert twin.reports("ledger", job_id="j")["series"] == [reports["ledger"]["series"][0]]
+    assert twin.reports("nobody") == {"nodes": [], "devices": [], "attempts": [], "series": []}
