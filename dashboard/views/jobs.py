@@ -55,7 +55,7 @@ LIVE_METRIC_POINTS = 20_000
 
 # --- list ----------------------------------------------------------------------------------------------------
 
-FILTERS = ("state", "kind", "team", "owner")
+FILTERS = ("state", "kind", "team", "owner", "parent")
 
 
 def _filters(request) -> dict[str, str]:
@@ -73,6 +73,11 @@ def filtered_jobs(team_ids, filters: dict[str, str]):
         jobs = jobs.filter(team__slug=filters["team"])
     if filters["owner"]:
         jobs = jobs.filter(owner__username=filters["owner"])
+    if filters["parent"]:  # the child jobs of one job (not a job id: nothing)
+        try:
+            jobs = jobs.filter(parent_id=uuid.UUID(filters["parent"]))
+        except ValueError:
+            jobs = jobs.none()
     return jobs.order_by("-created_at", "-id")
 
 
@@ -123,7 +128,16 @@ def job_list(request):
         previous_query=_query(filters, page=page.previous_page_number()) if page.has_previous() else None,
         next_query=_query(filters, page=page.next_page_number()) if page.has_next() else None,
         mine_query=_query({**filters, "owner": request.user.username}),
+        parent_job=_parent_job(context["team_ids"], filters["parent"]),
     ))
+
+
+def _parent_job(team_ids, parent: str) -> Job | None:
+    """The job whose children the list is filtered to, when the viewer may see it."""
+    try:
+        return jobs_visible(team_ids).filter(pk=uuid.UUID(parent)).first() if parent else None
+    except ValueError:
+        return None
 
 
 @live_login_required
@@ -366,12 +380,23 @@ def _source_job(job: Job) -> Job | None:
     return Job.objects.filter(pk=refs[0].job, team_id=job.team_id).only("name").first() if refs else None
 
 
+CHILDREN_SHOWN = 100
+
+
+def _tree(job: Job) -> dict[str, Any]:
+    """The job's place in its tree: its parent (same team) and its first child jobs, oldest first."""
+    children = list(job.children.order_by("created_at", "id").only("id", "name", "state")[:CHILDREN_SHOWN + 1])
+    parent = Job.objects.filter(pk=job.parent_id).only("id", "name").first() if job.parent_id else None
+    return {"parent_job": parent, "child_jobs": children[:CHILDREN_SHOWN],
+            "more_children": len(children) > CHILDREN_SHOWN}
+
+
 def _fragments(request, job: Job) -> dict[str, str]:
     context = {"job": job, "attempts": _attempt_rows(job), "artifacts": _artifacts(job),
                "checkpoint": job.artifacts.filter(kind=Artifact.Kind.CHECKPOINT).order_by("-created_at").first(),
                "resources": resources_text(job.resources), "duration": _duration(job),
                "time_limit": forms.format_duration(job.time_limit), "endpoint": serving_endpoint(job),
-               "source_job": _source_job(job)}
+               "source_job": _source_job(job), **_tree(job)}
     return {
         "attempts_html": render_to_string("dashboard/jobs_attempts.html", context, request),
         "artifacts_html": render_to_string("dashboard/jobs_artifacts.html", context, request),

@@ -102,3 +102,19 @@ def test_a_parent_that_succeeds_ends_its_children_and_the_page_shows_the_tree(ru
     assert 'id="job-children"' in page and f'href="/jobs/{child.pk}/"' in page
     page = browser.get(f"/jobs/{child.pk}/").content.decode()
     assert 'id="job-parent"' in page and f'href="/jobs/{running["parent"].pk}/"' in page
+
+
+def test_children_are_admitted_under_the_teams_quota(running):
+    from strata.quotas.models import Quota
+
+    Quota.objects.filter(team=running["team"]).update(max_gpus=1.5)  # the parent holds 1.0
+    never = post_child(running, {**CHILD, "resources": {"gpus": 2}})
+    assert never.status_code == 400 and "resources" in never.json(), never.content  # can never fit: refused
+    first = post_child(running, CHILD)
+    assert first.status_code == 201 and first.json()["state"] in {"QUEUED", "SCHEDULED"}
+    second = post_child(running, {**CHILD, "name": "trial-2"})
+    assert second.status_code == 201 and second.json()["state"] == "PENDING"  # waits for room, like any job
+    assert "max_gpus" in second.json()["reason"]
+    listed = running["agent"].get(f"{NODE}/{running['attempt'].pk}/children/", running["auth"]).json()
+    assert [item["name"] for item in listed] == ["trial-1", "trial-2"]
+    assert listed[0]["state"] in {"QUEUED", "SCHEDULED"} and listed[1]["state"] == "PENDING"
