@@ -1,5 +1,6 @@
 """The ``gpushare`` plugin: GPU sharing (Salus, SwitchFlow). Not a job kind: it runs a sharing service per
-device, reports what the services do, shows it on the job and cluster pages, and measures itself."""
+device, reports what the services do, shows it on the job and cluster pages, lends what they measured to the
+scheduler (a shared job reserves its measured memory), and measures itself."""
 
 from components.runtime.plugins import Plugin
 
@@ -9,5 +10,6 @@ PLUGIN = Plugin(
     panels=("components.gpushare.panels:GpuShareTimelinePanel", "components.gpushare.panels:GpuShareJobPanel"),
     node_services=("components.gpushare.node:DeviceSharingService",),
     reports="components.gpushare.report:GpuShareReport",
+    hooks=("components.gpushare.scheduling:LendMeasuredMemory",),
     benchmarks={"gpushare": "components.gpushare.bench:main"},
 )

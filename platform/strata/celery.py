@@ -1,7 +1,12 @@
-"""The control plane's one Celery app: scheduler tasks on the ``control`` queue, node dispatch by name."""
+"""The control plane's one Celery app: scheduler tasks on the ``control`` queue, node dispatch by name.
+
+It is also the leaf every layer asks for a scheduling pass through (:func:`request_pass`): the pass is sent by
+task name, so jobs, quotas and cluster never import the scheduler that sits above them.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from celery import Celery
@@ -11,6 +16,8 @@ from components.runtime.broker import COMMON_CELERY_SETTINGS
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
 
 app = Celery("strata")
+log = logging.getLogger(__name__)
+SCHEDULE_PASS_TASK = "strata.scheduling.pass"  # strata.scheduling.tasks registers it
 
 
 def _configure() -> None:
@@ -42,3 +49,20 @@ def _configure() -> None:
 
 app.on_configure.connect(lambda **_: _configure(), weak=False)
 app.autodiscover_tasks(["strata.scheduling", "strata.telemetry"])
+
+
+def request_pass() -> None:
+    """Ask for a scheduling pass soon: send the pass task, by name, to the control queue. With
+    STRATA_SCHEDULE_INLINE (set by the test suite only) the registered task runs here and now instead, still
+    found by name. A pass that cannot be sent is logged: the beat tick runs one anyway."""
+    from django.conf import settings
+
+    if settings.STRATA_SCHEDULE_INLINE:
+        if SCHEDULE_PASS_TASK not in app.tasks:  # outside a worker the tasks are discovered on first use
+            app.loader.import_default_modules()
+        app.tasks[SCHEDULE_PASS_TASK]()
+        return
+    try:
+        app.send_task(SCHEDULE_PASS_TASK, queue="control")
+    except Exception:
+        log.exception("could not request a scheduling pass; the next tick will run one")

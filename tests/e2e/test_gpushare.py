@@ -107,7 +107,7 @@ def test_service_death_requeues_the_attempt_without_a_failure_and_the_service_re
     assert record["failures"] == 0, record
     attempts = sorted(record["attempts"], key=lambda a: a["number"])
     assert [a["number"] for a in attempts] == [1, 2], attempts
-    assert attempts[0]["outcome"] == "node_lost", attempts
+    assert attempts[0]["outcome"] == "service_lost", attempts
     assert attempts[0]["exit_reason"].startswith("GPU-sharing service died; requeued"), attempts
     assert attempts[1]["outcome"] == "succeeded", attempts
     pids = re.findall(r"shared: running in the GPU-sharing service \(pid (\d+)", logs)

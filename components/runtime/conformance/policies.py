@@ -1,24 +1,43 @@
-"""Conformance suite for scheduler hooks (:mod:`components.runtime.policies`).
+"""Conformance suites for scheduler hooks (:mod:`components.runtime.policies`), one per seam.
 
-Subclass :class:`QueueOrderConformance` and point it at a hook; give :meth:`jobs` a queue it has something to
-say about (the default builds one from :attr:`specs`)::
+Subclass the one for your hook's seam and point it at the hook; give it inputs it has something to say about::
 
     class TestSmallestLimitFirst(QueueOrderConformance):
         hook_path = "strata_primes.hooks:SmallestLimitFirst"
         specs = ({"limit": 500}, {"limit": 20}, {"limit": 100})
 
-It checks that the hook is a light, pure policy: the same queue gives the same order, the input is not
-mutated, an empty queue and a queue of other kinds are fine, the result is a permutation that leaves other
-kinds' jobs and the priority levels where they were, and the module imports nothing heavy.
+    class TestLendMeasuredMemory(ResourceEstimateConformance):
+        hook_path = "components.gpushare.scheduling:LendMeasuredMemory"
+
+Every suite checks that the hook is a light, pure policy: the same input gives the same answer, the input is
+not mutated, answers have the seam's type, and the module imports nothing heavy. :class:`QueueOrderConformance`
+also checks that the result is a permutation that leaves other kinds' jobs and the priority levels where they
+were.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, ClassVar
 
 from components.runtime.conformance.kinds import light_import_problem
-from components.runtime.policies import Policy, QueuedJob, QueueOrder, reorder
+from components.runtime.policies import (
+    Candidate,
+    Demand,
+    Estimate,
+    FailurePolicy,
+    LostAttempt,
+    NodeLoss,
+    PlacementScore,
+    Policy,
+    PreemptionCost,
+    QueuedJob,
+    QueueOrder,
+    ResourceEstimate,
+    Victim,
+    reorder,
+)
 from components.runtime.registry import import_path
 
 
@@ -75,3 +94,130 @@ class QueueOrderConformance:
     def test_the_hook_module_is_light(self):
         problem = light_import_problem(self.hook_path.partition(":")[0])
         assert problem is None, problem
+
+
+GiB = 2**30
+
+
+class _SeamConformance:
+    """What every hook must be: an instance of its seam (a Policy), built with no arguments, light to import."""
+
+    hook_path: ClassVar[str] = ""
+    seam: ClassVar[type] = Policy
+
+    def hook(self):
+        value = import_path(self.hook_path)
+        hook = value() if isinstance(value, type) else value
+        assert isinstance(hook, self.seam) and isinstance(hook, Policy), \
+            f"{self.hook_path} is no {self.seam.__name__}"
+        return hook
+
+    def kind(self) -> str:
+        kinds = self.hook().kinds
+        return kinds[0] if kinds else "any-kind"
+
+    def test_the_hook_module_is_light(self):
+        problem = light_import_problem(self.hook_path.partition(":")[0])
+        assert problem is None, problem
+
+    def test_kinds_is_none_or_a_tuple_of_names(self):
+        kinds = self.hook().kinds
+        assert kinds is None or (isinstance(kinds, tuple) and all(isinstance(k, str) and k for k in kinds))
+
+
+class ResourceEstimateConformance(_SeamConformance):
+    """Override :meth:`demands` with demands the hook changes; the default mixes shares, memory and measurements."""
+
+    seam = ResourceEstimate
+
+    def demands(self) -> list[Demand]:
+        found = []
+        for gpus in (0.25, 0.5, 1.0, 2.0):
+            for memory in (None, 2 * GiB):
+                for measured, profile in ((0, 0), (3 * GiB, 0), (0, 5 * GiB), (3 * GiB, 5 * GiB), (30 * GiB, 0)):
+                    found.append(Demand(job_id=f"job-{len(found)}", team_id=1, kind=self.kind(),
+                                        resources={"gpus": gpus, "gpu_memory": memory, "workers": 1},
+                                        measured_memory=measured, profile_memory=profile,
+                                        largest_device_memory=16 * GiB))
+        return found
+
+    def test_answers_are_estimates_of_valid_resources_and_stable(self):
+        hook = self.hook()
+        for demand in self.demands():
+            before = copy.deepcopy(demand.resources)
+            answer = hook.estimate(demand)
+            assert demand.resources == before, "the hook mutated the job's resources"
+            assert answer is None or isinstance(answer, Estimate), f"{answer!r} is neither None nor an Estimate"
+            assert answer == hook.estimate(demand), "the same demand gave another answer"
+            if answer is not None:
+                resources = answer.resources
+                assert isinstance(resources, dict) and isinstance(answer.note, str)
+                assert float(resources.get("gpus", 0)) >= 0 and int(resources.get("workers", 1)) >= 1
+                memory = resources.get("gpu_memory")
+                assert memory is None or (isinstance(memory, int) and memory > 0), f"gpu_memory {memory!r}"
+
+    def test_other_kinds_are_left_alone_by_the_scheduler(self):
+        hook = self.hook()
+        if hook.kinds is not None:
+            assert not hook.applies("zz-other-kind")
+
+
+class PlacementScoreConformance(_SeamConformance):
+    """Override :meth:`candidates` with places the hook has an opinion about."""
+
+    seam = PlacementScore
+
+    def job(self) -> QueuedJob:
+        return QueuedJob(id="job", team_id=1, kind=self.kind(), priority=0, queued_at=1000.0,
+                         resources={"gpus": 0.5, "gpu_memory": None, "workers": 1}, spec={})
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate(rank=0, node_id=f"node-{index}", node=f"n{index}", labels={"zone": str(index % 2)},
+                          devices=(index % 4,), share=0.5, memory=4 * GiB, free_share=free, free_memory=8 * GiB,
+                          memory_total=16 * GiB)
+                for index, free in enumerate((1.0, 0.5, 0.75, 1.0))]
+
+    def test_scores_are_finite_numbers_and_stable(self):
+        hook, job = self.hook(), self.job()
+        for candidate in self.candidates():
+            before = copy.deepcopy(candidate)
+            score = hook.score(job, candidate)
+            assert isinstance(score, int | float) and math.isfinite(score), f"score {score!r}"
+            assert candidate == before and hook.score(job, candidate) == score
+
+
+class PreemptionCostConformance(_SeamConformance):
+    """Override :meth:`victims` with running attempts the hook has an opinion about."""
+
+    seam = PreemptionCost
+
+    def victims(self) -> list[Victim]:
+        return [Victim(job_id=f"job-{index}", attempt_id=f"attempt-{index}", team_id=1, kind=self.kind(),
+                       priority=priority, started_at=started, share=share)
+                for index, (priority, started, share) in enumerate(((0, 0.0, 1.0), (5, 1000.0, 0.5),
+                                                                    (-3, 2000.0, 0.25)))]
+
+    def test_costs_are_none_or_non_negative_and_stable(self):
+        hook = self.hook()
+        for victim in self.victims():
+            cost = hook.cost(victim)
+            assert cost is None or (isinstance(cost, int | float) and math.isfinite(cost) and cost >= 0), cost
+            assert hook.cost(victim) == cost
+
+
+class FailurePolicyConformance(_SeamConformance):
+    """Override :meth:`losses` with lost attempts the hook has an opinion about."""
+
+    seam = FailurePolicy
+
+    def losses(self) -> list[LostAttempt]:
+        return [LostAttempt(job_id="job", attempt_id="attempt", team_id=1, kind=self.kind(), number=number,
+                            node="n1", primary=primary, nodes_left=left)
+                for number, primary, left in ((1, True, 0), (2, False, 1), (3, False, 0), (1, True, 3))]
+
+    def test_every_answer_is_a_node_loss_and_stable(self):
+        hook = self.hook()
+        for lost in self.losses():
+            answer = hook.on_node_loss(lost)
+            assert isinstance(answer, NodeLoss) or answer in {loss.value for loss in NodeLoss}, answer
+            assert hook.on_node_loss(lost) == answer

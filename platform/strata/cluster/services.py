@@ -36,8 +36,8 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
     Attempts that were dispatched to an earlier session of this node died with it: they are requeued now
     rather than when the old lease would have expired.
     """
+    from strata.celery import request_pass
     from strata.scheduling.services import release_node_attempts
-    from strata.scheduling.tasks import request_pass
 
     now = timezone.now()
     with transaction.atomic():

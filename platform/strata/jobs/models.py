@@ -84,6 +84,7 @@ class Attempt(models.Model):
         PREEMPTED = "preempted"
         NODE_LOST = "node_lost"
         TIME_LIMIT = "time_limit"
+        SERVICE_LOST = "service_lost"  # the node service hosting it died (protocol.SERVICE_LOST): requeued
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")

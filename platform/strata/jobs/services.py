@@ -66,9 +66,9 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
                parent: Job | None = None) -> tuple[Job, bool]:
     """Record a validated job (a child of ``parent`` when given) and admit it under the team's quota. Returns
     (job, created)."""
+    from strata.celery import request_pass
     from strata.quotas.models import Quota
     from strata.quotas.services import ClusterView, admit_pending, never_fits
-    from strata.scheduling.tasks import request_pass
 
     digest = request_digest({**data, "team": team.slug})
     if idempotency_key:
@@ -135,7 +135,7 @@ def check_sources(team, kind: str, spec: dict) -> None:
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
     """Cancel a job and, in the same transaction, its child jobs that have not ended (recursively). A running
     attempt keeps its devices until its node confirms the child process is gone."""
-    from strata.scheduling.tasks import request_pass
+    from strata.celery import request_pass
 
     if job.terminal:
         return job
@@ -277,17 +277,17 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
 
 
 # How an attempt ended, as data (components.runtime.protocol, shared with the node's worker): an outcome that
-# ``requeue``s (a host such as a device's sharing service died under the attempt) is recorded as NODE_LOST with
-# a reason starting with LOST_REASON, and the job is requeued without counting a failure, as for a lost node --
+# ``requeue``s (a host such as a device's sharing service died under the attempt) is recorded as that outcome
+# (Attempt.Outcome.SERVICE_LOST) and the job is requeued without counting a failure, as for a lost node --
 # except that the LOST_LIMIT-th such loss of one job fails it (a crash loop must end).
-SERVICE_LOST = protocol.SERVICE_LOST.name
 SERVICE_LOST_REASON = protocol.LOST_REASON
 SERVICE_LOST_LIMIT = protocol.LOST_LIMIT
+REQUEUED_OUTCOMES = frozenset({Attempt.Outcome.NODE_LOST, Attempt.Outcome.SERVICE_LOST})
 
 
 def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: str = "") -> Job:
     """The node reports that an attempt's child exited. Decides the job's next state."""
-    from strata.scheduling.tasks import request_pass
+    from strata.celery import request_pass
 
     with transaction.atomic():
         attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
@@ -310,13 +310,13 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
 def _service_lost(job: Job, attempt: Attempt, detail: str) -> tuple[str, str, bool]:
     """``(outcome, reason, final)`` for an attempt whose GPU-sharing service died: a node loss (requeue, no
     failure counted) unless the job already lost its service SERVICE_LOST_LIMIT - 1 times (then it fails)."""
-    losses = 1 + Attempt.objects.filter(job_id=job.pk, outcome=Attempt.Outcome.NODE_LOST,
-                                        exit_reason__startswith=SERVICE_LOST_REASON).exclude(pk=attempt.pk).count()
+    losses = 1 + Attempt.objects.filter(job_id=job.pk, outcome=Attempt.Outcome.SERVICE_LOST).exclude(
+        pk=attempt.pk).count()
     suffix = f" ({detail})" if detail else ""
     if losses >= SERVICE_LOST_LIMIT:
         return (Attempt.Outcome.FAILED,
                 f"{SERVICE_LOST_REASON} under this job {losses} times; not requeued again{suffix}", True)
-    return Attempt.Outcome.NODE_LOST, f"{SERVICE_LOST_REASON}; requeued{suffix}", False
+    return Attempt.Outcome.SERVICE_LOST, f"{SERVICE_LOST_REASON}; requeued{suffix}", False
 
 
 def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, final: bool = False) -> None:
@@ -327,7 +327,7 @@ def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, fin
     elif job.state in {S.RUNNING, S.SCHEDULED}:
         if outcome == Outcome.SUCCEEDED:
             transition(job, job.state, S.SUCCEEDED, "all steps finished")
-        elif outcome == Outcome.NODE_LOST:
+        elif outcome in REQUEUED_OUTCOMES and not final:
             reason = reason or "node lost"
             transition(job, job.state, S.QUEUED, reason if "requeued" in reason else f"requeued: {reason}")
         else:
@@ -356,13 +356,26 @@ def attempt_end(attempt: Attempt, outcome: str, reason: str, *, final: bool = Fa
     return True
 
 
-def attempt_lost(attempt: Attempt, reason: str) -> None:
-    """The node running ``attempt`` is gone: end it without counting a failure and requeue the job."""
+def attempt_lost(attempt: Attempt, reason: str, *, requeue: bool = True) -> None:
+    """The node running ``attempt`` is gone: end it ``node_lost`` without counting a failure and requeue the job;
+    with ``requeue=False`` (a kind's failure policy says so) the job fails instead, whatever attempts it had left."""
     with transaction.atomic():
         if not _release(attempt, Attempt.Outcome.NODE_LOST, reason):
             return
         job = Job.objects.get(pk=attempt.job_id)
-        _after_attempt(job, attempt, Attempt.Outcome.NODE_LOST, reason)
+        _after_attempt(job, attempt, Attempt.Outcome.NODE_LOST, reason, final=not requeue)
+
+
+def attempt_drop_node(attempt: Attempt, node, reason: str) -> int:
+    """``attempt`` carries on without ``node`` (lost): the devices it held there are freed, and it keeps the
+    rest. Returns how many allocations were released."""
+    with transaction.atomic():
+        released = Allocation.objects.filter(attempt=attempt, active=True, device__node=node).update(active=False)
+        if released:
+            job_event(attempt.job_id, "attempt",
+                      f"attempt {attempt.number} carries on without node {node.name} ({reason}); "
+                      f"{released} device allocation(s) released", attempt=attempt, node=node.name)
+    return released
 
 
 def artifact_store(attempt: Attempt, name: str, source: BinaryIO, kind: str = Artifact.Kind.ARTIFACT) -> Artifact:

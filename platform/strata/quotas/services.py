@@ -280,7 +280,7 @@ class QuotaChange:
 def quota_update(team_id: int, changes: dict) -> QuotaChange:
     """Validate and apply ``changes`` to the team's quota, admit the PENDING jobs the new limits allow, and
     request a scheduling pass on commit so they are placed at once. Raises QuotaInvalid (nothing changed)."""
-    from strata.scheduling.tasks import request_pass
+    from strata.celery import request_pass
 
     cleaned = quota_clean(changes)
     with transaction.atomic():

@@ -8,10 +8,12 @@ well under a second.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 FULL = 1000  # one whole device, in thousandths
+CHOICES = 64  # the most places (best fit first) a placement hook chooses among for one worker
 
 
 @dataclass
@@ -99,8 +101,9 @@ class CapacityIndex:
         labels = self.nodes[node_id].labels
         return all(str(labels.get(key)) == str(value) for key, value in selector.items())
 
-    def find_fraction(self, share: float, memory: int | None, selector=None, exclude=None):
-        """Best fit for one worker needing ``share`` (<= 1) of a device: (device, milli, memory) or None."""
+    def fractions(self, share: float, memory: int | None, selector=None, exclude=None):
+        """Every device that fits one worker needing ``share`` (<= 1) of a device, best fit first:
+        (device, milli, memory). Consume it before changing the index."""
         milli = share_to_milli(share) if share > 0 else 0
         start = bisect.bisect_left(self._levels, max(milli, 1))
         for level in self._levels[start:]:
@@ -111,14 +114,18 @@ class CapacityIndex:
                     continue
                 need_memory = memory if memory is not None else device.memory_total * need_milli // FULL
                 if need_memory <= device.free_memory and self._node_ok(device.node_id, selector, exclude):
-                    return device, need_milli, need_memory
-        return None
+                    yield device, need_milli, need_memory
 
-    def find_whole(self, count: int, memory: int | None, selector=None, exclude=None):
-        """Best fit for one worker needing ``count`` whole devices on one node: [(device, milli, memory)]."""
+    def find_fraction(self, share: float, memory: int | None, selector=None, exclude=None):
+        """Best fit for one worker needing ``share`` (<= 1) of a device: (device, milli, memory) or None."""
+        return next(self.fractions(share, memory, selector, exclude), None)
+
+    def wholes(self, count: int, memory: int | None, selector=None, exclude=None):
+        """Every node that fits one worker needing ``count`` whole devices, best fit (fewest whole devices
+        free) first: [(device, milli, memory)] per node. Consume it before changing the index."""
         most = max((k for k, nodes in self._nodes_by_whole.items() if nodes), default=0)
         for available in range(count, most + 1):
-            for node_id in self._nodes_by_whole.get(available, ()):
+            for node_id in list(self._nodes_by_whole.get(available, ())):
                 if not self._node_ok(node_id, selector, exclude):
                     continue
                 chosen = []
@@ -128,22 +135,35 @@ class CapacityIndex:
                     if need_memory <= device.free_memory:
                         chosen.append((device, FULL, need_memory))
                     if len(chosen) == count:
-                        return chosen
-        return None
+                        yield chosen
+                        break
 
-    def place(self, resources: dict, selector=None):
+    def find_whole(self, count: int, memory: int | None, selector=None, exclude=None):
+        """Best fit for one worker needing ``count`` whole devices on one node: [(device, milli, memory)]."""
+        return next(self.wholes(count, memory, selector, exclude), None)
+
+    def place(self, resources: dict, selector=None, choose=None):
         """Gang placement: every worker gets devices, or nothing is taken. Returns [(rank, device, milli,
-        memory)] or None."""
+        memory)] or None.
+
+        ``choose(rank, options)``, when given, picks each worker's place among up to :data:`CHOICES` options
+        (lists of (device, milli, memory), best fit first) by returning an index, or None for none of them
+        (plugins' placement-score hooks); without it the best fit is taken."""
         gpus = float(resources.get("gpus", 0))
         memory = resources.get("gpu_memory")
         workers = int(resources.get("workers", 1))
         taken: list[tuple[int, DeviceSlot, int, int]] = []
         for rank in range(workers):
             if gpus > 1:
-                found = self.find_whole(int(round(gpus)), memory, selector)
+                options = self.wholes(int(round(gpus)), memory, selector)
             else:
-                one = self.find_fraction(gpus, memory, selector)
-                found = [one] if one else None
+                options = ([one] for one in self.fractions(gpus, memory, selector))
+            if choose is None:
+                found = next(options, None)
+            else:
+                listed = list(itertools.islice(options, CHOICES))
+                index = choose(rank, listed) if listed else None
+                found = listed[index] if index is not None else None
             if not found:
                 for _, device, milli, used in taken:
                     self.give(device.id, milli, used)

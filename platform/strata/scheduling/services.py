@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from strata.cluster.models import Device, Node
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
-from strata.jobs.services import attempt_lost
+from strata.jobs.services import attempt_drop_node, attempt_lost
 from strata.jobs.states import InvalidTransition, transition
 from strata.quotas.models import Quota
 from strata.quotas.services import admit_pending, teams_with_pending
@@ -75,12 +75,8 @@ def load_capacity(now=None) -> CapacityIndex:
     return CapacityIndex(list(nodes.values()))
 
 
-# Memory reserved for a shared job that measured its needs before: its measured peak plus this margin
-# (allocator fragmentation, a larger batch at an epoch's end).
-MEASURED_HEADROOM = 1.1
-# How many of the most recent measured attempts a pass reads to lend their measurement to the first attempt of
-# a job of the same kind and spec (Salus: such jobs have the same memory profile, and a sweep resubmits one
-# spec many times). It bounds the pass's work however long the history grows.
+# How many of the most recent measured attempts a pass reads for resource-estimate hooks (Demand.profile_memory:
+# what jobs of the same kind and spec measured). It bounds the pass's work however long the history grows.
 PROFILE_WINDOW = 5000
 
 
@@ -95,8 +91,7 @@ class _CanonicalSpecs(dict):
 
 def _measured_memory() -> dict:
     """Queued jobs whose earlier attempts a plugin measured (``Attempt.measured_memory``, from the report
-    channel): job id -> the most device memory one measured, so the next attempt is placed on what the job
-    really uses."""
+    channel): job id -> the most device memory one measured."""
     measured: dict = {}
     rows = (Attempt.objects.filter(job__state=S.QUEUED, measured_memory__isnull=False)
             .values_list("job_id", "measured_memory"))
@@ -124,62 +119,131 @@ def _measured_profiles(canonical: _CanonicalSpecs) -> dict:
     return profiles
 
 
-def _queue_by_team(quotas: dict[int, Quota]) -> tuple[dict[int, deque], dict]:
-    """The queued jobs of each team in priority order, and job id -> where the memory a job reserves came
-    from, for jobs that reserve a measurement instead of what they asked for."""
+@dataclass
+class _Queue:
+    """The queued jobs of each team in the core's order (after the queue-order hooks), and job id -> the note of
+    a resource-estimate hook that changed what the job reserves."""
+
+    by_team: dict[int, deque]
+    notes: dict
+
+
+def _queue_by_team(quotas: dict[int, Quota]) -> _Queue:
+    """Each team's queued jobs in priority order: ``(-(priority + boost), queued_at, id, resources, reason,
+    kind)``, with the resources the plugins' resource-estimate hooks say the job reserves."""
+    from components.runtime import registry
+    from components.runtime.policies import ResourceEstimate
+
+    estimators = registry.hooks(ResourceEstimate)
     queues: dict[int, list] = defaultdict(list)
     notes: dict = {}
-    canonical = _CanonicalSpecs()
-    measured = _measured_memory()
-    profiles = _measured_profiles(canonical)
-    kinds = {kind for kind, _ in profiles}
     rows = Job.objects.filter(state=S.QUEUED)
-    fields = ["id", "team_id", "priority", "queued_at", "resources", "reason"]
-    if kinds:  # specs matter only when a job of their kind measured something; fetched as text, not parsed
-        rows, fields = rows.annotate(spec_text=Cast("spec", TextField())), [*fields, "kind", "spec_text"]
-    lending, reserved = bool(measured or kinds), {}
-    # The headroom never makes a measurement that fits the largest device unplaceable.
-    largest = (Device.objects.aggregate(largest=Max("memory_total"))["largest"] or 0) if lending else 0
-    for job_id, team_id, priority, queued_at, resources, reason, *kind_spec in rows.values_list(*fields):
-        if lending and 0 < float(resources.get("gpus", 0)) < 1 and not resources.get("gpu_memory"):
-            # A fractional job without an explicit memory request reserves what it measured, not a memory
-            # slice proportional to its share: it goes where that fits, or waits. Its first attempt reserves
-            # what the latest jobs of its kind and spec measured; its own measurements take precedence.
-            used, source = measured.get(job_id, 0), "its earlier attempts measured"
-            if not used and kind_spec and kind_spec[0] in kinds:
-                kind, text = kind_spec
-                used, source = profiles.get((kind, canonical[text]), 0), "jobs with the same spec measured"
-            if used:
-                if (used, source) not in reserved:  # a sweep's jobs share a few of these
-                    memory = min(int(used * MEASURED_HEADROOM), max(used, largest))
-                    note = f"{memory / 2**30:.2f} GiB reserved: {MEASURED_HEADROOM:g} x what {source}"
-                    reserved[used, source] = memory, note
-                memory, notes[job_id] = reserved[used, source]
-                resources = {**resources, "gpu_memory": memory}
+    fields = ["id", "team_id", "priority", "queued_at", "resources", "reason", "kind"]
+    estimate = _estimator(estimators, rows) if estimators else None
+    if estimate is not None and estimate.by_spec:  # specs matter only then; fetched as text, not parsed
+        rows, fields = rows.annotate(spec_text=Cast("spec", TextField())), [*fields, "spec_text"]
+    for job_id, team_id, priority, queued_at, resources, reason, kind, *spec_text in rows.values_list(*fields):
+        if estimate is not None:
+            answer = estimate(job_id, team_id, kind, resources, spec_text[0] if spec_text else None)
+            if answer is not None:
+                resources = answer.resources
+                if answer.note:
+                    notes[job_id] = answer.note
         boost = quotas[team_id].priority if team_id in quotas else 0
-        queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason))
+        queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason, kind))
     ordered = {team: sorted(items, key=lambda item: (item[0], item[1])) for team, items in queues.items()}
-    return {team: deque(_hooked_order(team, items)) for team, items in ordered.items()}, notes
+    return _Queue({team: deque(_hooked_order(team, items)) for team, items in ordered.items()}, notes)
+
+
+class _estimator:
+    """Asks the resource-estimate hooks about one queued job at a time, with what was measured: the job's own
+    attempts, and recent jobs of its kind and spec (``by_spec``: kinds for which that exists)."""
+
+    def __init__(self, hooks: list, rows):
+        self.hooks = hooks
+        self.canonical = _CanonicalSpecs()
+        self.measured = _measured_memory()
+        self.profiles = _measured_profiles(self.canonical)
+        self.by_spec = {kind for kind, _ in self.profiles}
+        self.largest = Device.objects.aggregate(largest=Max("memory_total"))["largest"] or 0
+        self.answers: dict = {}
+
+    def __call__(self, job_id, team_id: int, kind: str, resources: dict, spec_text: str | None):
+        from components.runtime.policies import Demand, estimate
+
+        if not any(hook.applies(kind) for hook in self.hooks):
+            return None
+        profile = 0
+        if spec_text is not None and kind in self.by_spec:
+            profile = self.profiles.get((kind, self.canonical[spec_text]), 0)
+        measured = self.measured.get(job_id, 0)
+        # A sweep's jobs ask the same question: same kind, resources and measurements, same answer.
+        key = (kind, measured, profile, json.dumps(resources, sort_keys=True, default=str))
+        if key not in self.answers:
+            self.answers[key] = estimate(Demand(job_id=str(job_id), team_id=team_id, kind=kind,
+                                                resources=dict(resources), measured_memory=measured,
+                                                profile_memory=profile, largest_device_memory=self.largest),
+                                         self.hooks)
+        return self.answers[key]
 
 
 def _hooked_order(team_id: int, items: list[tuple]) -> list[tuple]:
     """One team's queue after the plugins' queue-order hooks (``components.runtime.policies.QueueOrder``): each
     permutes only its own kinds' jobs within a priority level. Unchanged when no plugin has such a hook."""
     from components.runtime import registry
-    from components.runtime.policies import QueuedJob, QueueOrder, reorder
+    from components.runtime.policies import QueueOrder, reorder
 
     hooks = registry.hooks(QueueOrder)
     if not hooks or len(items) < 2:
         return items
-    rows = Job.objects.filter(pk__in=[item[2] for item in items])
-    if all(hook.kinds is not None for hook in hooks):
-        rows = rows.filter(kind__in={kind for hook in hooks for kind in hook.kinds})
-    details = {job_id: (kind, spec) for job_id, kind, spec in rows.values_list("id", "kind", "spec")}
+    mine = [item for item in items if any(hook.applies(item[5]) for hook in hooks)]
+    if len(mine) < 2:
+        return items
     by_id = {str(item[2]): item for item in items}
-    views = [QueuedJob(id=str(item[2]), team_id=team_id, kind=details.get(item[2], ("", {}))[0], priority=-item[0],
-                       queued_at=item[1].timestamp() if item[1] else 0.0, resources=dict(item[3]),
-                       spec=dict(details.get(item[2], ("", {}))[1] or {})) for item in items]
+    specs = _specs([item[2] for item in mine])
+    views = [_view(team_id, item, specs.get(item[2])) for item in items]
     return [by_id[view.id] for view in reorder(views, hooks)]
+
+
+def _specs(job_ids: list) -> dict:
+    """job id -> spec, for the few jobs a hook must see whole."""
+    found: dict = {}
+    for start in range(0, len(job_ids), _CHUNK):
+        found.update(Job.objects.filter(pk__in=job_ids[start:start + _CHUNK]).values_list("id", "spec"))
+    return found
+
+
+def _view(team_id: int, item: tuple, spec: dict | None):
+    """What a hook sees of a queued job (``components.runtime.policies.QueuedJob``)."""
+    from components.runtime.policies import QueuedJob
+
+    return QueuedJob(id=str(item[2]), team_id=team_id, kind=item[5], priority=-item[0],
+                     queued_at=item[1].timestamp() if item[1] else 0.0, resources=dict(item[3]),
+                     spec=dict(spec or {}))
+
+
+def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex):
+    """``choose(rank, options)`` for CapacityIndex.place: the plugins' placement-score hooks pick among the
+    places that fit (best fit first); None when no hook applies to the job's kind."""
+    if not any(hook.applies(item[5]) for hook in hooks):
+        return None
+    from components.runtime.policies import Candidate, best
+
+    view = _view(team_id, item, _specs([item[2]]).get(item[2]))
+
+    def choose(rank: int, options: list) -> int | None:
+        candidates = []
+        for option in options:
+            device = option[0][0]
+            node = capacity.nodes[device.node_id]
+            candidates.append(Candidate(
+                rank=rank, node_id=str(node.id), node=node.name, labels=dict(node.labels),
+                devices=tuple(slot.index for slot, _, _ in option), share=option[0][1] / FULL,
+                memory=option[0][2], free_share=device.free / FULL, free_memory=device.free_memory,
+                memory_total=device.memory_total))
+        return best(view, candidates, hooks)
+
+    return choose
 
 
 def _held_by_team() -> dict[int, float]:
@@ -191,6 +255,9 @@ def _held_by_team() -> dict[int, float]:
 
 def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassResult:
     """Admit pending jobs, then place queued jobs in priority and weighted fair-share order."""
+    from components.runtime import registry
+    from components.runtime.policies import PlacementScore
+
     started = time.perf_counter()
     result = PassResult()
     for team_id in teams_with_pending():
@@ -199,12 +266,14 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         _lock()
         now = timezone.now()
         quotas = {quota.team_id: quota for quota in Quota.objects.all()}
-        queues, notes = _queue_by_team(quotas)
+        queue_view = _queue_by_team(quotas)
+        queues, notes = queue_view.by_team, queue_view.notes
         if not queues:
             result.seconds = time.perf_counter() - started
             return result
         capacity = load_capacity(now)
         held = _held_by_team()
+        scorers = registry.hooks(PlacementScore)
         weight = {team: max(quotas[team].weight if team in quotas else 1.0, 1e-6) for team in queues}
         # Teams take turns: highest head priority first, then the lowest held share per unit of weight.
         heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items()]
@@ -215,15 +284,18 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         while heap:
             _, _, team = heapq.heappop(heap)
             queue = queues[team]
-            neg_priority, _, job_id, resources, reason = queue.popleft()
+            item = queue.popleft()
+            neg_priority, _, job_id, resources, reason, _ = item
             gpus = float(resources.get("gpus", 0))
             memory = int(resources.get("gpu_memory") or 0)
             workers = int(resources.get("workers", 1))
             selector = resources.get("node_labels") or None
             key = repr(sorted(selector.items())) if selector else ""
-            # A request at least as large as one that already failed in this pass cannot fit either.
+            choose = _chooser(team, item, scorers, capacity) if scorers else None
+            # A request at least as large as one that already failed in this pass cannot fit either (whatever
+            # a placement hook would choose: it only chooses among places that fit).
             doomed = any(gpus >= g and memory >= m and workers >= w and key == k for g, m, w, k in failed_shapes)
-            taken = None if doomed else capacity.place(resources, selector)
+            taken = None if doomed else capacity.place(resources, selector, choose)
             if taken:
                 share = sum(milli for _, _, milli, _ in taken) / FULL
                 placements.append((job_id, taken, share))
@@ -359,24 +431,43 @@ def _announce_scheduled(job_ids: list) -> None:
 
 
 def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
-    """Preempt the fewest lower-priority attempts on one node so that ``job_id`` fits there. Attempts that
-    are already stopping (cancelled or preempted) count as free at no cost. Returns how many were preempted."""
+    """Preempt lower-priority attempts on one node so that ``job_id`` fits there: on the node where the victims
+    cost least in all (each costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise; a hook may refuse
+    one). Attempts that are already stopping (cancelled or preempted) count as free at no cost. Returns how
+    many were preempted."""
+    from components.runtime import registry
+    from components.runtime.policies import PreemptionCost, Victim, preemption_cost
+
+    hooks = registry.hooks(PreemptionCost)
     # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.
     active = (Allocation.objects.filter(active=True)
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
-                           "attempt__job__state", "attempt__started_at", "device_id", "share", "memory"))
+                           "attempt__job__state", "attempt__started_at", "device_id", "share", "memory",
+                           "attempt__job__kind", "attempt__gpu_share"))
     by_node: dict[object, dict] = defaultdict(dict)
-    for attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory in active:
+    costs: dict = {}
+    for (attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory, kind,
+         held) in active:
         if device_id not in capacity.devices:
             continue
         effective = victim_priority + (quotas[team_id].priority if team_id in quotas else 0)
         stopping = state in {S.CANCELLED, S.PREEMPTED}
         if not stopping and effective >= priority:
             continue
+        if stopping:
+            cost = 0.0
+        else:
+            if attempt_id not in costs:
+                costs[attempt_id] = preemption_cost(Victim(
+                    job_id=str(victim_job), attempt_id=str(attempt_id), team_id=team_id, kind=kind,
+                    priority=effective, started_at=started.timestamp() if started else 0.0, share=held), hooks)
+            cost = costs[attempt_id]
+            if cost is None:  # a plugin refuses to have it preempted
+                continue
         node_id = capacity.devices[device_id].node_id
-        entry = by_node[node_id].setdefault(attempt_id, {"job": victim_job, "stopping": stopping,
-                                                         "order": (not stopping, effective, -(started.timestamp() if started else 0)),
-                                                         "allocs": []})
+        entry = by_node[node_id].setdefault(attempt_id, {
+            "job": victim_job, "stopping": stopping, "cost": cost,
+            "order": (not stopping, effective, cost, -(started.timestamp() if started else 0)), "allocs": []})
         entry["allocs"].append((device_id, round(share * FULL), memory))
     best = None
     for node_id, candidates in by_node.items():
@@ -389,7 +480,7 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
             chosen.append(candidate)
             others = set(capacity.nodes) - {node_id}
             if resources_fit(capacity, resources, selector, others):
-                cost = sum(1 for c in chosen if not c["stopping"])
+                cost = (sum(c["cost"] for c in chosen), sum(1 for c in chosen if not c["stopping"]))
                 if best is None or cost < best[0]:
                     best = (cost, [c["job"] for c in chosen if not c["stopping"]])
                 break
@@ -440,13 +531,36 @@ def reap(now=None) -> dict:
 
 
 def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:
-    """End every active attempt that has a device on ``node`` (except those of session ``keep_session``)."""
-    attempts = Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node).distinct()
+    """End (or, where a plugin's failure policy carries on, shrink) every active attempt that has a device on
+    ``node``, except those of session ``keep_session``. Without a ``FailurePolicy`` hook for its kind an attempt
+    ends ``node_lost`` and its job is requeued. Returns how many attempts were affected."""
+    from components.runtime import registry
+    from components.runtime.policies import FailurePolicy, LostAttempt, NodeLoss, node_loss
+
+    hooks = registry.hooks(FailurePolicy)
+    attempts = (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node).distinct()
+                .select_related("job"))
     if keep_session is not None:
         attempts = attempts.exclude(node_session=keep_session)
     count = 0
     for attempt in attempts:
-        attempt_lost(attempt, reason)
+        decision, primary, left = NodeLoss.REQUEUE, attempt.node_id == node.pk, 0
+        if hooks and any(hook.applies(attempt.job.kind) for hook in hooks):
+            others = (Allocation.objects.filter(attempt=attempt, active=True).exclude(device__node=node)
+                      .values_list("device__node_id", flat=True).distinct())
+            left = Node.objects.filter(pk__in=list(others), state=Node.State.UP).count()
+            decision = node_loss(LostAttempt(
+                job_id=str(attempt.job_id), attempt_id=str(attempt.pk), team_id=attempt.job.team_id,
+                kind=attempt.job.kind, number=attempt.number, node=node.name, primary=primary,
+                nodes_left=left), hooks)
+        if decision == NodeLoss.CARRY_ON and not primary and left:
+            attempt_drop_node(attempt, node, reason)
+        elif decision == NodeLoss.REQUEUE:
+            attempt_lost(attempt, reason)
+        else:
+            why = ("its kind's failure policy fails the job" if decision == NodeLoss.FAIL
+                   else "nothing left to carry on with; not requeued (its kind's failure policy)")
+            attempt_lost(attempt, f"{reason}; {why}", requeue=False)
         count += 1
     return count
 

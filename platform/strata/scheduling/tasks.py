@@ -1,16 +1,14 @@
-"""Celery tasks of the scheduler: thin wrappers over scheduling.services."""
+"""Celery tasks of the scheduler: thin wrappers over scheduling.services. Other layers ask for a pass with
+:func:`strata.celery.request_pass`, by task name."""
 
 from __future__ import annotations
 
-import logging
-
 from celery import shared_task
-from django.conf import settings
 
-log = logging.getLogger(__name__)
+from strata.celery import SCHEDULE_PASS_TASK
 
 
-@shared_task(name="strata.scheduling.pass", ignore_result=True)
+@shared_task(name=SCHEDULE_PASS_TASK, ignore_result=True)
 def schedule_pass_task() -> None:
     from strata.scheduling.services import schedule_pass
 
@@ -23,17 +21,3 @@ def tick_task() -> None:
 
     tick()
 
-
-def request_pass() -> None:
-    """Ask for a scheduling pass soon. Inline when STRATA_SCHEDULE_INLINE is set (tests, benchmarks)."""
-    if getattr(settings, "STRATA_SCHEDULE_INLINE", False):
-        from strata.scheduling.services import schedule_pass
-
-        schedule_pass()
-        return
-    from strata.celery import app  # the configured app: a bare shared_task would use Celery's default broker
-
-    try:
-        app.send_task("strata.scheduling.pass", queue="control")
-    except Exception:  # the beat tick runs a pass anyway
-        log.exception("could not request a scheduling pass; the next tick will run one")

@@ -49,10 +49,10 @@ def _assert_one_admitted(team, count=N):
 def test_concurrent_service_submits_admit_exactly_one(make_team, make_user, monkeypatch):
     """50 racing submits: only the quota-row lock stands between them (the inline scheduling pass each
     submit would trigger is switched off here so the race is on admission alone)."""
+    from strata import celery
     from strata.jobs.services import job_submit
-    from strata.scheduling import tasks
 
-    monkeypatch.setattr(tasks, "request_pass", lambda: None)
+    monkeypatch.setattr(celery, "request_pass", lambda: None)
 
     team = make_team("alpha", max_concurrent_jobs=1)
     user = make_user("alice", team)

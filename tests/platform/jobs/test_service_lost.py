@@ -44,7 +44,7 @@ def test_service_lost_requeues_without_a_failure_then_fails_at_the_limit(cluster
         job.refresh_from_db()
         attempt.refresh_from_db()
         assert job.failures == 0
-        assert attempt.outcome == Attempt.Outcome.NODE_LOST
+        assert attempt.outcome == Attempt.Outcome.SERVICE_LOST
         assert attempt.exit_reason.startswith("GPU-sharing service died; requeued"), attempt.exit_reason
         assert "EOFError" in attempt.exit_reason
         assert job.reason.startswith("GPU-sharing service died; requeued"), job.reason
