@@ -107,15 +107,14 @@ def reorder(jobs: list[QueuedJob], hooks: list[QueueOrder]) -> list[QueuedJob]:
 # -- resources ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What a resource-estimate hook sees of a queued job. Memory in bytes; 0 means nothing was measured.
+    """What a resource-estimate hook sees of a queued job. Memory in bytes; 0 means nothing was measured. No job
+    id: the pass asks once for all the jobs that look the same (a sweep), so an answer depends on this alone.
 
     ``measured_memory``: the most device memory one of this job's earlier attempts measured (a plugin's report,
     ``Attempt.measured_memory``). ``profile_memory``: the most that one of the recent attempts of jobs with the
     same kind and identical spec measured, in any team. ``largest_device_memory``: the largest device in the
     cluster (an estimate should never make a job unplaceable on it)."""
 
-    job_id: str
-    team_id: int
     kind: str
     resources: dict[str, Any]
     measured_memory: int = 0
@@ -156,8 +155,8 @@ def estimate(demand: Demand, hooks: list[ResourceEstimate]) -> Estimate | None:
 
 
 def _with_resources(demand: Demand, resources: dict[str, Any]) -> Demand:
-    return Demand(demand.job_id, demand.team_id, demand.kind, resources, demand.measured_memory,
-                  demand.profile_memory, demand.largest_device_memory)
+    return Demand(demand.kind, resources, demand.measured_memory, demand.profile_memory,
+                  demand.largest_device_memory)
 
 
 # -- placement ------------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ class ResourceEstimateConformance(_SeamConformance):
         for gpus in (0.25, 0.5, 1.0, 2.0):
             for memory in (None, 2 * GiB):
                 for measured, profile in ((0, 0), (3 * GiB, 0), (0, 5 * GiB), (3 * GiB, 5 * GiB), (30 * GiB, 0)):
-                    found.append(Demand(job_id=f"job-{len(found)}", team_id=1, kind=self.kind(),
+                    found.append(Demand(kind=self.kind(),
                                         resources={"gpus": gpus, "gpu_memory": memory, "workers": 1},
                                         measured_memory=measured, profile_memory=profile,
                                         largest_device_memory=16 * GiB))

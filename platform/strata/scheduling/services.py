@@ -160,30 +160,37 @@ class _estimator:
     attempts, and recent jobs of its kind and spec (``by_spec``: kinds for which that exists)."""
 
     def __init__(self, hooks: list, rows):
+        from components.runtime.policies import Demand, estimate
+
+        self.demand, self.estimate = Demand, estimate
         self.hooks = hooks
         self.canonical = _CanonicalSpecs()
         self.measured = _measured_memory()
         self.profiles = _measured_profiles(self.canonical)
         self.by_spec = {kind for kind, _ in self.profiles}
         self.largest = Device.objects.aggregate(largest=Max("memory_total"))["largest"] or 0
+        self.applies: dict[str, bool] = {}
         self.answers: dict = {}
 
     def __call__(self, job_id, team_id: int, kind: str, resources: dict, spec_text: str | None):
-        from components.runtime.policies import Demand, estimate
-
-        if not any(hook.applies(kind) for hook in self.hooks):
+        if kind not in self.applies:
+            self.applies[kind] = any(hook.applies(kind) for hook in self.hooks)
+        if not self.applies[kind]:
             return None
         profile = 0
         if spec_text is not None and kind in self.by_spec:
             profile = self.profiles.get((kind, self.canonical[spec_text]), 0)
         measured = self.measured.get(job_id, 0)
         # A sweep's jobs ask the same question: same kind, resources and measurements, same answer.
-        key = (kind, measured, profile, json.dumps(resources, sort_keys=True, default=str))
+        try:
+            key = (kind, measured, profile, tuple(sorted(resources.items())))
+            hash(key)
+        except TypeError:  # a nested value (node_labels)
+            key = (kind, measured, profile, json.dumps(resources, sort_keys=True, default=str))
         if key not in self.answers:
-            self.answers[key] = estimate(Demand(job_id=str(job_id), team_id=team_id, kind=kind,
-                                                resources=dict(resources), measured_memory=measured,
-                                                profile_memory=profile, largest_device_memory=self.largest),
-                                         self.hooks)
+            self.answers[key] = self.estimate(self.demand(
+                kind=kind, resources=dict(resources), measured_memory=measured, profile_memory=profile,
+                largest_device_memory=self.largest), self.hooks)
         return self.answers[key]
 
 

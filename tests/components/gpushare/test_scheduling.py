@@ -11,7 +11,7 @@ GiB = 2**30
 
 
 def demand(gpus=0.5, memory=None, measured=0, profile=0, largest=16 * GiB) -> Demand:
-    return Demand(job_id="j", team_id=1, kind="train", resources={"gpus": gpus, "gpu_memory": memory, "workers": 1},
+    return Demand(kind="train", resources={"gpus": gpus, "gpu_memory": memory, "workers": 1},
                   measured_memory=measured, profile_memory=profile, largest_device_memory=largest)
 
 
