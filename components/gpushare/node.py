@@ -131,12 +131,6 @@ class DeviceSharingService(ProcessService):
         devices = [entry for payload in payloads for entry in payload.get("devices", [])]
         return {"devices": sorted(devices, key=lambda entry: entry.get("index", 0))}
 
-    @classmethod
-    def heartbeat_fields(cls, payload: Any) -> dict[str, Any]:
-        # TODO(reports): the control plane reads ``sharing`` until it takes ``reports["gpushare"]``; drop this
-        # legacy field then.
-        return {"sharing": list((payload or {}).get("devices", []))}
-
     def worker_config(self) -> dict[str, Any]:
         return {"socket_dir": str(self.shared.socket_dir), "authkey_file": str(self.shared.authkey_file)}
 

@@ -142,11 +142,7 @@ class NodeAgent:
             reports = self.services.reports()
             if reports:
                 body["reports"] = reports
-            # TODO(reports): legacy top-level fields (``sharing``) some plugins still derive from their reports,
-            # for a control plane that does not read ``reports`` yet; drop them with the hook.
-            legacy = self.services.heartbeat_fields(reports)
-            body.update(legacy)
-            reported = [*(["reports"] if reports else []), *legacy]
+            reported = ["reports"] if reports else []
         try:
             answer = self.client.post("node/heartbeat/", body)
         except ApiError as error:

@@ -130,13 +130,6 @@ class NodeService(abc.ABC):
                     merged[key] = list(value) if isinstance(value, list) else value
         return merged
 
-    @classmethod
-    def heartbeat_fields(cls, payload: Any) -> dict[str, Any]:
-        """Extra top-level heartbeat fields built from this plugin's merged payload (None when no instance
-        reported). Only for a plugin whose report predates ``reports`` (a legacy field the control plane still
-        reads); none by default."""
-        return {}
-
     def configure(self, settings: dict[str, Any]) -> None:  # noqa: B027 -- optional hook
         """Node-wide settings from the control plane: the heartbeat's answer (e.g. ``sharing_policy``)."""
 
@@ -319,19 +312,6 @@ class Supervisor:
             except Exception as error:  # noqa: BLE001
                 log.warning("node services of %s: merge() raised %r", plugin, error)
         return merged
-
-    def heartbeat_fields(self, reports: dict[str, Any]) -> dict[str, Any]:
-        """Legacy top-level heartbeat fields the plugins derive from their reports (see
-        :meth:`NodeService.heartbeat_fields`)."""
-        fields: dict[str, Any] = {}
-        for plugin, classes in self.classes.items():
-            payload = reports.get(plugin)
-            for service_class in classes.values():
-                try:
-                    fields.update(service_class.heartbeat_fields(payload))
-                except Exception as error:  # noqa: BLE001
-                    log.warning("node services of %s: heartbeat_fields() raised %r", plugin, error)
-        return fields
 
     def configure(self, settings: dict[str, Any]) -> None:
         for entry in self.entries:

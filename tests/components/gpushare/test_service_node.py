@@ -30,8 +30,6 @@ def test_reports_merge_per_device_and_the_policy_follows_the_heartbeat_answer(tm
         merged = DeviceSharingService.merge(payloads)
         assert [entry["index"] for entry in merged["devices"]] == [0, 1]
         assert {entry["policy"] for entry in merged["devices"]} == {"fair"}
-        assert DeviceSharingService.heartbeat_fields(merged) == {"sharing": merged["devices"]}
-        assert DeviceSharingService.heartbeat_fields(None) == {"sharing": []}
         for service in services:
             service.configure({"sharing_policy": "pack", "lease_seconds": 30})
         assert all(service.call({"op": "ping"})["policy"] == "pack" for service in services)

@@ -55,10 +55,6 @@ class Memory(NodeService):
     def worker_config(self):
         return {"where": f"/tmp/memory-{self.index}"}
 
-    @classmethod
-    def heartbeat_fields(cls, payload):
-        return {"legacy_items": list((payload or {}).get("items", []))}
-
 
 class Flaky(Memory):
     """Fails its first start; dies when told to."""
@@ -119,8 +115,6 @@ def test_a_broken_service_costs_only_itself(tmp_path):
     reports = supervisor.reports()
     # Two instances of one plugin: one payload, lists concatenated.
     assert reports == {"memory": {"items": [{"index": 0, "beats": 1}, {"index": 1, "beats": 1}], "node": "n"}}
-    assert supervisor.heartbeat_fields(reports) == {"legacy_items": reports["memory"]["items"]}
-    assert supervisor.heartbeat_fields({}) == {"legacy_items": []}
     supervisor.configure({"sharing_policy": "pack"})
     assert all(entry.service.settings == {"sharing_policy": "pack"} for entry in supervisor.entries)
     config = supervisor.worker_config()
@@ -185,7 +179,7 @@ class FakeClient:
 
 
 @pytest.mark.parametrize("refuse", [False, True])
-def test_the_heartbeat_carries_reports_and_legacy_fields_and_a_refusal_costs_only_them(tmp_path, refuse):
+def test_the_heartbeat_carries_only_core_fields_and_reports_and_a_refusal_costs_only_them(tmp_path, refuse):
     from components.runtime.agent import NodeAgent
 
     agent = object.__new__(NodeAgent)
@@ -200,10 +194,10 @@ def test_the_heartbeat_carries_reports_and_legacy_fields_and_a_refusal_costs_onl
     assert answer["sharing_policy"] == "srtf"
     first = agent.client.bodies[0]
     assert first["reports"] == {"memory": {"items": [{"index": 0, "beats": 1}], "node": "n"}}
-    assert first["legacy_items"] == [{"index": 0, "beats": 1}]
+    assert set(first) == {"node", "session", "samples", "attempts", "reports"}  # no plugin's own field
     if refuse:  # sent again without what the control plane refused, so the lease is kept
         assert len(agent.client.bodies) == 2
-        assert "reports" not in agent.client.bodies[1] and "legacy_items" not in agent.client.bodies[1]
+        assert set(agent.client.bodies[1]) == {"node", "session", "samples", "attempts"}
     else:
         assert len(agent.client.bodies) == 1
     assert agent.services.entries[0].service.settings["sharing_policy"] == "srtf"
@@ -340,4 +334,4 @@ def test_a_refused_plugin_report_costs_only_that_plugin(tmp_path):
     assert len(agent.client.bodies) == 2
     retry = agent.client.bodies[1]
     assert set(retry["reports"]) == {"other"}  # the healthy plugin's report still goes through
-    assert "legacy_items" in retry  # and the legacy fields too
+    assert set(retry) == {"node", "session", "samples", "attempts", "reports"}
