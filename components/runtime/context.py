@@ -120,9 +120,12 @@ class Context(abc.ABC):
         self.flush()
 
     # -- child jobs (tuning trials, ranks): jobs of the same team, under the same checks and quota --------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
+                     nested: bool = False) -> dict[str, Any]:
         """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
-        ``{"id", "name", "kind", "state", "reason", "parent"}``. A bad body raises ``ValueError`` naming the fields."""
+        ``{"id", "name", "kind", "state", "reason", "parent", "nested", "held", "resources", "failures"}``. A bad
+        body raises ``ValueError`` naming the fields. ``nested``: it runs inside this attempt's own allocation
+        (admitted without the team's quota, placed only on the devices this attempt holds)."""
         raise NotImplementedError(f"{type(self).__name__} cannot submit child jobs")
 
     def children(self) -> list[dict[str, Any]]:
@@ -131,6 +134,24 @@ class Context(abc.ABC):
 
     def cancel_child(self, job_id: str) -> dict[str, Any]:
         """Cancel one of this job's child jobs; returns its summary."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
+    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        """Hold a child: it is never placed until released (a running one stops at a checkpoint first)."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
+    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        """Let a held child be placed again."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
+    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        """Give a child new resources (a running one stops at a checkpoint and is placed again with them). Bad
+        resources raise ``ValueError`` naming the fields."""
+        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
+
+    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        """A child's summary with its metric points after cursor ``after``: ``{..., "points": [{"id", "name",
+        "step", "value", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
         raise NotImplementedError(f"{type(self).__name__} has no child jobs")
 
 
@@ -194,7 +215,8 @@ class LocalContext(Context):
         return path.read_bytes() if path.exists() else None
 
     # -- child jobs: recorded in memory (nothing runs them) ---------------------------------------------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
+                     nested: bool = False) -> dict[str, Any]:
         if not isinstance(job, dict) or not job.get("kind"):
             raise ValueError("the child job was refused: kind: required")
         for existing in self.child_jobs:
@@ -203,19 +225,42 @@ class LocalContext(Context):
         import uuid
 
         summary = {"id": str(uuid.uuid4()), "name": job.get("name", ""), "kind": job["kind"], "state": "QUEUED",
-                   "reason": "", "parent": self.job_id}
+                   "reason": "", "parent": self.job_id, "nested": bool(nested), "held": False,
+                   "resources": dict(job.get("resources") or {}), "failures": 0}
         self.child_jobs.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key})
         return summary
 
     def children(self) -> list[dict[str, Any]]:
         return [dict(entry["summary"]) for entry in self.child_jobs]
 
-    def cancel_child(self, job_id: str) -> dict[str, Any]:
+    def _child(self, job_id: str) -> dict[str, Any]:
         for entry in self.child_jobs:
             if entry["summary"]["id"] == job_id:
-                entry["summary"]["state"] = "CANCELLED"
-                return dict(entry["summary"])
+                return entry
         raise LookupError(f"no child job {job_id}")
+
+    def cancel_child(self, job_id: str) -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["state"] = "CANCELLED"
+        return dict(summary)
+
+    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["held"] = True
+        return dict(summary)
+
+    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["held"] = False
+        return dict(summary)
+
+    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["resources"] = dict(resources)
+        return dict(summary)
+
+    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        return {**self._child(job_id)["summary"], "points": [], "cursor": after}
 
 
 def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,

@@ -140,10 +140,12 @@ class RemoteContext(Context):
         return response.content
 
     # -- child jobs ------------------------------------------------------------------------------------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
+                     nested: bool = False) -> dict[str, Any]:
         try:
             return self.client.post(self._path("children/"), {**self._auth(), "job": job,
-                                                              "idempotency_key": idempotency_key})
+                                                              "idempotency_key": idempotency_key,
+                                                              "nested": bool(nested)})
         except ApiError as error:
             if error.status == 400:
                 raise ValueError(f"the child job was refused: {error}") from None
@@ -154,4 +156,22 @@ class RemoteContext(Context):
 
     def cancel_child(self, job_id: str) -> dict[str, Any]:
         return self.client.post(self._path(f"children/{job_id}/cancel/"), self._auth())
+
+    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self.client.post(self._path(f"children/{job_id}/hold/"), {**self._auth(), "reason": reason})
+
+    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self.client.post(self._path(f"children/{job_id}/release/"), {**self._auth(), "reason": reason})
+
+    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        try:
+            return self.client.post(self._path(f"children/{job_id}/resize/"),
+                                    {**self._auth(), "resources": resources, "reason": reason})
+        except ApiError as error:
+            if error.status == 400:
+                raise ValueError(f"the resize was refused: {error}") from None
+            raise
+
+    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        return self.client.get(self._path(f"children/{job_id}/metrics/"), params={**self._auth(), "after": after})
 

@@ -6,8 +6,8 @@ Subclass the one for your hook's seam and point it at the hook; give it inputs i
         hook_path = "strata_primes.hooks:SmallestLimitFirst"
         specs = ({"limit": 500}, {"limit": 20}, {"limit": 100})
 
-    class TestLendMeasuredMemory(ResourceEstimateConformance):
-        hook_path = "components.gpushare.scheduling:LendMeasuredMemory"
+    class TestMyEstimate(ResourceEstimateConformance):
+        hook_path = "my_plugin.hooks:MyEstimate"
 
 Every suite checks that the hook is a light, pure policy: the same input gives the same answer, the input is
 not mutated, answers have the seam's type, and the module imports nothing heavy. :class:`QueueOrderConformance`

@@ -50,7 +50,7 @@ VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
     "description": (
         "A request that was refused as invalid: one key per bad field, named by its dotted path "
         "(`spec.epochs`, `resources.gpus`, `Idempotency-Key`, a query parameter), each with a list of messages "
-        "(a nested object or list for a nested field, as in `{\"reports\": {\"gpushare\": {\"devices\": [...]}}}`); "
+        "(a nested object or list for a nested field, as in `{\"reports\": {\"primes\": {\"disks\": [...]}}}`); "
         "`non_field_errors` for the body as a whole; `detail` alone for a request that could not be read "
         "(malformed JSON, a bad Content-Length, text that cannot be stored)."
     ),

@@ -32,5 +32,13 @@ urlpatterns = [
     path(f"{ATTEMPT}/children/", cluster.AttemptChildrenView.as_view(), name="attempt-children"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/cancel/", cluster.AttemptChildCancelView.as_view(),
          name="attempt-child-cancel"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/hold/", cluster.AttemptChildHoldView.as_view(),
+         name="attempt-child-hold"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/release/", cluster.AttemptChildReleaseView.as_view(),
+         name="attempt-child-release"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/resize/", cluster.AttemptChildResizeView.as_view(),
+         name="attempt-child-resize"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/metrics/", cluster.AttemptChildMetricsView.as_view(),
+         name="attempt-child-metrics"),
     *router.urls,
 ]

@@ -40,6 +40,12 @@ class Job(models.Model):
     priority = models.IntegerField(default=0)
     # Child jobs: a running job may submit jobs of its own team (tuning trials, ranks); cancelling it cancels them.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    # A nested child runs inside its parent's allocation (a sweep's trials within the tune job's GPUs): admitted
+    # without the team's quota (the parent holds it) and placed only on the devices its parent's attempt holds.
+    nested = models.BooleanField(default=False, db_default=False)
+    # A held job stays where it is in the queue but is never placed until released (a running job that is held
+    # is preempted first, with a checkpoint). Its parent holds and releases a trial between rungs.
+    held = models.BooleanField(default=False, db_default=False)
     max_attempts = models.PositiveIntegerField(default=3)
     time_limit = models.PositiveIntegerField(help_text="Seconds an attempt may run.", default=3600)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)
@@ -141,6 +147,9 @@ class Allocation(models.Model):
     share = models.FloatField()
     memory = models.BigIntegerField()
     active = models.BooleanField(default=True, db_index=True)
+    # Carved out of the parent's allocation on the same device (a nested child's): the cluster's free capacity
+    # does not change, so capacity counts skip it.
+    nested = models.BooleanField(default=False, db_default=False)
 
 
 class JobEvent(models.Model):

@@ -63,9 +63,10 @@ def job_event(job_id, kind: str, message: str, attempt=None, **data) -> None:
 
 
 def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
-               parent: Job | None = None) -> tuple[Job, bool]:
-    """Record a validated job (a child of ``parent`` when given) and admit it under the team's quota. Returns
-    (job, created)."""
+               parent: Job | None = None, nested: bool = False) -> tuple[Job, bool]:
+    """Record a validated job (a child of ``parent`` when given) and admit it under the team's quota -- or, for a
+    ``nested`` child, at once: it runs inside its parent's allocation, whose admission already counted the team's
+    quota. Returns (job, created)."""
     from strata.celery import request_pass
     from strata.quotas.models import Quota
     from strata.quotas.services import ClusterView, admit_pending, never_fits
@@ -78,8 +79,10 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
                 raise IdempotencyConflict(idempotency_key)
             return existing, False
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
-              **data)
+              nested=nested, **data)
     check_sources(team, job.kind, job.spec)
+    if nested:
+        return _nested_submit(job, idempotency_key, digest)
     view = ClusterView()
     # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
     # PENDING (a node with them may register later), where it holds none of the team's quota.
@@ -110,6 +113,68 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     job.refresh_from_db()
     transaction.on_commit(request_pass)
     return job, True
+
+
+def _nested_submit(job: Job, idempotency_key: str | None, digest: str) -> tuple[Job, bool]:
+    """Save a nested child QUEUED: no quota admission (its parent holds the team's quota), placed by the
+    scheduler inside its parent's allocation."""
+    from strata.celery import request_pass
+
+    try:
+        with transaction.atomic():
+            job.save()
+            job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
+            if registry_subscribers():
+                from components.runtime.events import JobTransitioned
+
+                emit(JobTransitioned(job_id=str(job.pk), team_id=job.team_id, kind=job.kind, source=None,
+                                     target=S.PENDING, reason="submitted"))
+            transition(job, S.PENDING, S.QUEUED, f"admitted inside its parent {job.parent_id}'s allocation")
+    except IntegrityError:
+        existing = Job.objects.filter(owner=job.owner, idempotency_key=idempotency_key).first()
+        if idempotency_key and existing is not None:
+            if existing.request_digest != digest:
+                raise IdempotencyConflict(idempotency_key) from None
+            return existing, False
+        raise
+    job.refresh_from_db()
+    transaction.on_commit(request_pass)
+    return job, True
+
+
+def parent_room(attempt: Attempt) -> list[dict]:
+    """The devices ``attempt`` holds, as nested children see them: ``[{"node", "device", "index", "share",
+    "memory", "memory_total"}]`` (whole allocations only, not nested ones)."""
+    rows = (Allocation.objects.filter(attempt=attempt, active=True, nested=False)
+            .values_list("device__node_id", "device_id", "device__index", "share", "memory", "device__memory_total"))
+    return [{"node": node, "device": device, "index": index, "share": share, "memory": memory,
+             "memory_total": total} for node, device, index, share, memory, total in rows]
+
+
+def nested_fit_problem(resources: dict, room: list[dict]) -> str | None:
+    """Why a nested child with ``resources`` could never fit in its parent's allocation ``room``; None if it
+    could (with every other child gone)."""
+    if int(resources.get("workers", 1)) != 1:
+        return "a nested child runs one worker"
+    gpus = float(resources.get("gpus", 0))
+    memory = resources.get("gpu_memory")
+    if not room:
+        return "its parent holds no devices"
+    if gpus > 1:
+        whole: dict = {}
+        for entry in room:
+            if entry["share"] >= 1 - 1e-9 and (memory is None or entry["memory"] >= memory):
+                whole[entry["node"]] = whole.get(entry["node"], 0) + 1
+        if max(whole.values(), default=0) < round(gpus):
+            return f"its parent holds at most {max(whole.values(), default=0)} whole device(s) on one node"
+        return None
+    for entry in room:
+        need = memory if memory is not None else entry["memory_total"] * gpus
+        if entry["share"] >= gpus - 1e-9 and entry["memory"] >= need:
+            return None
+    largest = max(entry["share"] for entry in room)
+    return f"its parent holds at most {largest:g} of one device" + (f" and {max(e['memory'] for e in room)} bytes"
+                                                                   if memory is not None else "")
 
 
 def check_sources(team, kind: str, spec: dict) -> None:
@@ -155,14 +220,75 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
     return job
 
 
-def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Submit a child job of the attempt's job: same team and owner, the normal checks and quota admission.
-    Only a running job may have children submitted."""
+def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = None, *,
+                 nested: bool = False) -> tuple[Job, bool]:
+    """Submit a child job of the attempt's job: same team and owner, the normal checks and quota admission; or,
+    ``nested``, inside the attempt's own allocation (refused when it could never fit there). Only a running job
+    may have children submitted."""
     parent = attempt.job
     if parent.state != S.RUNNING:
         raise InvalidTransition(parent.pk, [S.RUNNING], "child submit", parent.state)
+    if nested and (problem := nested_fit_problem(data.get("resources") or {}, parent_room(attempt))):
+        raise SubmitRejected("resources", f"cannot run inside its parent's allocation: {problem}")
     return job_submit(user=parent.owner, team=parent.team, data=data, idempotency_key=idempotency_key,
-                      parent=parent)
+                      parent=parent, nested=nested)
+
+
+def job_hold(job: Job, reason: str = "held") -> Job:
+    """Hold ``job``: it keeps its place but is never placed until :func:`job_release`. A running or scheduled job
+    is preempted first (it stops at its next checkpoint and is requeued, held)."""
+    from strata.celery import request_pass
+
+    with transaction.atomic():
+        if job.terminal or not Job.objects.filter(pk=job.pk, held=False).exclude(
+                state__in=TERMINAL_STATES).update(held=True):
+            job.refresh_from_db()
+            return job
+        try:
+            transition(job, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"held: {reason}")
+        except InvalidTransition:
+            Job.objects.filter(pk=job.pk, state__in=[S.PENDING, S.QUEUED]).update(reason=f"held: {reason}")
+        job_event(job.pk, "hold", f"held: {reason}")
+    transaction.on_commit(request_pass)
+    job.refresh_from_db()
+    return job
+
+
+def job_release(job: Job, reason: str = "released") -> Job:
+    """Let a held job be placed again."""
+    from strata.celery import request_pass
+
+    with transaction.atomic():
+        if Job.objects.filter(pk=job.pk, held=True).update(held=False):
+            Job.objects.filter(pk=job.pk, state=S.QUEUED).update(reason=f"{reason}; waiting to be placed")
+            job_event(job.pk, "hold", reason)
+    transaction.on_commit(request_pass)
+    job.refresh_from_db()
+    return job
+
+
+def job_resize(job: Job, resources: dict, reason: str = "resized") -> Job:
+    """Give ``job`` new (normalized) resources: a queued job is placed with them; a running or scheduled one is
+    preempted (it checkpoints) and requeued with them. A nested child's must fit its parent's allocation."""
+    from strata.celery import request_pass
+
+    if job.nested and job.parent_id is not None:
+        live = Attempt.objects.filter(job_id=job.parent_id, ended_at__isnull=True).first()
+        if live is not None and (problem := nested_fit_problem(resources, parent_room(live))):
+            raise SubmitRejected("resources", f"cannot run inside its parent's allocation: {problem}")
+    with transaction.atomic():
+        if job.terminal:
+            return job
+        Job.objects.filter(pk=job.pk).update(resources=resources)
+        job.resources = resources
+        job_event(job.pk, "resize", f"{reason}: {resources}", resources=resources)
+        try:
+            transition(job, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"{reason}: restarting with {resources}")
+        except InvalidTransition:
+            pass
+    transaction.on_commit(request_pass)
+    job.refresh_from_db()
+    return job
 
 
 def children_of(job: Job):
@@ -264,6 +390,13 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
         ended_at=timezone.now(), outcome=outcome, exit_reason=reason[:500])
     if ended:
         Allocation.objects.filter(attempt=attempt).update(active=False)
+        # Nested children ran inside this attempt's allocation: they stop with it, and wait for its next one.
+        for child in Job.objects.filter(parent_id=attempt.job_id, nested=True, state__in=[S.RUNNING, S.SCHEDULED]):
+            try:
+                transition(child, [S.RUNNING, S.SCHEDULED], S.PREEMPTED,
+                           f"its parent's attempt {attempt.number} ended; waiting for the parent to run again")
+            except InvalidTransition:
+                continue
         job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
                   attempt=attempt, outcome=outcome)
         if registry_subscribers():
@@ -323,7 +456,9 @@ def _after_attempt(job: Job, attempt: Attempt, outcome: str, reason: str, *, fin
     """Move the job on after its attempt ended with ``outcome``; ``final``: a failure that is not retried."""
     Outcome = Attempt.Outcome
     if job.state == S.PREEMPTED:
-        transition(job, S.PREEMPTED, S.QUEUED, f"requeued after preemption ({reason or 'preempted'})")
+        transition(job, S.PREEMPTED, S.QUEUED, f"held after preemption ({reason or 'preempted'}); waiting for release"
+                   if Job.objects.filter(pk=job.pk, held=True).exists()
+                   else f"requeued after preemption ({reason or 'preempted'})")
     elif job.state in {S.RUNNING, S.SCHEDULED}:
         if outcome == Outcome.SUCCEEDED:
             transition(job, job.state, S.SUCCEEDED, "all steps finished")

@@ -98,7 +98,8 @@ def team_load(team_id: int, view: ClusterView | None = None) -> TeamLoad:
             "job_id", "gpu_share"):
         held[job_id] += share
     load = TeamLoad()
-    for job in Job.objects.filter(team_id=team_id, state__in=ADMITTED_STATES).only("resources"):
+    # Nested children run inside their parent's allocation: the parent counts for them.
+    for job in Job.objects.filter(team_id=team_id, state__in=ADMITTED_STATES, nested=False).only("resources"):
         load.add(job, held[job.pk] if job.pk in held else view.gpus(job.resources))
     return load
 
@@ -145,7 +146,8 @@ def admit_pending(team_id: int) -> list[Job]:
     admitted = []
     with transaction.atomic():
         quota = Quota.objects.select_for_update().filter(team_id=team_id).first()
-        pending = list(Job.objects.filter(team_id=team_id, state=JobState.PENDING).order_by("-priority", "created_at"))
+        pending = list(Job.objects.filter(team_id=team_id, state=JobState.PENDING, nested=False)
+                       .order_by("-priority", "created_at"))
         if not pending:
             return admitted
         if quota is None:
@@ -170,7 +172,7 @@ def admit_pending(team_id: int) -> list[Job]:
 
 
 def teams_with_pending() -> list[int]:
-    return list(Job.objects.filter(state=JobState.PENDING).values_list("team_id", flat=True).distinct())
+    return list(Job.objects.filter(state=JobState.PENDING, nested=False).values_list("team_id", flat=True).distinct())
 
 
 def team_usage(team_id: int) -> dict:

@@ -66,7 +66,8 @@ def load_capacity(now=None) -> CapacityIndex:
                           free_memory=memory_total)
         devices[device_id] = slot
         nodes[node_id].devices.append(slot)
-    for device_id, share, memory in Allocation.objects.filter(active=True, device_id__in=list(devices)).values_list(
+    for device_id, share, memory in Allocation.objects.filter(active=True, nested=False,
+                                                              device_id__in=list(devices)).values_list(
         "device_id", "share", "memory"
     ):
         slot = devices[device_id]
@@ -137,7 +138,7 @@ def _queue_by_team(quotas: dict[int, Quota]) -> _Queue:
     estimators = registry.hooks(ResourceEstimate)
     queues: dict[int, list] = defaultdict(list)
     notes: dict = {}
-    rows = Job.objects.filter(state=S.QUEUED)
+    rows = Job.objects.filter(state=S.QUEUED, nested=False, held=False)
     fields = ["id", "team_id", "priority", "queued_at", "resources", "reason", "kind"]
     estimate = _estimator(estimators, rows) if estimators else None
     if estimate is not None and estimate.by_spec:  # specs matter only then; fetched as text, not parsed
@@ -275,7 +276,8 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         quotas = {quota.team_id: quota for quota in Quota.objects.all()}
         queue_view = _queue_by_team(quotas)
         queues, notes = queue_view.by_team, queue_view.notes
-        if not queues:
+        nested, nested_waiting = _place_nested()
+        if not queues and not nested and not nested_waiting:
             result.seconds = time.perf_counter() - started
             return result
         capacity = load_capacity(now)
@@ -323,10 +325,10 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
                     waiting[job_id] = why
             if queue:
                 heapq.heappush(heap, (queue[0][0], held[team] / weight[team], team))
-        result.placed = len(placements)
-        result.waiting = len(waiting)
-        _set_reasons(waiting)
-        result.dispatches = _create_attempts(placements, now, notes)
+        result.placed = len(placements) + len(nested)
+        result.waiting = len(waiting) + len(nested_waiting)
+        _set_reasons({**waiting, **nested_waiting})
+        result.dispatches = _create_attempts(placements, now, notes) + _create_attempts(nested, now, nested=True)
         if dispatch and result.dispatches:
             from strata.scheduling.dispatch import publish_all
 
@@ -334,6 +336,52 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
             transaction.on_commit(lambda: publish_all(batch))
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _place_nested() -> tuple[list, dict]:
+    """Place queued nested children inside their parents' allocations: ``(placements, waiting reasons)``.
+
+    Each parent with a live attempt gets a capacity index of the devices that attempt holds (its share and
+    memory on each), less what its other nested children hold; its children are placed there best-fit, in
+    priority then queue order. A child whose parent has no live attempt waits for it."""
+    rows = list(Job.objects.filter(state=S.QUEUED, nested=True, held=False).order_by("-priority", "queued_at")
+                .values_list("id", "parent_id", "resources", "reason"))
+    if not rows:
+        return [], {}
+    live = dict(Attempt.objects.filter(job_id__in={parent for _, parent, _, _ in rows}, ended_at__isnull=True)
+                .values_list("job_id", "id"))
+    nodes: dict = defaultdict(dict)  # parent -> node id -> NodeSlot
+    devices: dict = defaultdict(dict)  # parent -> device id -> DeviceSlot
+    owner = {attempt: parent for parent, attempt in live.items()}
+    for attempt_id, device_id, node_id, index, total, share, memory in (
+            Allocation.objects.filter(attempt_id__in=list(owner), active=True, nested=False)
+            .values_list("attempt_id", "device_id", "device__node_id", "device__index", "device__memory_total",
+                         "share", "memory")):
+        parent = owner[attempt_id]
+        slot = DeviceSlot(id=device_id, node_id=node_id, index=index, memory_total=total,
+                          free=round(share * FULL), free_memory=memory)
+        devices[parent][device_id] = slot
+        nodes[parent].setdefault(node_id, NodeSlot(id=node_id, name=str(node_id), labels={})).devices.append(slot)
+    for parent, device_id, share, memory in (
+            Allocation.objects.filter(active=True, nested=True, attempt__job__parent_id__in=list(live))
+            .values_list("attempt__job__parent_id", "device_id", "share", "memory")):
+        slot = devices[parent].get(device_id)
+        if slot is not None:
+            slot.free -= round(share * FULL)
+            slot.free_memory -= memory
+    indexes = {parent: CapacityIndex(list(found.values())) for parent, found in nodes.items()}
+    placements, waiting = [], {}
+    for job_id, parent, resources, reason in rows:
+        index = indexes.get(parent)
+        taken = index.place(resources) if index is not None else None
+        if taken:
+            placements.append((job_id, taken, 0.0))  # the parent's attempt holds (and is billed for) the share
+            continue
+        why = ("waiting: its parent is not running" if index is None
+               else "waiting: no room left in its parent's allocation")
+        if reason != why:
+            waiting[job_id] = why
+    return placements, waiting
 
 
 def _set_reasons(waiting: dict) -> None:
@@ -386,9 +434,10 @@ def _value_preparer(field):
     return lambda value: field.get_db_prep_save(value, connection)
 
 
-def _create_attempts(placements, now, notes=None) -> list[tuple[str, str, str]]:
+def _create_attempts(placements, now, notes=None, *, nested: bool = False) -> list[tuple[str, str, str]]:
     """Record an attempt, its allocations and a SCHEDULED event (with ``notes[job_id]``, where the memory it
-    reserves came from, if any) for each placement, and mark the jobs SCHEDULED. Returns the dispatches."""
+    reserves came from, if any) for each placement, and mark the jobs SCHEDULED. Returns the dispatches.
+    ``nested``: the placements are nested children's, carved out of their parents' allocations."""
     if not placements:
         return []
     job_ids = [job_id for job_id, _, _ in placements]
@@ -402,9 +451,11 @@ def _create_attempts(placements, now, notes=None) -> list[tuple[str, str, str]]:
         attempt_id, number, token = uuid.uuid4(), numbers.get(job_id, 0) + 1, secrets.token_hex(16)
         attempts.append((attempt_id, job_id, number, primary, sessions[primary], token, share, now, now, now, "", ""))
         for rank, slot, milli, memory in taken:
-            allocations.append((attempt_id, slot.id, rank, milli / FULL, memory, True))
+            allocations.append((attempt_id, slot.id, rank, milli / FULL, memory, True, nested))
         where = ", ".join(sorted({f"{slot.index}" for _, slot, _, _ in taken}))
-        message = f"SCHEDULED: attempt {number} placed on devices {where} ({share:g} GPU)"
+        held = sum(milli for _, _, milli, _ in taken) / FULL
+        message = (f"SCHEDULED: attempt {number} placed on devices {where} ({held:g} GPU"
+                   + (" inside its parent's allocation)" if nested else ")"))
         if notes and job_id in notes:
             message += f"; {notes[job_id]}"
         events.append((job_id, attempt_id, now, "state", {"state": S.SCHEDULED}, message))
@@ -416,7 +467,7 @@ def _create_attempts(placements, now, notes=None) -> list[tuple[str, str, str]]:
         raise RuntimeError(f"scheduling race: {changed} of {len(job_ids)} jobs were still QUEUED")
     insert_rows(Attempt, ["id", "job", "number", "node", "node_session", "fencing_token", "gpu_share",
                           "created_at", "dispatched_at", "published_at", "outcome", "exit_reason"], attempts)
-    insert_rows(Allocation, ["attempt", "device", "rank", "share", "memory", "active"], allocations)
+    insert_rows(Allocation, ["attempt", "device", "rank", "share", "memory", "active", "nested"], allocations)
     insert_rows(JobEvent, ["job", "attempt", "time", "kind", "data", "message"], events)
     _announce_scheduled(job_ids)
     return dispatches
@@ -447,7 +498,7 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
 
     hooks = registry.hooks(PreemptionCost)
     # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.
-    active = (Allocation.objects.filter(active=True)
+    active = (Allocation.objects.filter(active=True, nested=False)
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
                            "attempt__job__state", "attempt__started_at", "device_id", "share", "memory",
                            "attempt__job__kind", "attempt__gpu_share"))

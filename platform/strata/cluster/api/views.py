@@ -231,11 +231,24 @@ class AttemptCheckpointView(NodeAPIView):
 class ChildSubmitSerializer(s.AttemptCallSerializer):
     job = serializers.DictField(help_text="The child job, as POST /api/v1/jobs/ takes it (without team).")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
+    nested = serializers.BooleanField(required=False, default=False, help_text=(
+        "Run it inside this attempt's own allocation (a sweep's trial within the tune job's GPUs): admitted "
+        "without the team's quota, placed only on the devices this attempt holds."))
+
+
+class ChildHoldSerializer(s.AttemptCallSerializer):
+    reason = serializers.CharField(max_length=300, required=False, default="")
+
+
+class ChildResizeSerializer(s.AttemptCallSerializer):
+    resources = serializers.JSONField(help_text="The child's new resources, as POST /api/v1/jobs/ takes them.")
+    reason = serializers.CharField(max_length=300, required=False, default="")
 
 
 def _child_summary(job) -> dict:
     return {"id": str(job.pk), "name": job.name, "kind": job.kind, "state": job.state, "reason": job.reason,
-            "parent": str(job.parent_id)}
+            "parent": str(job.parent_id), "nested": job.nested, "held": job.held, "resources": job.resources,
+            "failures": job.failures}
 
 
 class AttemptChildrenView(NodeAPIView):
@@ -261,18 +274,89 @@ class AttemptChildrenView(NodeAPIView):
         submit = JobSubmitSerializer(data=body)
         if not submit.is_valid():
             raise serializers.ValidationError({"job": submit.errors})
-        job, created = job_services.child_submit(attempt, dict(submit.validated_data), data["idempotency_key"])
+        job, created = job_services.child_submit(attempt, dict(submit.validated_data), data["idempotency_key"],
+                                                 nested=data["nested"])
         return Response(_child_summary(job), status=201 if created else 200)
+
+
+def _child(request, attempt_id, child_id, serializer=s.AttemptCallSerializer):
+    """(attempt, child, validated call) for a call about one child of a running attempt's job; 404 for a job
+    that is not its child."""
+    call = serializer(data=request.data)
+    call.is_valid(raise_exception=True)
+    attempt = job_services.attempt_for_node(attempt_id, call.validated_data["token"], _node(call.validated_data))
+    child = job_services.children_of(attempt.job).filter(pk=child_id).first()
+    if child is None:
+        raise Http404("no such child job")
+    return attempt, child, call.validated_data
 
 
 class AttemptChildCancelView(NodeAPIView):
     @extend_schema(request=s.AttemptCallSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
                                                                 409: STALE_ATTEMPT})
     def post(self, request, attempt_id, child_id):
-        call = s.AttemptCallSerializer(data=request.data)
-        call.is_valid(raise_exception=True)
-        attempt = job_services.attempt_for_node(attempt_id, call.validated_data["token"], _node(call.validated_data))
+        attempt, child, _ = _child(request, attempt_id, child_id)
+        return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))
+
+
+class AttemptChildHoldView(NodeAPIView):
+    """Hold a child job: it is never placed until released; a running one stops at a checkpoint first."""
+
+    @extend_schema(request=ChildHoldSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
+                                                           409: STALE_ATTEMPT})
+    def post(self, request, attempt_id, child_id):
+        attempt, child, data = _child(request, attempt_id, child_id, ChildHoldSerializer)
+        reason = data["reason"] or f"by its parent {attempt.job_id}"
+        return Response(_child_summary(job_services.job_hold(child, reason)))
+
+
+class AttemptChildReleaseView(NodeAPIView):
+    """Let a held child job be placed again."""
+
+    @extend_schema(request=ChildHoldSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
+                                                           409: STALE_ATTEMPT})
+    def post(self, request, attempt_id, child_id):
+        attempt, child, data = _child(request, attempt_id, child_id, ChildHoldSerializer)
+        reason = data["reason"] or f"released by its parent {attempt.job_id}"
+        return Response(_child_summary(job_services.job_release(child, reason)))
+
+
+class AttemptChildResizeView(NodeAPIView):
+    """Give a child new resources: a running child stops at a checkpoint and is placed again with them."""
+
+    @extend_schema(request=ChildResizeSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
+                                                             409: STALE_ATTEMPT})
+    def post(self, request, attempt_id, child_id):
+        from strata.jobs.api.serializers import normalize_resources
+
+        attempt, child, data = _child(request, attempt_id, child_id, ChildResizeSerializer)
+        resources = normalize_resources(data["resources"])
+        reason = data["reason"] or f"resized by its parent {attempt.job_id}"
+        return Response(_child_summary(job_services.job_resize(child, resources, reason)))
+
+
+class AttemptChildMetricsView(NodeAPIView):
+    """A child's metric points after a cursor (``?node=&token=&after=<point id>&limit=``), oldest first, so a
+    parent can watch its children learn (a sweep's trial scheduler reads them)."""
+
+    @extend_schema(parameters=[*ATTEMPT_QUERY,
+                               OpenApiParameter("after", int, description="Return points after this id."),
+                               OpenApiParameter("limit", int, description="At most this many (1-5000).")],
+                   responses={200: OpenApiTypes.OBJECT, 404: NO_FILE, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id, child_id):
+        from strata.jobs.models import MetricPoint
+
+        attempt = _attempt_from_query(request, attempt_id)
         child = job_services.children_of(attempt.job).filter(pk=child_id).first()
         if child is None:
             raise Http404("no such child job")
-        return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))
+        try:
+            after = int(request.query_params.get("after") or 0)
+            limit = min(max(int(request.query_params.get("limit") or 1000), 1), 5000)
+        except ValueError:
+            raise serializers.ValidationError({"after": ["after and limit must be integers"]}) from None
+        points = list(MetricPoint.objects.filter(job=child, pk__gt=after).order_by("pk")[:limit])
+        return Response({**_child_summary(child),
+                         "points": [{"id": p.pk, "name": p.name, "step": p.step, "value": p.value,
+                                     "attempt": str(p.attempt_id) if p.attempt_id else None} for p in points],
+                         "cursor": points[-1].pk if points else after})
