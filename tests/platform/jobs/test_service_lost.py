@@ -85,3 +85,30 @@ def test_unknown_outcomes_are_still_refused(cluster, submit, run_pass):
     job = submit(cluster["user"], cluster["team"], gpus=0.5)
     attempt = _run(cluster, job, run_pass, 1)
     assert _call(cluster, attempt, "finish", outcome="node_lost").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_gives_old_service_losses_their_own_outcome(make_team, make_user, make_node, submit, run_pass):
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    team = make_team("alpha")
+    user = make_user("alice", team)
+    make_node("n1", gpus=1)
+    lost, node_lost = submit(user, team, gpus=0.5, name="lost"), submit(user, team, gpus=0.5, name="node")
+    run_pass()
+    service_attempt, node_attempt = Attempt.objects.get(job=lost), Attempt.objects.get(job=node_lost)
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate([("jobs", "0007_remove_attempt_sharing")])
+        old = MigrationExecutor(connection).loader.project_state([("jobs", "0007_remove_attempt_sharing")]).apps
+        OldAttempt = old.get_model("jobs", "Attempt")
+        OldAttempt.objects.filter(pk=service_attempt.pk).update(
+            outcome="node_lost", exit_reason="GPU-sharing service died; requeued (EOFError)")
+        OldAttempt.objects.filter(pk=node_attempt.pk).update(outcome="node_lost", exit_reason="node lease expired")
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert Attempt.objects.get(pk=service_attempt.pk).outcome == Attempt.Outcome.SERVICE_LOST
+    assert Attempt.objects.get(pk=node_attempt.pk).outcome == Attempt.Outcome.NODE_LOST
