@@ -151,7 +151,7 @@ class Context(abc.ABC):
 
     def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
         """A child's summary with its metric points after cursor ``after``: ``{..., "points": [{"id", "name",
-        "step", "value", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
+        "step", "value", "time", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
         raise NotImplementedError(f"{type(self).__name__} has no child jobs")
 
 

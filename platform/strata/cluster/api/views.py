@@ -358,5 +358,6 @@ class AttemptChildMetricsView(NodeAPIView):
         points = list(MetricPoint.objects.filter(job=child, pk__gt=after).order_by("pk")[:limit])
         return Response({**_child_summary(child),
                          "points": [{"id": p.pk, "name": p.name, "step": p.step, "value": p.value,
+                                     "time": p.time.timestamp(),
                                      "attempt": str(p.attempt_id) if p.attempt_id else None} for p in points],
                          "cursor": points[-1].pk if points else after})
