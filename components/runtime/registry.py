@@ -30,6 +30,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "components.train.plugin:PLUGIN",
     "components.serving.plugin:PLUGIN",
     "components.gpushare.plugin:PLUGIN",
+    "components.tuning.plugin:PLUGIN",
 )
 ENTRY_POINT_GROUP = "strata.plugins"
 KIND_ENTRY_POINT_GROUP = "strata.components"

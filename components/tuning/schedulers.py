@@ -489,7 +489,7 @@ SCHEDULER_OPTIONS: dict[str, dict[str, tuple[type, Any, str]]] = {
 
 def options_problems(name: Any, options: Any, field: str = "spec.scheduler") -> list[tuple[str, str]]:
     """Every problem of a scheduler name and its options, as ``(field, message)``."""
-    if name not in SCHEDULERS:
+    if not isinstance(name, str) or name not in SCHEDULERS:
         return [(f"{field}.name", f"must be one of {', '.join(SCHEDULERS)}")]
     if not isinstance(options, dict):
         return [(f"{field}.options", "must be an object")]

@@ -134,7 +134,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Allocation
-        fields = ["rank", "node", "device_index", "device_kind", "share", "memory", "active"]
+        fields = ["rank", "node", "device_index", "device_kind", "share", "memory", "active", "nested"]
         read_only_fields = fields
 
 
@@ -186,12 +186,15 @@ class JobSerializer(serializers.ModelSerializer):
     parent = serializers.UUIDField(source="parent_id", read_only=True, allow_null=True,
                                    help_text="The job that submitted this one (child jobs), or null.")
     children = serializers.SerializerMethodField(help_text="Jobs this job submitted: id, name, kind, state.")
+    nested = serializers.BooleanField(read_only=True, help_text=(
+        "A child that runs inside its parent's own allocation (a sweep's trial): no quota of its own."))
+    held = serializers.BooleanField(read_only=True, help_text="Held: queued but not placed until released.")
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
-                  "finished_at", "share", "endpoint", "parent", "children", "attempts"]
+                  "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
 

@@ -1,0 +1,11 @@
+"""The ``tuning`` plugin: hyperparameter sweeps (Fluid). A ``tune`` job runs its trials as nested child jobs
+inside its own GPUs, water-filled by measured speed; searchers through Optuna, early stopping by ASHA,
+Hyperband, successive halving, median stopping or PBT."""
+
+from components.runtime.plugins import Plugin
+
+PLUGIN = Plugin(
+    name="tuning",
+    description="Hyperparameter tuning: trials water-filled onto the tune job's GPU shares (Fluid).",
+    kinds=("components.tuning.spec:TuneSpec",),
+)

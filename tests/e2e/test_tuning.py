@@ -1,0 +1,67 @@
+"""End-to-end: a `tune` job on `strata up` runs its trials as nested child jobs inside its own GPU, stops the
+poor ones early (ASHA), ends SUCCEEDED with a best trial, and that trial's model is served."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+SWEEP = {
+    "name": "e2e-sweep", "kind": "tune", "resources": {"gpus": 1}, "max_attempts": 2,
+    "spec": {
+        "space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05},
+                  "hidden": {"type": "choice", "values": [16, 64]}},
+        "metric": "test_accuracy", "mode": "max", "trials": 4, "max_iterations": 3, "packing": 4, "seed": 3,
+        "searcher": {"name": "random"},
+        "scheduler": {"name": "asha", "options": {"grace_period": 1, "reduction_factor": 2}},
+        "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}", "hidden": "{{hidden}}",
+                                                "batch_size": 32}},
+    },
+}
+
+
+def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(cluster, tmp_path):
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(SWEEP))
+    done = cluster.cli("submit", str(tmp_path / "sweep.yaml"), "--wait", "--timeout", "240", timeout=260)
+    assert done.returncode == 0, (done.stdout, done.stderr, cluster.output())
+    sweep = re.search(r"submitted job (\S+) ", done.stdout).group(1)
+    job = cluster.job(sweep)
+    assert job["state"] == "SUCCEEDED", (job, cluster.output())
+
+    children = cluster.get("jobs/", parent=sweep)["results"]
+    assert len(children) == 4 and all(child["state"] in TERMINAL for child in children)
+    tune_devices = {(a["node"], a["device_index"]) for a in job["attempts"][0]["allocations"]}
+    assert [a["share"] for a in job["attempts"][0]["allocations"]] == [1.0]
+    for child in children:
+        record = cluster.job(child["id"])
+        assert record["parent"] == sweep and record["kind"] == "train" and record["nested"] is True
+        for attempt in record["attempts"]:
+            for allocation in attempt["allocations"]:  # inside the tune job's device, a quarter of it
+                assert allocation["nested"] and allocation["share"] <= 0.25 + 1e-9
+                assert (allocation["node"], allocation["device_index"]) in tune_devices
+
+    logs = "\n".join(cluster.logs(sweep))
+    assert logs.count("trial ") >= 4 and "best trial" in logs, logs
+    artifacts = {a["name"]: a for a in cluster.get(f"jobs/{sweep}/artifacts/")}
+    assert {"trials.json", "best.json"} <= set(artifacts)
+    best = json.loads(cluster.session.get(
+        f"{cluster.url}/api/v1/jobs/{sweep}/artifacts/{artifacts['best.json']['id']}/download/", timeout=30).text)
+    assert best["best_job"] in {child["id"] for child in children} and best["best_value"] > 0.5
+    metrics = {point["name"] for point in cluster.metrics(sweep)}
+    assert {"trials_done", "best_test_accuracy"} <= metrics
+
+    # The best trial is an ordinary train job: a serve job reads its model.
+    (tmp_path / "serve.yaml").write_text(f"name: e2e-best\nkind: serve\nresources: {{gpus: 0.25}}\n"
+                                         f"spec: {{model: {{job: {best['best_job']}}}}}\n")
+    served = cluster.cli("submit", str(tmp_path / "serve.yaml"), "--wait", "--timeout", "90")
+    assert served.returncode == 0, (served.stdout, served.stderr, cluster.output())
+    serve_id = re.search(r"submitted job (\S+) ", served.stdout).group(1)
+    assert cluster.job(serve_id)["endpoint"]
+    cluster.api("POST", f"jobs/{serve_id}/cancel/")
+    assert cluster.wait_state(serve_id, TERMINAL, 60)["state"] == "CANCELLED"
