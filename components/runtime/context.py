@@ -77,6 +77,11 @@ class Context(abc.ABC):
         ``KindSpec.sources()`` names). Raises :class:`FileNotFoundError` when that job has no such artifact."""
         raise FileNotFoundError(f"{type(self).__name__} has no source job to read {name!r} from")
 
+    def report(self, plugin: str, payload: dict[str, Any]) -> None:  # noqa: B027 -- optional hook
+        """Publish this attempt's latest report for ``plugin`` (the generic report channel, checked by the
+        plugin's ``ReportSchema.attempt``; read back by panels and routes through ``PanelData.reports``). Only the
+        latest payload per plugin is kept and sent with the next flush."""
+
     def set_endpoint(self, address: str) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
         """Publish the ``host:port`` where this attempt serves requests (the job's ``endpoint`` field)."""
 
@@ -170,6 +175,7 @@ class LocalContext(Context):
     endpoint: str | None = None
     echo: bool = False
     child_jobs: list[dict[str, Any]] = field(default_factory=list)  # what submit_child recorded (no scheduler)
+    reports: dict[str, Any] = field(default_factory=dict)  # the latest report per plugin
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -197,6 +203,9 @@ class LocalContext(Context):
         if name not in self.sources:
             raise FileNotFoundError(f"the source job has no artifact {name!r}")
         return Path(self.sources[name])
+
+    def report(self, plugin: str, payload: dict[str, Any]) -> None:
+        self.reports[plugin] = payload
 
     def set_endpoint(self, address: str) -> None:
         self.endpoint = address

@@ -78,6 +78,12 @@ class PanelData(abc.ABC):
         that end at or after it. The default implementation has nothing."""
         return {"nodes": [], "devices": [], "attempts": [], "series": []}
 
+    def children(self) -> list[dict[str, Any]]:
+        """The job's child jobs, oldest first: ``id``, ``name``, ``kind``, ``state``, ``reason``, ``nested``,
+        ``held``, ``resources``, ``created_at``, ``started_at``, ``finished_at`` (unix seconds or None). The
+        default implementation has none."""
+        return []
+
 
 class Panel(abc.ABC):
     """One panel on the job detail page (``placement = "job"``) or the cluster page (``"cluster"``).
@@ -111,8 +117,9 @@ class StaticPanelData(PanelData):
 
     def __init__(self, job: dict[str, Any] | None = None, metrics: dict[str, list] | None = None,
                  events: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
-                 reports: dict[str, dict[str, Any]] | None = None):
+                 reports: dict[str, dict[str, Any]] | None = None, children: list[dict[str, Any]] | None = None):
         self.job = job
+        self._children = children or []
         self._metrics = metrics or {}
         self._events = events or []
         self._devices = devices or []
@@ -126,6 +133,9 @@ class StaticPanelData(PanelData):
 
     def devices(self):
         return list(self._devices)
+
+    def children(self):
+        return [dict(child) for child in self._children]
 
     def reports(self, plugin, device_ids=None, since=None, job_id=None):
         found = self._reports.get(plugin, {})

@@ -57,6 +57,9 @@ class Plugin:
     commands: tuple[str, ...] = ()
     node_services: tuple[str, ...] = ()
     benchmarks: Mapping[str, str] = field(default_factory=dict)
+    # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
+    # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
+    job_routes: Mapping[str, str] = field(default_factory=dict)
 
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
@@ -65,6 +68,7 @@ class Plugin:
         if self.reports:
             found.append(("reports", self.reports))
         found.extend(("benchmarks", path) for path in self.benchmarks.values())
+        found.extend(("job_routes", path) for path in self.job_routes.values())
         return found
 
     def problems(self) -> list[str]:
@@ -76,12 +80,14 @@ class Plugin:
             value = getattr(self, seam)
             if isinstance(value, str) or not isinstance(value, tuple | list):
                 problems.append(f"{seam} must be a tuple of 'module:attribute' paths")
-        if not isinstance(self.benchmarks, Mapping):
-            problems.append("benchmarks must map a name to a 'module:function' path")
-        else:
-            for name in self.benchmarks:
+        for seam in ("benchmarks", "job_routes"):
+            value = getattr(self, seam)
+            if not isinstance(value, Mapping):
+                problems.append(f"{seam} must map a name to a 'module:function' path")
+                continue
+            for name in value:
                 if not isinstance(name, str) or not NAME_RE.match(name):
-                    problems.append(f"benchmark name {name!r} must match {NAME_RE.pattern}")
+                    problems.append(f"{seam[:-1].replace('_', ' ')} name {name!r} must match {NAME_RE.pattern}")
         if problems:
             return problems
         for seam, path in self.paths():

@@ -63,6 +63,7 @@ class LoadedPlugin:
     hooks: tuple[Any, ...]
     subscribers: tuple[Any, ...]
     commands: dict[str, type]
+    job_routes: dict[str, Any]  # name -> function(data: PanelData) -> JSON
 
     @property
     def name(self) -> str:
@@ -130,8 +131,14 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         if not isinstance(name, str) or not name or name in commands:
             raise ValueError(f"{path}: a command needs a unique name")
         commands[name] = command
+    job_routes: dict[str, Any] = {}
+    for name, path in plugin.job_routes.items():
+        function = import_path(path)
+        if not callable(function):
+            raise TypeError(f"{path} is not callable")
+        job_routes[name] = function
     return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
-                        hooks=hooks, subscribers=tuple(subscribers), commands=commands)
+                        hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes)
 
 
 def _hook(path: str) -> Any:
@@ -171,6 +178,9 @@ RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "us
                                "cancel", "quota", "bench", "plugins"})
 # The core's own benchmarks (strata.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
+# The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
+RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "logs", "metrics", "resubmit",
+                                 "children", "attempts"})
 
 
 def _load() -> _State:
@@ -178,6 +188,7 @@ def _load() -> _State:
     problems: dict[str, str] = {}
     owners: dict[tuple[str, str], str] = {("benchmark", name): "core" for name in RESERVED_BENCHMARKS}
     owners.update({("command", name): "core" for name in RESERVED_COMMANDS})
+    owners.update({("job route", name): "core" for name in RESERVED_JOB_ROUTES})
     for source, manifest in _manifests():
         name = getattr(manifest, "name", None) or source
         if isinstance(manifest, Exception):
@@ -189,7 +200,8 @@ def _load() -> _State:
                 raise ValueError(f"plugin {loaded.name!r} is registered twice")
             claims = [("kind", kind) for kind in loaded.kinds] + \
                      [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
-                     [("command", command) for command in loaded.commands]
+                     [("command", command) for command in loaded.commands] + \
+                     [("job route", route) for route in loaded.job_routes]
             taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
                      if (what, value) in owners]
             if taken:
@@ -293,6 +305,11 @@ def commands() -> dict[str, type]:
 def node_services() -> list[tuple[str, str]]:
     """``(plugin, "module:Class")`` of every node service (imported by the node agent, not here)."""
     return [(loaded.name, path) for loaded in plugins().values() for path in loaded.plugin.node_services]
+
+
+def job_routes() -> dict[str, Any]:
+    """Plugins' read-only job sub-resources: ``{name: function(data) -> JSON}``."""
+    return {name: function for loaded in plugins().values() for name, function in loaded.job_routes.items()}
 
 
 def benchmarks() -> dict[str, str]:

@@ -34,6 +34,7 @@ class RemoteContext(Context):
     _closed: threading.Event = field(default_factory=threading.Event, repr=False)
     stale: bool = False
     _endpoint: str | None = field(default=None, repr=False)
+    _reports: dict = field(default_factory=dict, repr=False)  # plugin -> latest payload, until sent
     _sources: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def start(self) -> None:
@@ -62,12 +63,13 @@ class RemoteContext(Context):
 
     def flush(self) -> None:
         with self._lock:
-            logs, metrics = self._logs, self._metrics
-            self._logs, self._metrics = [], []
+            logs, metrics, reports = self._logs, self._metrics, self._reports
+            self._logs, self._metrics, self._reports = [], [], {}
             endpoint = {"endpoint": self._endpoint} if self._endpoint else {}
+        extra = {**endpoint, **({"reports": reports} if reports else {})}
         try:
             answer = self.client.post(self._path("report/"), {**self._auth(), "logs": logs, "metrics": metrics,
-                                                              **endpoint})
+                                                              **extra})
         except ApiError as error:
             if error.status == 409:  # this attempt was ended by the control plane: stop at once
                 self.stale = True
@@ -76,8 +78,9 @@ class RemoteContext(Context):
             if error.status == 400:  # the control plane will never take this batch: drop it, keep running
                 log.warning("report refused, %d log lines and %d metrics dropped: %s", len(logs), len(metrics), error)
                 return
-            with self._lock:  # keep them for the next flush
+            with self._lock:  # keep them for the next flush (a newer report of a plugin wins)
                 self._logs[:0], self._metrics[:0] = logs, metrics
+                self._reports = {**reports, **self._reports}
             log.warning("report failed, will retry: %s", error)
             return
         if answer and answer.get("stop"):
@@ -94,6 +97,10 @@ class RemoteContext(Context):
         self.flush()
         if self._sources is not None:
             self._sources.cleanup()
+
+    def report(self, plugin: str, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self._reports[str(plugin)] = payload
 
     def set_endpoint(self, address: str) -> None:
         """Sent with every report, so the control plane learns it on the next flush (and again after a

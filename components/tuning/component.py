@@ -311,6 +311,25 @@ class Engine:
         if best is not None:
             values[f"best_{self.metric}"] = float(best.best(self.mode))
         self.ctx.metrics(values, step=len(self.trials))
+        self.ctx.report("tuning", self.table())
+
+    def table(self) -> dict[str, Any]:
+        """The sweep as the ``tuning`` attempt report carries it (the job's ``trials`` route and panels read it):
+        every trial with its parameters, state, values per iteration and shares over time (the newest 100 of
+        each), the best so far and the scheduler's rungs."""
+        best = self.best()
+        trials = []
+        for trial in sorted(self.trials.values(), key=lambda t: t.number):
+            trials.append({"number": trial.number, "job": trial.job, "params": trial.params, "status": trial.status,
+                           "iterations": trial.iterations, "best": trial.best(self.mode),
+                           "last": trial.values[-1][1] if trial.values else None, "share": trial.share,
+                           "reason": trial.reason[:300],
+                           "values": [[index + 1, value] for index, (_, value, _) in enumerate(trial.values)][-100:],
+                           "shares": trial.shares[-100:]})
+        return {"metric": self.metric, "mode": self.mode, "budget": self.budget, "trials": trials,
+                "best": {"number": best.number, "job": best.job, "params": best.params,
+                         "value": best.best(self.mode)} if best else None,
+                "rungs": self.scheduler.rungs()[:1000]}
 
     def summary(self) -> dict[str, Any]:
         best = self.best()

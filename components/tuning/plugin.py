@@ -8,4 +8,6 @@ PLUGIN = Plugin(
     name="tuning",
     description="Hyperparameter tuning: trials water-filled onto the tune job's GPU shares (Fluid).",
     kinds=("components.tuning.spec:TuneSpec",),
+    reports="components.tuning.report:TuningReport",
+    job_routes={"trials": "components.tuning.report:trials"},
 )

@@ -1,5 +1,6 @@
 """End-to-end: a `tune` job on `strata up` runs its trials as nested child jobs inside its own GPU, stops the
-poor ones early (ASHA), ends SUCCEEDED with a best trial, and that trial's model is served."""
+poor ones early (ASHA), ends SUCCEEDED with a best trial listed by its trials route, and that trial's model is
+served."""
 
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     for child in children:
         record = cluster.job(child["id"])
         assert record["parent"] == sweep and record["kind"] == "train" and record["nested"] is True
-        for attempt in record["attempts"]:
-            for allocation in attempt["allocations"]:  # inside the tune job's device, a quarter of it
-                assert allocation["nested"] and allocation["share"] <= 0.25 + 1e-9
+        attempts = sorted(record["attempts"], key=lambda attempt: attempt["number"])
+        # Each starts on a quarter of the tune job's device; water-filling may give it more once others stop.
+        assert [a["share"] for a in attempts[0]["allocations"]] == [0.25]
+        for attempt in attempts:
+            for allocation in attempt["allocations"]:
+                assert allocation["nested"] and allocation["share"] in {0.25, 0.5, 0.75, 1.0}
                 assert (allocation["node"], allocation["device_index"]) in tune_devices
 
     logs = "\n".join(cluster.logs(sweep))
@@ -55,6 +59,14 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     assert best["best_job"] in {child["id"] for child in children} and best["best_value"] > 0.5
     metrics = {point["name"] for point in cluster.metrics(sweep)}
     assert {"trials_done", "best_test_accuracy"} <= metrics
+
+    # The trials route: every trial with its parameters, decision and its job's state.
+    table = cluster.get(f"jobs/{sweep}/trials/")
+    assert [row["number"] for row in table["trials"]] == [0, 1, 2, 3]
+    assert {row["job"] for row in table["trials"]} == {child["id"] for child in children}
+    assert all(row["status"] in {"completed", "stopped"} and row["state"] in TERMINAL for row in table["trials"])
+    assert all(set(row["params"]) == {"lr", "hidden"} for row in table["trials"])
+    assert table["best"]["job"] == best["best_job"] and table["metric"] == "test_accuracy"
 
     # The best trial is an ordinary train job: a serve job reads its model.
     (tmp_path / "serve.yaml").write_text(f"name: e2e-best\nkind: serve\nresources: {{gpus: 0.25}}\n"

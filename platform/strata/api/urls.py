@@ -4,7 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from strata.accounts.api.views import TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
-from strata.jobs.api.views import JobViewSet
+from strata.jobs.api.views import JobRouteView, JobViewSet
 from strata.quotas.api.views import QuotaViewSet
 
 router = DefaultRouter()
@@ -41,4 +41,6 @@ urlpatterns = [
     path(f"{ATTEMPT}/children/<uuid:child_id>/metrics/", cluster.AttemptChildMetricsView.as_view(),
          name="attempt-child-metrics"),
     *router.urls,
+    # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
+    path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),
 ]

@@ -124,7 +124,8 @@ def plugins(args) -> int:
                               ("report", [loaded.plugin.reports] if loaded.plugin.reports else []),
                               ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
                               ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
-                              ("benchmarks", sorted(loaded.plugin.benchmarks))):
+                              ("benchmarks", sorted(loaded.plugin.benchmarks)),
+                              ("job routes", [f"/jobs/{{id}}/{route}/" for route in sorted(loaded.job_routes)])):
             if values:
                 parts.append(f"{label}: {', '.join(value.rpartition(':')[2] for value in values)}")
         print(f"{name:12} {'; '.join(parts) or '(nothing)'}")

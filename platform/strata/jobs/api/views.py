@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 
-from django.http import FileResponse
+from django.http import FileResponse, Http404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
@@ -31,6 +35,8 @@ from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attem
 from strata.jobs.storage import get_storage
 
 MAX_STREAM_ITEMS = 1000
+
+log = logging.getLogger(__name__)
 
 
 def _after(request) -> int:
@@ -172,3 +178,34 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         # Always bytes, whatever the name says (never text/html or JSON guessed from "x.html" or "x.json").
         return FileResponse(get_storage().open(artifact.storage_key), as_attachment=True, filename=artifact.name,
                             content_type="application/octet-stream")
+
+
+class JobRouteView(APIView):
+    """``GET /api/v1/jobs/{id}/{route}/``: a plugin's read-only view of a job (its manifest's ``job_routes``,
+    e.g. a sweep's ``trials``), computed from the viewer's PanelData of the job. Another team's job, or a route
+    no plugin serves, is a 404."""
+
+    permission_classes = [IsUser]
+
+    @extend_schema(parameters=[OpenApiParameter("route", str, OpenApiParameter.PATH,
+                                                description="A plugin's job route (strata plugins lists them).")],
+                   responses={200: OpenApiTypes.OBJECT, 404: error_response(404, "No such job, or no such route."),
+                              500: error_response(500, "The plugin's route failed.")})
+    def get(self, request, pk, route):
+        from components.runtime import registry
+        from strata.jobs.panel_data import DatabasePanelData
+
+        function = registry.job_routes().get(route)
+        if function is None:
+            raise Http404(f"no job route {route!r}: strata plugins lists the routes plugins add")
+        team_ids = visible_team_ids(request)
+        job = get_object_or_404(jobs_with_attempts(jobs_visible(team_ids)), pk=pk)
+        data = DatabasePanelData(team_ids, job, JobSerializer(job).data)
+        try:
+            answer = function(data)
+            body = json.loads(json.dumps(answer, allow_nan=False, default=str))
+        except Exception:
+            log.exception("job route %s failed for job %s", route, pk)
+            return Response({"detail": f"the {route} route of its plugin failed; the server log has the details"},
+                            status=500)
+        return Response(body)
