@@ -81,17 +81,16 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
               nested=nested, **data)
     check_sources(team, job.kind, job.spec)
-    if nested:
-        return _nested_submit(job, idempotency_key, digest)
-    view = ClusterView()
-    # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
-    # PENDING (a node with them may register later), where it holds none of the team's quota.
-    unlabelled = {k: v for k, v in job.resources.items() if k != "node_labels"}
-    if problem := view.problem(unlabelled):
-        raise SubmitRejected("resources", f"no node in the cluster could ever run it: {problem}")
-    quota = Quota.objects.filter(team=team).first()
-    if quota is not None and (reason := never_fits(quota, job, view)):
-        raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
+    if not nested:
+        view = ClusterView()
+        # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
+        # PENDING (a node with them may register later), where it holds none of the team's quota.
+        unlabelled = {k: v for k, v in job.resources.items() if k != "node_labels"}
+        if problem := view.problem(unlabelled):
+            raise SubmitRejected("resources", f"no node in the cluster could ever run it: {problem}")
+        quota = Quota.objects.filter(team=team).first()
+        if quota is not None and (reason := never_fits(quota, job, view)):
+            raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
     try:
         with transaction.atomic():
             job.save()
@@ -101,6 +100,8 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
 
                 emit(JobTransitioned(job_id=str(job.pk), team_id=team.pk, kind=job.kind, source=None,
                                      target=S.PENDING, reason="submitted"))
+            if nested:  # no quota admission: its parent's admission counted the team's quota
+                transition(job, S.PENDING, S.QUEUED, f"admitted inside its parent {job.parent_id}'s allocation")
     except IntegrityError:
         if idempotency_key:
             existing = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
@@ -109,34 +110,8 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
                     raise IdempotencyConflict(idempotency_key) from None
                 return existing, False
         raise
-    admit_pending(team.pk)
-    job.refresh_from_db()
-    transaction.on_commit(request_pass)
-    return job, True
-
-
-def _nested_submit(job: Job, idempotency_key: str | None, digest: str) -> tuple[Job, bool]:
-    """Save a nested child QUEUED: no quota admission (its parent holds the team's quota), placed by the
-    scheduler inside its parent's allocation."""
-    from strata.celery import request_pass
-
-    try:
-        with transaction.atomic():
-            job.save()
-            job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
-            if registry_subscribers():
-                from components.runtime.events import JobTransitioned
-
-                emit(JobTransitioned(job_id=str(job.pk), team_id=job.team_id, kind=job.kind, source=None,
-                                     target=S.PENDING, reason="submitted"))
-            transition(job, S.PENDING, S.QUEUED, f"admitted inside its parent {job.parent_id}'s allocation")
-    except IntegrityError:
-        existing = Job.objects.filter(owner=job.owner, idempotency_key=idempotency_key).first()
-        if idempotency_key and existing is not None:
-            if existing.request_digest != digest:
-                raise IdempotencyConflict(idempotency_key) from None
-            return existing, False
-        raise
+    if not nested:
+        admit_pending(team.pk)
     job.refresh_from_db()
     transaction.on_commit(request_pass)
     return job, True

@@ -299,26 +299,29 @@ class AttemptChildCancelView(NodeAPIView):
         return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))
 
 
-class AttemptChildHoldView(NodeAPIView):
-    """Hold a child job: it is never placed until released; a running one stops at a checkpoint first."""
+class _ChildHoldView(NodeAPIView):
+    """Hold a child job (it is never placed until released; a running one stops at a checkpoint first), or
+    release it."""
+
+    hold: bool = True
 
     @extend_schema(request=ChildHoldSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
                                                            409: STALE_ATTEMPT})
     def post(self, request, attempt_id, child_id):
         attempt, child, data = _child(request, attempt_id, child_id, ChildHoldSerializer)
-        reason = data["reason"] or f"by its parent {attempt.job_id}"
-        return Response(_child_summary(job_services.job_hold(child, reason)))
+        if self.hold:
+            return Response(_child_summary(job_services.job_hold(child, data["reason"] or
+                                                                 f"by its parent {attempt.job_id}")))
+        return Response(_child_summary(job_services.job_release(child, data["reason"] or
+                                                                f"released by its parent {attempt.job_id}")))
 
 
-class AttemptChildReleaseView(NodeAPIView):
-    """Let a held child job be placed again."""
+class AttemptChildHoldView(_ChildHoldView):
+    hold = True
 
-    @extend_schema(request=ChildHoldSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
-                                                           409: STALE_ATTEMPT})
-    def post(self, request, attempt_id, child_id):
-        attempt, child, data = _child(request, attempt_id, child_id, ChildHoldSerializer)
-        reason = data["reason"] or f"released by its parent {attempt.job_id}"
-        return Response(_child_summary(job_services.job_release(child, reason)))
+
+class AttemptChildReleaseView(_ChildHoldView):
+    hold = False
 
 
 class AttemptChildResizeView(NodeAPIView):
