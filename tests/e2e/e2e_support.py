@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,15 @@ def bare_cluster(tmp_path):
     """``strata up --virtual-gpus 0``: a control plane and scheduler without a node; tests start nodes."""
     with running_cluster(tmp_path / "home", virtual_gpus=0) as running:
         yield running
+
+
+def login(cluster) -> requests.Session:
+    """A logged-in web session (the admin of `strata up`), for pages and their live refresh."""
+    session = requests.Session()
+    page = session.get(f"{cluster.url}/login/", timeout=30)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = session.post(f"{cluster.url}/login/", timeout=30, headers={"Referer": f"{cluster.url}/login/"},
+                          data={"csrfmiddlewaretoken": token, "username": cluster.credentials["username"],
+                                "password": cluster.credentials["password"]})
+    assert answer.ok and "/login/" not in answer.url, answer.url
+    return session

@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
-from e2e_support import running_cluster, wait_for
+from e2e_support import login, running_cluster, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -40,15 +39,6 @@ def primes_cluster(plugin_path, tmp_path, monkeypatch):
         yield running
 
 
-def login(cluster) -> requests.Session:
-    session = requests.Session()
-    page = session.get(f"{cluster.url}/login/", timeout=30)
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    answer = session.post(f"{cluster.url}/login/", timeout=30, headers={"Referer": f"{cluster.url}/login/"},
-                          data={"csrfmiddlewaretoken": token, "username": cluster.credentials["username"],
-                                "password": cluster.credentials["password"]})
-    assert answer.ok and "/login/" not in answer.url, answer.url
-    return session
 
 
 def test_an_installed_outside_plugin_contributes_every_seam(primes_cluster, tmp_path):

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import yaml
+from e2e_support import login
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -67,6 +68,14 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     assert all(row["status"] in {"completed", "stopped"} and row["state"] in TERMINAL for row in table["trials"])
     assert all(set(row["params"]) == {"lr", "hidden"} for row in table["trials"])
     assert table["best"]["job"] == best["best_job"] and table["metric"] == "test_accuracy"
+
+    # The job page shows the sweep's panels, drawn from the same report.
+    browser = login(cluster)
+    panels = {panel["slug"]: panel for panel in
+              browser.get(f"{cluster.url}/jobs/{sweep}/live/?panels=1", timeout=30).json()["panels"]}
+    assert {"tune-curves", "tune-parameters", "tune-rungs", "tune-shares"} <= set(panels), list(panels)
+    assert len(panels["tune-curves"]["figure"]["data"]) == 4
+    assert 'data-panel="tune-shares"' in browser.get(f"{cluster.url}/jobs/{sweep}/", timeout=30).text
 
     # The best trial is an ordinary train job: a serve job reads its model.
     (tmp_path / "serve.yaml").write_text(f"name: e2e-best\nkind: serve\nresources: {{gpus: 0.25}}\n"

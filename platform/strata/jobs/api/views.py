@@ -187,7 +187,8 @@ class JobRouteView(APIView):
 
     permission_classes = [IsUser]
 
-    @extend_schema(parameters=[OpenApiParameter("route", str, OpenApiParameter.PATH,
+    @extend_schema(operation_id="jobs_plugin_route",
+                   parameters=[OpenApiParameter("route", str, OpenApiParameter.PATH,
                                                 description="A plugin's job route (strata plugins lists them).")],
                    responses={200: OpenApiTypes.OBJECT, 404: error_response(404, "No such job, or no such route."),
                               500: error_response(500, "The plugin's route failed.")})
