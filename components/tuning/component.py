@@ -34,7 +34,7 @@ from components.runtime.context import Context
 from components.tuning.schedulers import Action, make_scheduler
 from components.tuning.space import substitute
 from components.tuning.spec import TuneSpec
-from components.tuning.waterfill import Bounds, allocate
+from components.tuning.waterfill import Bounds, allocate, grow
 
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -260,29 +260,34 @@ class Engine:
         self.ctx.log(f"trial {trial.number} {status} after {trial.iterations} iteration(s): {reason}")
 
     def rebalance(self) -> bool:
-        """Water-fill the job's GPUs over the running trials when the set of trials, or what is known of their
-        speed, changed; resize the trials whose share changed."""
+        """Give freed GPUs to the running trials furthest behind, once no trial waits to start.
+
+        While trials are still to come, freed capacity goes to them (``fill``). Once the searcher is done, the
+        running trials with more than one iteration left grow to their water-filled shares (``waterfill.grow``)
+        as far as the free GPUs cover, largest shortfall first; nobody is shrunk, since each resize restarts a
+        trial from its checkpoint. Checked whenever the set of running trials, or what is known of their speed,
+        changes."""
         running = [t for t in self.trials.values() if t.status == "running" and t.job]
         known = tuple(sorted((t.number, t.seconds_per_iteration() is not None) for t in running))
-        if known == self.layout or not running:
+        if known == self.layout or not running or not self.exhausted:
             self.layout = known
             return False
         self.layout = known
+        movable = [t for t in running if self.scheduler.target(str(t.number)) - t.iterations > 1]
         work = {}
-        for trial in running:
+        for trial in movable:
             per_iteration = trial.seconds_per_iteration()
             left = max(self.scheduler.target(str(trial.number)) - trial.iterations, 1)
             # Work at width 1: measured seconds per iteration at its share, times that share.
             work[str(trial.number)] = per_iteration * max(trial.share, self.bounds.low) * left \
                 if per_iteration is not None else None
-        shares = allocate(work, self.budget, self.bounds)
+        fixed = sum(t.share for t in running if t not in movable)
+        shares = grow({str(t.number): t.share for t in movable}, work, self.budget - fixed, self.bounds)
         changed = False
-        for trial in running:
-            share = shares[str(trial.number)]
-            if share <= 0 or math.isclose(share, trial.share, abs_tol=1e-6):
+        for trial in movable:
+            share = shares.get(str(trial.number))
+            if share is None or math.isclose(share, trial.share, abs_tol=1e-6):
                 continue
-            if self.scheduler.target(str(trial.number)) - trial.iterations <= 1:
-                continue  # a restart costs more than the last iteration gains
             try:
                 self.ctx.resize_child(trial.job, {"gpus": share}, f"water-filled: {share:g} GPU")
             except ValueError as error:

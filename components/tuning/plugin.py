@@ -10,4 +10,5 @@ PLUGIN = Plugin(
     kinds=("components.tuning.spec:TuneSpec",),
     reports="components.tuning.report:TuningReport",
     job_routes={"trials": "components.tuning.report:trials"},
+    benchmarks={"tuning": "components.tuning.bench:main"},
 )

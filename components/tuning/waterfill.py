@@ -169,3 +169,37 @@ def quantize(shares: Mapping[str, float], work: Mapping[str, float | None], budg
 def allocate(work: Mapping[str, float | None], budget: float, bounds: Bounds = Bounds()) -> dict[str, float]:
     """The shares the engine runs: :func:`waterfill`, then :func:`quantize`."""
     return quantize(waterfill(work, budget, bounds), work, budget, bounds)
+
+
+def grow(current: Mapping[str, float], work: Mapping[str, float | None], budget: float,
+         bounds: Bounds = Bounds()) -> dict[str, float]:
+    """Hand the budget that running trials do not hold to the trials :func:`allocate` would give more, without
+    taking anything from anyone: a trial's share only grows, to its water-filled share, when what is free covers
+    the step (largest shortfall first). Returns the trials whose share changes, with their new shares.
+
+    Growing restarts a trial (it checkpoints and is placed again), and shrinking one to grow another would restart
+    two; so freed capacity goes first to trials waiting to start (the engine's job) and only then, through here,
+    to the running trials that are furthest behind, which is where the group's makespan is decided."""
+    if not current:
+        return {}
+    target = allocate(work, budget, bounds)
+    free = budget - sum(current.values())
+    known = _work(work)
+    changed: dict[str, float] = {}
+    for trial in sorted(current, key=lambda t: (-(target.get(t, 0.0) - current[t]), -known.get(t, 0.0))):
+        step = target.get(trial, 0.0) - current[trial]
+        if step > EPSILON and step <= free + EPSILON:
+            changed[trial] = target[trial]
+            free -= step
+    return changed
+
+
+def start_share(free: float, starting: int, bounds: Bounds = Bounds()) -> float:
+    """The share a trial starts with when ``starting`` trials share ``free`` GPUs: an equal placeable share, at
+    least ``low`` and at most one GPU and ``high``."""
+    if starting <= 0:
+        return 0.0
+    each = min(free / starting, 1.0, bounds.high)
+    if each >= 1 - EPSILON:
+        return 1.0
+    return max(bounds.low, math.floor(each / bounds.low + EPSILON) * bounds.low)

@@ -118,3 +118,32 @@ def test_bad_inputs_are_refused():
         waterfill({"a": 1}, float("nan"))
     assert waterfill({"a": 1}, 0.1, Bounds(low=0.25)) == {"a": 0.0}
     assert quantize({}, {}, 1.0) == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(works, budgets, bounds, st.randoms(use_true_random=False))
+def test_grow_never_shrinks_and_never_overspends(work, budget, limits, rnd):
+    from components.tuning.waterfill import grow
+
+    running = admitted(work, budget, limits)
+    target = allocate(work, budget, limits)
+    # Some current placeable shares within the budget (a sweep in progress).
+    current, left = {}, budget
+    for trial in running:
+        share = min(target[trial], rnd.choice([limits.low, 0.5, 1.0]), left)
+        if share >= limits.low:
+            current[trial], left = share, left - share
+    grown = grow(current, {t: work[t] for t in current}, budget, limits)
+    after = {**current, **grown}
+    assert all(after[t] >= current[t] for t in current)  # nobody shrinks
+    assert sum(after.values()) <= budget + TOL
+    expected = allocate({t: work[t] for t in current}, budget, limits)
+    assert all(after[t] == current[t] or after[t] == expected[t] for t in current)
+
+
+def test_start_share_splits_free_gpus_into_placeable_shares():
+    from components.tuning.waterfill import start_share
+
+    assert start_share(1.0, 4) == 0.25 and start_share(1.0, 3) == 0.25 and start_share(2.0, 2) == 1.0
+    assert start_share(0.1, 2) == 0.25  # at least one slot: it waits in the queue until there is room
+    assert start_share(8.0, 2, Bounds(low=0.25, high=4)) == 1.0 and start_share(1.0, 0) == 0.0

@@ -1,0 +1,199 @@
+"""``strata bench tuning``: Fluid's execution against one trial per GPU, first in first out.
+
+What this run measures (the rest of the issue's figures, on real trainings and against real Ray Tune and
+Optuna, are not built yet; docs/components/tuning.md says so):
+
+1. **A simulated sweep** of 1,000 trials on 64 GPUs (and 100 and 300 trials, to show how the ratio grows), with
+   the real allocation rule (:func:`components.tuning.waterfill.allocate`) and the real ASHA scheduler deciding on
+   learning curves, against one trial per whole GPU in arrival order (Ray Tune's default executor), with the
+   same trials, the same curves and the same ASHA decisions. The makespan ratio is the figure.
+2. **Scheduling overhead per trial**: the CPU time the engine's decisions (water-filling and the scheduler) took
+   in the 1,000-trial sweep, divided by the trials.
+
+The model of a trial (stated, since it decides the numbers): iteration ``k`` of trial ``i`` takes ``h_i`` seconds
+on a whole GPU; a trial alone keeps ``u_i`` of a GPU busy (a small model cannot fill a GPU), so at a share
+``s <= u_i`` it runs at ``s / u_i`` of its full speed and at ``u_i <= s <= 1`` at full speed; above one GPU (data
+parallel across whole GPUs) a trial that fills a GPU speeds up by 0.9 per extra GPU. ``h_i`` is drawn from
+0.5-4 s and ``u_i`` from 0.15-1.0 (seeded); a trial whose share changes loses the iteration in progress and pays
+a restart of ``restart_s`` seconds, as Fluid's pause-and-restart does. The learning curves are the same kind of
+saturating curves as the scheduler tests' recorded ones.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from components.runtime.benchkit import Figure, document, figures_table, progress, write
+from components.tuning.schedulers import ASHA, Action
+from components.tuning.waterfill import Bounds, grow, start_share
+
+
+def curves(count: int, iterations: int, seed: int) -> list[list[float]]:
+    """Validation-accuracy-like curves: ``top - (top - start) * exp(-rate * k)`` plus noise."""
+    rng = random.Random(seed)
+    found = []
+    for _ in range(count):
+        top, rate, start, noise = rng.uniform(0.55, 0.98), rng.uniform(0.08, 0.6), rng.uniform(0.1, 0.3), \
+            rng.uniform(0.002, 0.02)
+        found.append([top - (top - start) * math.exp(-rate * k) + rng.gauss(0, noise) for k in range(1, iterations + 1)])
+    return found
+
+
+@dataclass
+class SimTrial:
+    index: int
+    seconds: float  # per iteration on a whole GPU
+    utilization: float  # of one GPU, alone
+    curve: list[float]
+    share: float = 0.0
+    done: int = 0  # iterations finished
+    progress: float = 0.0  # of the current iteration
+    stall: float = 0.0  # restart seconds left
+    status: str = "waiting"  # waiting, running, stopped, completed
+
+    def speed(self) -> float:
+        """Iterations per second at the current share."""
+        if self.share <= 0:
+            return 0.0
+        if self.share <= self.utilization:
+            fraction = self.share / self.utilization
+        elif self.share <= 1:
+            fraction = 1.0
+        else:
+            fraction = 1 + 0.9 * (self.share - 1) if self.utilization >= 0.9 else 1.0
+        return fraction / self.seconds
+
+
+def simulate(count: int, gpus: int, *, fluid: bool, seed: int = 0, iterations: int = 27, packing: int = 4,
+             max_gpus: int = 4, restart_s: float = 2.0) -> dict[str, Any]:
+    """One sweep of ``count`` trials on ``gpus`` GPUs: makespan, GPU-seconds held, the best value, and the CPU
+    seconds the decisions took."""
+    rng = random.Random(seed)
+    trials = [SimTrial(i, rng.uniform(0.5, 4.0), rng.uniform(0.15, 1.0), curve)
+              for i, curve in enumerate(curves(count, iterations, seed + 1))]
+    scheduler = ASHA(mode="max", max_iterations=iterations, grace_period=1, reduction_factor=3)
+    for trial in trials:
+        scheduler.add(str(trial.index), {})
+    bounds = Bounds(low=1 / packing, high=float(max_gpus))
+    waiting = list(trials)
+    now, held, decide, restarts = 0.0, 0.0, 0.0, 0
+
+    def running() -> list[SimTrial]:
+        return [trial for trial in trials if trial.status == "running"]
+
+    def place() -> None:
+        nonlocal decide, restarts
+        began = time.process_time()
+        if fluid:
+            room = int(gpus * packing)
+            # Freed capacity goes to trials waiting to start first, then grows the running ones furthest behind.
+            free = gpus - sum(t.share for t in running())
+            starting = min(len(waiting), room - len(running()))
+            share = start_share(free, starting, bounds)
+            while waiting and len(running()) < room and free >= share - 1e-9 and share > 0:
+                trial = waiting.pop(0)
+                trial.status, trial.share = "running", share
+                free -= share
+            if not waiting:
+                live = [t for t in running() if iterations - t.done > 1]
+                work = {str(t.index): t.seconds * (iterations - t.done - t.progress) for t in live}
+                grown = grow({str(t.index): t.share for t in live}, work,
+                             gpus - sum(t.share for t in running() if t not in live), bounds)
+                for trial in live:
+                    if str(trial.index) in grown:
+                        trial.share, trial.progress, trial.stall = grown[str(trial.index)], 0.0, restart_s
+                        restarts += 1
+        else:
+            while waiting and len(running()) < gpus:
+                trial = waiting.pop(0)
+                trial.status, trial.share = "running", 1.0
+        decide += time.process_time() - began
+
+    place()
+    while running() or waiting:
+        live = running()
+        # The next moment something happens: a restart ends or an iteration completes.
+        steps = []
+        for trial in live:
+            speed = trial.speed()
+            if trial.stall > 0:
+                steps.append(trial.stall)
+            elif speed > 0:
+                steps.append((1 - trial.progress) / speed)
+        step = min(steps) if steps else 0.0
+        now += step
+        held += step * sum(trial.share for trial in live)
+        changed = False
+        for trial in live:
+            if trial.stall > 0:
+                trial.stall = max(0.0, trial.stall - step)
+                continue
+            trial.progress += step * trial.speed()
+            if trial.progress >= 1 - 1e-9:
+                trial.done, trial.progress = trial.done + 1, 0.0
+                began = time.process_time()
+                decision = scheduler.result(str(trial.index), trial.done, trial.curve[trial.done - 1])
+                decide += time.process_time() - began
+                if decision.action is Action.STOP and trial.done < iterations:
+                    trial.status, trial.share, changed = "stopped", 0.0, True
+                elif trial.done >= iterations:
+                    scheduler.complete(str(trial.index))
+                    trial.status, trial.share, changed = "completed", 0.0, True
+        if changed:
+            place()
+    best = max(max(t.curve[:t.done]) for t in trials if t.done)
+    return {"makespan_s": now, "gpu_seconds": held, "best": best, "decision_cpu_s": decide, "restarts": restarts,
+            "trials": count,
+            "gpus": gpus, "stopped": sum(t.status == "stopped" for t in trials),
+            "completed": sum(t.status == "completed" for t in trials)}
+
+
+def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    sizes = (60, 120) if quick else (100, 300, 1000)
+    gpus = 8 if quick else 64
+    results: dict[str, Any] = {"gpus": gpus, "sizes": {}}
+    say = progress("  ")
+    for count in sizes:
+        runs = []
+        for seed in seeds:
+            say(f"simulated sweep: {count} trials on {gpus} GPUs, seed {seed}")
+            fluid = simulate(count, gpus, fluid=True, seed=seed)
+            fifo = simulate(count, gpus, fluid=False, seed=seed)
+            runs.append({"fluid": fluid, "fifo": fifo, "ratio": fifo["makespan_s"] / fluid["makespan_s"]})
+        ratios = sorted(run["ratio"] for run in runs)
+        results["sizes"][count] = {"runs": runs, "ratio_median": ratios[len(ratios) // 2],
+                                   "ratio_range": [ratios[0], ratios[-1]]}
+    return results
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    sizes = results["sizes"]
+    largest = max(sizes)
+    runs = sizes[largest]["runs"]
+    middle = sorted(runs, key=lambda run: run["ratio"])[len(runs) // 2]
+    growth = {str(count): round(item["ratio_median"], 3) for count, item in sizes.items()}
+    overhead = sorted(run["fluid"]["decision_cpu_s"] / run["fluid"]["trials"] for run in runs)[len(runs) // 2]
+    return [
+        Figure("simulated_makespan", f"simulated sweep, {largest} trials on {results['gpus']} GPUs: makespan",
+               middle["fluid"]["makespan_s"], middle["fifo"]["makespan_s"], "s", target=None,
+               mechanism_text="Fluid water-filling (packing 4, up to 4 GPUs a trial)",
+               baseline_text="one trial per GPU, first in first out",
+               extra={"ratio_by_trials": growth, "ratio_range": sizes[largest]["ratio_range"],
+                      "best_fluid": middle["fluid"]["best"], "best_fifo": middle["fifo"]["best"]}),
+        Figure("decision_overhead", "scheduling overhead per trial (water-filling and ASHA decisions, CPU)",
+               overhead, 0.05, "s", target=1.0, mechanism_text="the engine's decisions per trial",
+               baseline_text="the 50 ms budget"),
+    ]
+
+
+def main(quick: bool = False, output: str | None = None) -> int:
+    """``strata bench tuning`` entry point: run, print, optionally write the common JSON."""
+    results = run(quick)
+    doc = document("tuning", quick, figures(results), details=results)
+    print(figures_table(doc))
+    write(doc, output)
+    return 0
