@@ -41,6 +41,13 @@ class KindSpec(abc.ABC):
     description: ClassVar[str] = ""
     # Dashboard panels this kind contributes: "module:Class" paths to components.runtime.panels.Panel subclasses.
     panels: ClassVar[tuple[str, ...]] = ()
+    # A job route of the kind's plugin that ``strata submit --wait`` polls while the job runs, printing the rows
+    # of :meth:`progress_rows` that changed (a sweep's trials, say). None: only states and metrics are shown.
+    progress_route: ClassVar[str | None] = None
+
+    def progress_rows(self, answer: Any) -> tuple[str, list[tuple[str, str]]]:
+        """``(header, [(row key, row text)])`` from what :attr:`progress_route` answered."""
+        return "", []
 
     @abc.abstractmethod
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,10 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     sweep = re.search(r"submitted job (\S+) ", done.stdout).group(1)
     job = cluster.job(sweep)
     assert job["state"] == "SUCCEEDED", (job, cluster.output())
+    # `--wait` showed the live table of trials: a header, then each trial's row as it changed.
+    assert "status" in done.stdout and "parameters" in done.stdout, done.stdout
+    for number in range(4):
+        assert re.search(rf"trial +{number} +(running|paused|stopped|completed)", done.stdout), done.stdout
 
     children = cluster.get("jobs/", parent=sweep)["results"]
     assert len(children) == 4 and all(child["state"] in TERMINAL for child in children)

@@ -50,11 +50,25 @@ def submit(args) -> int:
     return wait_for_job(client, job["id"], timeout=args.timeout)
 
 
+def _progress(kind: str):
+    """The kind's KindSpec when it names a progress route, else None (an unknown kind shows no table)."""
+    from components.runtime import registry
+
+    try:
+        spec = registry.get_kind(kind)
+    except Exception:  # noqa: BLE001 - a kind this client does not know: states and metrics only
+        return None
+    return spec if spec.progress_route else None
+
+
 def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None = None) -> int:
     started = time.monotonic()
     last_state, last_step, after = None, None, 0
+    table, header_shown, rows = None, False, {}
     while True:
         job = client.get(f"jobs/{job_id}/")
+        if table is None:
+            table = _progress(job["kind"]) or False
         if job["state"] != last_state:
             reason = f" ({job['reason']})" if job["reason"] else ""
             print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
@@ -71,6 +85,18 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
                 shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(latest.items()))
                 print(f"[{time.monotonic() - started:6.1f}s]   step {step}: {shown}", flush=True)
                 last_step = step
+        if table:  # the kind's live table: print each row when it changes
+            try:
+                header, current = table.progress_rows(client.get(f"jobs/{job_id}/{table.progress_route}/"))
+            except Exception:  # noqa: BLE001 - the table is a courtesy: a failed poll is retried next second
+                header, current = "", []
+            for key, text in current:
+                if rows.get(key) != text:
+                    if not header_shown and header:
+                        print(f"{'':10} {header}", flush=True)
+                        header_shown = True
+                    print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
+                    rows[key] = text
         if job["state"] in TERMINAL:
             return 0 if job["state"] == "SUCCEEDED" else 1
         if timeout and time.monotonic() - started > timeout:

@@ -48,3 +48,14 @@ def test_trials_reads_the_latest_report_and_the_trial_jobs_states():
                                                                          ("RUNNING", "trial-1")]
     assert answer["best"]["job"] == "j0" and answer["metric"] == "test_accuracy"
     assert trials(StaticPanelData(job={"id": "sweep"}))["trials"] == []
+
+
+def test_the_wait_table_has_a_row_per_trial():
+    from components.tuning.spec import TuneSpec
+
+    header, rows = TuneSpec().progress_rows(trials(StaticPanelData(
+        job={"id": "sweep"}, reports={"tuning": {"attempts": [{"job_id": "sweep", "time": 1.0, "payload": GOOD}]}})))
+    assert header.split()[:3] == ["trial", "status", "its"]
+    assert [key for key, _ in rows] == ["0", "1"]
+    assert rows[0][1].split()[:5] == ["trial", "0", "completed", "3", "0.9"] and "lr=0.01" in rows[0][1]
+    assert TuneSpec().progress_rows({}) == (header, [])
