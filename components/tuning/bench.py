@@ -152,6 +152,66 @@ def simulate(count: int, gpus: int, *, fluid: bool, seed: int = 0, iterations: i
             "completed": sum(t.status == "completed" for t in trials)}
 
 
+SWEEP_SPACE = {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05},
+               "hidden": {"type": "choice", "values": [32, 64, 128]}}
+
+
+def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: int, seed: int) -> dict[str, Any]:
+    """The same sweep both ways: Fluid packs up to 4 trials a GPU and water-fills; the baseline runs one trial per
+    GPU, first in first out (``packing: 1``: each trial holds a whole GPU, ``gpus`` at a time)."""
+    return {"name": name, "kind": "tune", "resources": {"gpus": gpus}, "max_attempts": 1, "time_limit": 3600,
+            "spec": {"space": SWEEP_SPACE, "metric": "test_accuracy", "mode": "max", "trials": trials,
+                     "max_iterations": iterations, "seed": seed, "searcher": {"name": "random"},
+                     "scheduler": {"name": "asha", "options": {"grace_period": 1, "reduction_factor": 3}},
+                     "packing": 4 if fluid else 1, "max_concurrent": 4 * gpus if fluid else gpus,
+                     "max_gpus_per_trial": 1,
+                     "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}",
+                                                             "hidden": "{{hidden}}", "batch_size": 64}}}}
+
+
+def real_sweeps(runs: int, trials: int, iterations: int, gpus: int = 2) -> dict[str, Any]:
+    """The same sweeps run for real on ``strata up`` (``gpus`` virtual GPUs), Fluid and the baseline in turn:
+    makespan (the tune job's start to end), the best value reached, and the trials."""
+    import tempfile
+    from datetime import datetime
+    from pathlib import Path
+
+    from components.runtime.client import ControlPlaneClient
+    from strata.bench.control_plane import Stack, _free_port
+
+    say = progress("  ")
+    home = Path(tempfile.mkdtemp(prefix="strata-bench-tuning-"))
+    stack = Stack(home, _free_port(), gpus, {})
+    results: dict[str, list] = {"fluid": [], "fifo": []}
+    try:
+        client = ControlPlaneClient(stack.url, stack.wait_ready()["token"], retries=3, timeout=30)
+        for run_index in range(runs):
+            for way in ("fluid", "fifo"):
+                say(f"real sweep {run_index + 1}/{runs} ({way}): {trials} trials of mlp-digits, {iterations} epochs "
+                    f"at most, on {gpus} virtual GPUs")
+                job = client.post("jobs/", sweep_body(f"bench-{way}-{run_index}", fluid=way == "fluid", gpus=gpus,
+                                                      trials=trials, iterations=iterations, seed=run_index))
+                deadline = time.monotonic() + 1800
+                while job["state"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"sweep {job['id']} did not finish in 30 minutes; see {home}")
+                    time.sleep(1.0)
+                    job = client.get(f"jobs/{job['id']}/")
+                if job["state"] != "SUCCEEDED":
+                    raise RuntimeError(f"sweep {job['id']} ended {job['state']}: {job['reason']}; see {home}")
+                table = client.get(f"jobs/{job['id']}/trials/")
+                started = datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))
+                finished = datetime.fromisoformat(job["finished_at"].replace("Z", "+00:00"))
+                results[way].append({"job": job["id"], "makespan_s": (finished - started).total_seconds(),
+                                     "best": (table.get("best") or {}).get("value"),
+                                     "trials": len(table["trials"]),
+                                     "stopped": sum(t["status"] == "stopped" for t in table["trials"])})
+                say(f"  {way}: {results[way][-1]['makespan_s']:.1f} s, best {results[way][-1]['best']}")
+    finally:
+        stack.stop()
+    return results
+
+
 def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
     sizes = (60, 120) if quick else (100, 300, 1000)
     gpus = 8 if quick else 64
@@ -170,7 +230,29 @@ def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, An
     return results
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def figures(results: dict[str, Any]) -> list[Figure]:
+    found = _simulated_figures(results)
+    real = results.get("real")
+    if real:
+        fluid, fifo = [r["makespan_s"] for r in real["fluid"]], [r["makespan_s"] for r in real["fifo"]]
+        ratios = sorted(b / a for a, b in zip(fluid, fifo, strict=True))
+        found.insert(0, Figure(
+            "makespan_vs_fifo", "real sweep on this machine: makespan against one trial per GPU (FIFO)",
+            _median(fluid), _median(fifo), "s", target=2.0,
+            mechanism_text="Fluid (packing 4, water-filling) on strata up",
+            baseline_text="one trial per virtual GPU, first in first out",
+            extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
+                   "best_fluid": _median([r["best"] or 0 for r in real["fluid"]]),
+                   "best_fifo": _median([r["best"] or 0 for r in real["fifo"]])}))
+    return found
+
+
+def _simulated_figures(results: dict[str, Any]) -> list[Figure]:
     sizes = results["sizes"]
     largest = max(sizes)
     runs = sizes[largest]["runs"]
@@ -190,9 +272,12 @@ def figures(results: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def main(quick: bool = False, output: str | None = None) -> int:
-    """``strata bench tuning`` entry point: run, print, optionally write the common JSON."""
+def main(quick: bool = False, output: str | None = None, real: bool = True) -> int:
+    """``strata bench tuning`` entry point: run, print, optionally write the common JSON. ``real``: also run the
+    sweeps for real on a local ``strata up`` (the tests leave it out)."""
     results = run(quick)
+    if real:
+        results["real"] = real_sweeps(runs=1 if quick else 3, trials=4 if quick else 12, iterations=2 if quick else 4)
     doc = document("tuning", quick, figures(results), details=results)
     print(figures_table(doc))
     write(doc, output)

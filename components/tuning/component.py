@@ -83,9 +83,8 @@ class Engine:
         options = dict(spec["scheduler"]["options"])
         if spec["scheduler"]["name"] == "sh":
             options.setdefault("num_trials", self.searcher.budget)
-        if spec["scheduler"]["name"] == "pbt":
-            options.setdefault("seed", spec["seed"])
-        self.scheduler = make_scheduler(spec["scheduler"]["name"], mode=self.mode,
+        options.pop("seed", None)  # the sweep's seed seeds the schedulers that draw (ASHA brackets, PBT)
+        self.scheduler = make_scheduler(spec["scheduler"]["name"], mode=self.mode, seed=spec["seed"],
                                         max_iterations=spec["max_iterations"], **options)
         self.budget = sum(device.share for device in ctx.devices) or 1.0
         self.bounds = Bounds(low=1 / spec["packing"], high=float(spec["max_gpus_per_trial"]))

@@ -7,7 +7,7 @@ import copy
 from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SpecError
-from components.tuning.schedulers import SCHEDULER_OPTIONS, options_problems
+from components.tuning.schedulers import SCHEDULER_OPTIONS, normalize_options, options_problems
 from components.tuning.space import normalize_space, placeholders, space_problems, substitute
 
 FIELDS = {"space", "metric", "mode", "trials", "max_concurrent", "trainable", "searcher", "scheduler",
@@ -93,7 +93,7 @@ class TuneSpec(KindSpec):
             check.errors["spec.scheduler"] = 'must be {"name": ..., "options": {...}}'
             scheduler = {"name": "asha"}
         options = scheduler.get("options", {})
-        for field, message in options_problems(scheduler.get("name"), options):
+        for field, message in options_problems(scheduler.get("name"), options, max_iterations=max_iterations):
             check.errors[field] = message
 
         trainable = spec.get("trainable")
@@ -115,10 +115,13 @@ class TuneSpec(KindSpec):
 
             if problem := grid_problem(normalize_space(space)):
                 check.errors["spec.searcher"] = problem
-        if scheduler.get("name") == "pbt" and isinstance(options, dict) and isinstance(options.get("mutations"), dict):
-            for name in options["mutations"]:
+        mutations = normalize_options("pbt", options).get("hyperparam_mutations") \
+            if scheduler.get("name") == "pbt" and isinstance(options, dict) else None
+        if isinstance(mutations, dict):
+            for name in mutations:
                 if isinstance(space, dict) and name not in space:
-                    check.errors[f"spec.scheduler.options.mutations.{name}"] = "names no parameter of the space"
+                    check.errors[f"spec.scheduler.options.hyperparam_mutations.{name}"] = \
+                        "names no parameter of the space"
         check.raise_if_errors()
         return {
             "space": normalize_space(space), "metric": metric, "mode": mode, "trials": trials,

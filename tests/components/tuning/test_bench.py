@@ -10,7 +10,7 @@ from components.tuning.bench import main, simulate
 
 
 def test_the_quick_bench_writes_the_common_document(tmp_path, capsys):
-    assert main(quick=True, output=str(tmp_path / "tuning.json")) == 0
+    assert main(quick=True, output=str(tmp_path / "tuning.json"), real=False) == 0
     doc = json.loads((tmp_path / "tuning.json").read_text())
     assert validate_document(doc) == []
     assert set(doc["figures"]) == {"simulated_makespan", "decision_overhead"}
