@@ -212,6 +212,59 @@ def real_sweeps(runs: int, trials: int, iterations: int, gpus: int = 2) -> dict[
     return results
 
 
+def optuna_sweep(trials: int, iterations: int, seed: int, jobs: int = 2) -> dict[str, Any]:
+    """(d) Optuna's own loop on the same sweep: the same space, a seeded random sampler, its successive-halving
+    pruner (ASHA's rule: min resource 1, reduction factor 3), the same trainable code (the train kind's loop and
+    workload, one epoch per report), ``jobs`` trials at once in threads (``study.optimize(n_jobs=...)``, as
+    Optuna's docs give for one machine), each torch op on one thread like a trial on a virtual GPU."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import optuna
+    import torch
+
+    from components.runtime.context import LocalContext
+    from components.train.loop import TrainLoop
+    from components.train.spec import TrainSpec
+    from components.train.workloads import builtin_workload
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(1)
+    scratch = Path(tempfile.mkdtemp(prefix="strata-bench-optuna-"))
+    lock = threading.Lock()
+
+    def objective(trial: optuna.Trial) -> float:
+        lr = trial.suggest_float("lr", SWEEP_SPACE["lr"]["low"], SWEEP_SPACE["lr"]["high"], log=True)
+        hidden = trial.suggest_categorical("hidden", SWEEP_SPACE["hidden"]["values"])
+        spec = TrainSpec().validate({"workload": "mlp-digits", "lr": lr, "hidden": hidden, "batch_size": 64,
+                                     "epochs": iterations, "checkpoint_every": 10**9, "seed": trial.number})
+        ctx = LocalContext(job_id=f"optuna-{trial.number}", attempt_id="a", spec=spec,
+                           workdir=scratch / str(trial.number))
+        with lock:  # the dataset loader is not made for threads building it at once
+            workload = builtin_workload("mlp-digits")
+        loop = TrainLoop(workload, spec, ctx, device="cpu", owns_process=False)
+        loop.start()
+        value, reported = None, 0
+        while not loop.done:
+            loop.step()
+            epochs = loop.step_count // loop.steps_per_epoch
+            if epochs > reported and loop.last_eval:
+                reported, value = epochs, float(loop.last_eval["test_accuracy"])
+                trial.report(value, reported)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+        return value
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed),
+                                pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3))
+    began = time.perf_counter()
+    study.optimize(objective, n_trials=trials, n_jobs=jobs)
+    seconds = time.perf_counter() - began
+    states = [trial.state.name for trial in study.trials]
+    return {"makespan_s": seconds, "best": study.best_value, "trials": len(states), "stopped": states.count("PRUNED")}
+
+
 def run(quick: bool = False, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
     sizes = (60, 120) if quick else (100, 300, 1000)
     gpus = 8 if quick else 64
@@ -249,6 +302,16 @@ def figures(results: dict[str, Any]) -> list[Figure]:
             extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
                    "best_fluid": _median([r["best"] or 0 for r in real["fluid"]]),
                    "best_fifo": _median([r["best"] or 0 for r in real["fifo"]])}))
+        if real.get("optuna"):
+            optuna_runs = [r["makespan_s"] for r in real["optuna"]]
+            ratios = sorted(b / a for a, b in zip(fluid, optuna_runs, strict=True))
+            found.insert(1, Figure(
+                "makespan_vs_optuna", "real sweep on this machine: makespan against Optuna's own loop",
+                _median(fluid), _median(optuna_runs), "s", target=None,
+                mechanism_text="Fluid (packing 4, water-filling) on strata up",
+                baseline_text="Optuna study.optimize, random sampler, successive-halving pruner, 2 threads",
+                extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
+                       "best_optuna": _median([r["best"] or 0 for r in real["optuna"]])}))
     return found
 
 
@@ -277,7 +340,15 @@ def main(quick: bool = False, output: str | None = None, real: bool = True) -> i
     sweeps for real on a local ``strata up`` (the tests leave it out)."""
     results = run(quick)
     if real:
-        results["real"] = real_sweeps(runs=1 if quick else 3, trials=4 if quick else 12, iterations=2 if quick else 4)
+        runs, trials, iterations = (1, 4, 2) if quick else (3, 12, 4)
+        results["real"] = real_sweeps(runs=runs, trials=trials, iterations=iterations)
+        say = progress("  ")
+        results["real"]["optuna"] = []
+        for seed in range(runs):
+            say(f"optuna sweep {seed + 1}/{runs}: {trials} trials, successive-halving pruner, 2 at once")
+            results["real"]["optuna"].append(optuna_sweep(trials, iterations, seed))
+            say(f"  optuna: {results['real']['optuna'][-1]['makespan_s']:.1f} s, "
+                f"best {results['real']['optuna'][-1]['best']}")
     doc = document("tuning", quick, figures(results), details=results)
     print(figures_table(doc))
     write(doc, output)
