@@ -2,7 +2,9 @@
 
 In every .py, .html, .js and .css file under platform/, dashboard/ and components/runtime/, except database
 migrations (history) and the BUILTIN_PLUGINS tuple of components/runtime/registry.py, the case-sensitive regular
-expression ``\\b(train|serve|gpushare)\\b`` matches nothing.
+expression ``\\b(NAMES)\\b`` matches nothing, where NAMES are the built-in plugins' names and job kinds (today
+``train|serve|serving|gpushare|tune|tuning``): a new built-in plugin is covered by the check as soon as it is
+listed.
 """
 
 from __future__ import annotations
@@ -13,7 +15,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("platform", "dashboard", "components/runtime")
 SUFFIXES = {".py", ".html", ".js", ".css"}
-NAMES = re.compile(r"\b(train|serve|gpushare)\b")
+
+
+def _builtin_names() -> list[str]:
+    from components.runtime import registry
+
+    names = set()
+    for loaded in registry.plugins().values():
+        if loaded.source in registry.BUILTIN_PLUGINS:
+            names.add(loaded.name)
+            names.update(loaded.kinds)
+    return sorted(names)
+
+
+NAMES = re.compile(r"\b(" + "|".join(map(re.escape, _builtin_names())) + r")\b")
 BUILTINS = re.compile(r"^BUILTIN_PLUGINS\b.*?^\)", re.S | re.M)
 
 
@@ -37,6 +52,7 @@ def test_the_core_names_no_plugin():
 
 
 def test_the_check_sees_the_core_and_the_builtin_list():
+    assert {"train", "serve", "serving", "gpushare", "tune", "tuning"} <= set(_builtin_names())
     files = list(core_files())
     assert ROOT / "components" / "runtime" / "agent.py" in files
     assert any(path.suffix == ".html" for path in files) and any(path.suffix == ".js" for path in files)

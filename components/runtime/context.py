@@ -124,7 +124,7 @@ class Context(abc.ABC):
         """Flush, and release what the context holds (threads, downloaded files); once, when the attempt ends."""
         self.flush()
 
-    # -- child jobs (tuning trials, ranks): jobs of the same team, under the same checks and quota --------------
+    # -- child jobs (a sweep's trials, ranks): jobs of the same team, under the same checks and quota --------------
     def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
                      nested: bool = False) -> dict[str, Any]:
         """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
@@ -209,7 +209,7 @@ class LocalContext(Context):
 
     def set_endpoint(self, address: str) -> None:
         self.endpoint = address
-        self.log(f"serving on {address}")
+        self.log(f"listening on {address}")
 
     def _checkpoint_path(self) -> Path:
         return self.workdir / "checkpoint.pt"

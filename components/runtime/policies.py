@@ -221,7 +221,7 @@ class Victim:
 
 class PreemptionCost(Policy):
     """What preempting a running attempt of :attr:`kinds` costs: 1.0 by default, None to never preempt it
-    (a trial about to finish, a serving endpoint under its SLA)."""
+    (a trial about to finish, an inference endpoint under its SLA)."""
 
     def cost(self, victim: Victim) -> float | None:
         return 1.0

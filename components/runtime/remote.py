@@ -107,7 +107,7 @@ class RemoteContext(Context):
         failed one)."""
         with self._lock:
             self._endpoint = address
-        self.log(f"serving on {address}")
+        self.log(f"listening on {address}")
 
     def source_artifact(self, name: str = "model.pt") -> Path:
         if self._sources is None:

@@ -45,7 +45,7 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     submitted = cluster.cli("submit", str(tmp_path / "serve.yaml"), "--wait", "--timeout", "90")
     assert submitted.returncode == 0, (submitted.stdout, submitted.stderr, cluster.output())
     served = re.search(r"submitted job (\S+) ", submitted.stdout).group(1)
-    address = re.search(r"serving on (\S+) ", submitted.stdout).group(1)
+    address = re.search(r"listening on (\S+) ", submitted.stdout).group(1)
     job = cluster.job(served)
     assert job["state"] == "RUNNING" and job["endpoint"] == address
     assert address.startswith("127.0.0.1:")

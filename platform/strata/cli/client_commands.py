@@ -74,7 +74,7 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
             print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
             last_state = job["state"]
         if job.get("endpoint"):  # a job with an endpoint runs until cancelled: waiting ends once it answers
-            print(f"serving on {job['endpoint']} (strata cancel {job_id} to stop)", flush=True)
+            print(f"listening on {job['endpoint']} (strata cancel {job_id} to stop)", flush=True)
             return 0
         points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
         if points:

@@ -38,9 +38,9 @@ class Job(models.Model):
     # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}
     resources = models.JSONField(default=dict)
     priority = models.IntegerField(default=0)
-    # Child jobs: a running job may submit jobs of its own team (tuning trials, ranks); cancelling it cancels them.
+    # Child jobs: a running job may submit jobs of its own team (a sweep's trials, ranks); cancelling it cancels them.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
-    # A nested child runs inside its parent's allocation (a sweep's trials within the tune job's GPUs): admitted
+    # A nested child runs inside its parent's allocation (a sweep's trials within the sweep's GPUs): admitted
     # without the team's quota (the parent holds it) and placed only on the devices its parent's attempt holds.
     nested = models.BooleanField(default=False, db_default=False)
     # A held job stays where it is in the queue but is never placed until released (a running job that is held

@@ -334,7 +334,7 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
     if endpoint and endpoint != attempt.endpoint:
         Attempt.objects.filter(pk=attempt.pk).update(endpoint=endpoint)
         attempt.endpoint = endpoint
-        job_event(attempt.job_id, "endpoint", f"serving on {endpoint}", attempt=attempt, endpoint=endpoint)
+        job_event(attempt.job_id, "endpoint", f"listening on {endpoint}", attempt=attempt, endpoint=endpoint)
     limit = settings.STRATA_MAX_LOG_LINES_PER_JOB
     if logs:
         room = limit - LogLine.objects.filter(job_id=attempt.job_id).count()

@@ -69,7 +69,7 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
     steps = [step for name, _, step in ctx.metric_points if name == "requests"]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
     messages = [message for _, _, message in ctx.logs]
-    assert any(message.startswith(f"serving on {ctx.endpoint}") for message in messages)
+    assert any(message.startswith(f"listening on {ctx.endpoint}") for message in messages)
     assert any(message.startswith(f"serving mlp-digits of job {SOURCE_JOB} on {ctx.endpoint}") for message in messages)
     assert messages[-1] == "stopped serving after 1 requests (0 errors)"
 

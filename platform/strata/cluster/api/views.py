@@ -232,7 +232,7 @@ class ChildSubmitSerializer(s.AttemptCallSerializer):
     job = serializers.DictField(help_text="The child job, as POST /api/v1/jobs/ takes it (without team).")
     idempotency_key = serializers.CharField(max_length=200, required=False, allow_null=True, default=None)
     nested = serializers.BooleanField(required=False, default=False, help_text=(
-        "Run it inside this attempt's own allocation (a sweep's trial within the tune job's GPUs): admitted "
+        "Run it inside this attempt's own allocation (a sweep's trial within its sweep's GPUs): admitted "
         "without the team's quota, placed only on the devices this attempt holds."))
 
 
