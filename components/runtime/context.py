@@ -275,7 +275,8 @@ class LocalContext(Context):
 def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,
                          start: bool = True) -> Context:
     """The Context of one attempt rank, from its payload (the claim plus ``server``, ``node_token``, ``node``,
-    ``fencing_token``, ``rank`` and ``device``): the one place both execution paths build it.
+    ``fencing_token``, ``rank``, ``device`` and, for a rank given several devices, ``devices``): the one place
+    both execution paths build it.
 
     ``narrowed``: ``CUDA_VISIBLE_DEVICES`` was narrowed to the granted device (a child process), so a CUDA
     device is ``cuda:0`` here; a host that sees every device (``narrowed=False``) keeps its index.
@@ -283,12 +284,14 @@ def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, loca
     with ``payload["sources"]`` (name -> local path) as the source job's artifacts. A remote context's report
     thread is started unless ``start`` is False.
     """
-    device = payload.get("device")
-    devices = []
-    if device:
-        index = 0 if narrowed and device["kind"] == "cuda" else int(device["index"])
-        devices = [DeviceHandle(kind=device["kind"], index=index, memory=int(device["memory"]),
-                                share=float(device["share"]))]
+    granted = payload.get("devices") or ([payload["device"]] if payload.get("device") else [])
+    devices, cuda = [], 0
+    for device in granted:
+        index = int(device["index"])
+        if narrowed and device["kind"] == "cuda":  # renumbered from 0 in CUDA_VISIBLE_DEVICES' order
+            index, cuda = cuda, cuda + 1
+        devices.append(DeviceHandle(kind=device["kind"], index=index, memory=int(device["memory"]),
+                                    share=float(device["share"])))
     common = {"job_id": payload["job"], "attempt_id": payload["attempt"], "spec": payload["spec"],
               "devices": devices, "rank": int(payload.get("rank", 0)), "world_size": int(payload.get("world_size", 1))}
     if local_root is not None:

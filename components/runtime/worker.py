@@ -242,8 +242,11 @@ class AttemptRunner:
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + int(self.attempt_id[:4], 16) % 20000)})
             cuda = [str(d["index"]) for d in devices if d["kind"] == "cuda"]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda) if cuda else ""
+            # ``device``: the rank's first device (what single-device code reads); ``devices``: all of them (a
+            # rank given several whole GPUs sees every one, in the order CUDA_VISIBLE_DEVICES lists them).
             payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
-                       "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device}
+                       "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device,
+                       "devices": devices}
             child = subprocess.Popen([sys.executable, "-m", "components.runtime.child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      preexec_fn=_set_parent_death_signal)

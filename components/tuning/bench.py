@@ -152,21 +152,37 @@ def simulate(count: int, gpus: int, *, fluid: bool, seed: int = 0, iterations: i
             "completed": sum(t.status == "completed" for t in trials)}
 
 
-SWEEP_SPACE = {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05},
-               "hidden": {"type": "choice", "values": [32, 64, 128]}}
+# The real sweeps: the same space shape on both workloads, the width scaled to each (the CNN's channels cost far
+# more than the MLP's units). The MLP on digits trains an epoch in about 10 ms, so its sweep measures what each
+# system costs per trial; the CNN's epochs take 0.15-0.6 s on one thread, so its trials last 1-5 s, as the
+# issue's sweep does.
+SWEEP_METRIC = "test_accuracy"
+SWEEP_SPACES = {
+    "mlp-digits": {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05},
+                   "hidden": {"type": "choice", "values": [32, 64, 128]}},
+    "cnn-synthetic": {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05},
+                      "hidden": {"type": "choice", "values": [8, 16, 32]}},
+}
 
 
-def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: int, seed: int) -> dict[str, Any]:
+def trainable_spec(workload: str) -> dict[str, Any]:
+    """The train spec every system's trials start from (the searcher's parameters go on top)."""
+    return {"workload": workload, "batch_size": 64}
+
+
+def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: int, seed: int,
+               workload: str = "mlp-digits") -> dict[str, Any]:
     """The same sweep both ways: Fluid packs up to 4 trials a GPU and water-fills; the baseline runs one trial per
     GPU, first in first out (``packing: 1``: each trial holds a whole GPU, ``gpus`` at a time)."""
+    space = SWEEP_SPACES[workload]
+    trainable = {**trainable_spec(workload), **{key: "{{" + key + "}}" for key in space}}
     return {"name": name, "kind": "tune", "resources": {"gpus": gpus}, "max_attempts": 1, "time_limit": 3600,
-            "spec": {"space": SWEEP_SPACE, "metric": "test_accuracy", "mode": "max", "trials": trials,
+            "spec": {"space": space, "metric": SWEEP_METRIC, "mode": "max", "trials": trials,
                      "max_iterations": iterations, "seed": seed, "searcher": {"name": "random"},
                      "scheduler": {"name": "asha", "options": {"grace_period": 1, "reduction_factor": 3}},
                      "packing": 4 if fluid else 1, "max_concurrent": 4 * gpus if fluid else gpus,
                      "max_gpus_per_trial": 1,
-                     "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}",
-                                                             "hidden": "{{hidden}}", "batch_size": 64}}}}
+                     "trainable": {"kind": "train", "spec": trainable}}}
 
 
 def real_sweeps(runs: int, trials: int, iterations: int, gpus: int = 2) -> dict[str, Any]:
@@ -212,49 +228,73 @@ def real_sweeps(runs: int, trials: int, iterations: int, gpus: int = 2) -> dict[
     return results
 
 
-def optuna_sweep(trials: int, iterations: int, seed: int, jobs: int = 2) -> dict[str, Any]:
-    """(d) Optuna's own loop on the same sweep: the same space, a seeded random sampler, its successive-halving
-    pruner (ASHA's rule: min resource 1, reduction factor 3), the same trainable code (the train kind's loop and
-    workload, one epoch per report), ``jobs`` trials at once in threads (``study.optimize(n_jobs=...)``, as
-    Optuna's docs give for one machine), each torch op on one thread like a trial on a virtual GPU."""
-    import tempfile
-    import threading
+def train_trial(params: dict[str, Any], *, workload: str, iterations: int, workdir, report, name: str = "trial",
+                lock=None) -> float | None:
+    """One trial of the real sweep outside Strata, for the peers (Optuna's loop, Ray Tune): the train kind's own
+    loop and workload with ``params`` in its spec (as the tune job's trainable gets them), ``report(iteration,
+    value)`` after each epoch (the peer's pruning hook; it may raise to stop the trial). Returns the last value.
+    ``lock`` serializes building the workload (its dataset loader is not made for threads building it at once)."""
+    import contextlib
     from pathlib import Path
-
-    import optuna
-    import torch
 
     from components.runtime.context import LocalContext
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec
     from components.train.workloads import builtin_workload
 
+    spec = TrainSpec().validate({**trainable_spec(workload), **params, "epochs": iterations,
+                                 "checkpoint_every": 10**9})
+    ctx = LocalContext(job_id=name, attempt_id="a", spec=spec, workdir=Path(workdir) / name)
+    with lock or contextlib.nullcontext():
+        loop = TrainLoop(builtin_workload(workload), spec, ctx, device="cpu", owns_process=False)
+        loop.start()
+    value, reported = None, 0
+    while not loop.done:
+        loop.step()
+        epochs = loop.step_count // loop.steps_per_epoch
+        if epochs > reported and loop.last_eval:
+            reported, value = epochs, float(loop.last_eval[SWEEP_METRIC])
+            report(reported, value)
+    return value
+
+
+def drawn_configs(trials: int, seed: int, workload: str = "mlp-digits") -> list[dict[str, Any]]:
+    """The configurations the tune job's random searcher draws for ``seed``, in trial order (the searcher is not
+    adaptive, so a peer given this list runs exactly the sweep's trials)."""
+    from components.tuning.searchers import Searcher
+
+    searcher = Searcher("random", SWEEP_SPACES[workload], mode="max", seed=seed, budget=trials)
+    return [searcher.ask()[1] for _ in range(trials)]
+
+
+def optuna_sweep(trials: int, iterations: int, seed: int, jobs: int = 2, workload: str = "mlp-digits") -> dict[str, Any]:
+    """(d) Optuna's own loop on the same sweep: the same space, a seeded random sampler, its successive-halving
+    pruner (ASHA's rule: min resource 1, reduction factor 3), the same trainable code (:func:`train_trial`),
+    ``jobs`` trials at once in threads (``study.optimize(n_jobs=...)``, as Optuna's docs give for one machine),
+    each torch op on one thread like a trial on a virtual GPU."""
+    import tempfile
+    import threading
+
+    import optuna
+    import torch
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(1)
-    scratch = Path(tempfile.mkdtemp(prefix="strata-bench-optuna-"))
+    scratch = tempfile.mkdtemp(prefix="strata-bench-optuna-")
     lock = threading.Lock()
 
     def objective(trial: optuna.Trial) -> float:
-        lr = trial.suggest_float("lr", SWEEP_SPACE["lr"]["low"], SWEEP_SPACE["lr"]["high"], log=True)
-        hidden = trial.suggest_categorical("hidden", SWEEP_SPACE["hidden"]["values"])
-        spec = TrainSpec().validate({"workload": "mlp-digits", "lr": lr, "hidden": hidden, "batch_size": 64,
-                                     "epochs": iterations, "checkpoint_every": 10**9, "seed": trial.number})
-        ctx = LocalContext(job_id=f"optuna-{trial.number}", attempt_id="a", spec=spec,
-                           workdir=scratch / str(trial.number))
-        with lock:  # the dataset loader is not made for threads building it at once
-            workload = builtin_workload("mlp-digits")
-        loop = TrainLoop(workload, spec, ctx, device="cpu", owns_process=False)
-        loop.start()
-        value, reported = None, 0
-        while not loop.done:
-            loop.step()
-            epochs = loop.step_count // loop.steps_per_epoch
-            if epochs > reported and loop.last_eval:
-                reported, value = epochs, float(loop.last_eval["test_accuracy"])
-                trial.report(value, reported)
-                if trial.should_prune():
-                    raise optuna.TrialPruned()
-        return value
+        space = SWEEP_SPACES[workload]
+        params = {"lr": trial.suggest_float("lr", space["lr"]["low"], space["lr"]["high"], log=True),
+                  "hidden": trial.suggest_categorical("hidden", space["hidden"]["values"])}
+
+        def report(iteration: int, value: float) -> None:
+            trial.report(value, iteration)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        return train_trial(params, workload=workload, iterations=iterations, workdir=scratch, report=report,
+                           name=f"optuna-{trial.number}", lock=lock)
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed),
                                 pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3))
