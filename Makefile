@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser run test lint bench screenshots protos clean
+.PHONY: install browser run test lint bench bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,19 @@ bench: install
 	$(BIN)/strata bench control-plane
 	$(BIN)/strata bench dashboard
 
+# The real peer systems the benchmarks compare with (Ray Tune 2.60), in their own virtual environment, never in
+# make test's: .venv-peers holds the CPU torch, ray[tune] and this project; then the tuning benchmark with them.
+PEERS ?= .venv-peers
+$(PEERS)/.installed-stamp: pyproject.toml
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q "torch==2.13.0" || $(PEERS)/bin/python -m pip install -q "torch>=2.3"
+	$(PEERS)/bin/python -m pip install -q "ray[tune]==2.60.0"
+	$(PEERS)/bin/python -m pip install -q -e ".[node]"
+	touch $(PEERS)/.installed-stamp
+
+bench-peers: install $(PEERS)/.installed-stamp
+	$(BIN)/strata bench tuning --peers --output bench-tuning.json
+
 # Saves the main pages as PNG files in docs/img (the README shows them), from the browser tests.
 screenshots: install browser
 	STRATA_SCREENSHOT_DIR=$(CURDIR)/docs/img $(BIN)/python -m pytest -q tests/e2e/test_browser.py tests/e2e/test_browser_gpushare.py
@@ -55,4 +68,4 @@ protos: install
 	  && mv $$out.tmp $$out; done; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) .pytest_cache .ruff_cache

@@ -3,8 +3,11 @@
 ``python -m components.gpushare.service --device-index N --kind virtual|cuda --memory BYTES --socket PATH
 --authkey-file PATH [--policy fair]``
 
-The process owns one :class:`~components.gpushare.executor.DeviceExecutor` for its device (created, and torch
-imported, on the first job, so an idle service costs a few MB). It listens on a unix socket
+The process owns one :class:`~components.gpushare.executor.DeviceExecutor` for its device (created on the first
+job). At start it warms up every hostable kind (``Component.warm_up``: torch, the train loop, its dataset
+loaders and optimizers) in a background thread, so the first attempts it hosts do not each pay about 1.7 s of
+imports at once; an idle service then holds those libraries (``STRATA_GPUSHARE_WARM_UP=0`` keeps it at a few MB
+until its first job). It listens on a unix socket
 (:mod:`multiprocessing.connection`, authenticated with the node's key) for these messages, each a dict with
 an ``op``; every request gets exactly one reply dict:
 
@@ -457,6 +460,24 @@ def _watch_parent(service: DeviceService, parent: int) -> None:
             return
 
 
+def warm_up() -> None:
+    """Warm every hostable kind's component (:meth:`components.runtime.component.Component.warm_up`) while the
+    service waits for its first attempt; a kind that fails to warm up costs a log line, never the service."""
+    from components.runtime.registry import import_path, kinds
+
+    began = time.monotonic()
+    warmed = []
+    for name, spec in sorted(kinds().items()):
+        try:
+            component = import_path(spec.component)
+            if getattr(component, "hostable", False):
+                component.warm_up()
+                warmed.append(name)
+        except Exception as error:  # noqa: BLE001 - a broken kind is reported when an attempt of it runs
+            log.warning("could not warm up kind %s: %r", name, error)
+    log.info("warmed up %s in %.2f s", ", ".join(warmed) or "no kind", time.monotonic() - began)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.gpushare.service", description=__doc__.split("\n")[0])
     parser.add_argument("--device-index", type=int, required=True)
@@ -484,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     path.chmod(0o600)
     threading.Thread(target=_accept_loop, args=(service, listener), daemon=True, name="gpushare-accept").start()
     threading.Thread(target=_watch_parent, args=(service, parent), daemon=True, name="gpushare-parent").start()
+    if os.environ.get("STRATA_GPUSHARE_WARM_UP", "1") != "0":
+        threading.Thread(target=warm_up, daemon=True, name="gpushare-warm-up").start()
     log.info("serving %s on %s (policy %s)", service.label, path, service.policy)
     while not service.stopping.wait(0.5):
         pass

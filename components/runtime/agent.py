@@ -90,8 +90,10 @@ class NodeAgent:
         for stale in (self.state_dir / "running").glob("*.json"):
             stale.unlink(missing_ok=True)
         # Attempts that got a fraction of a device may be hosted by a node service, so a device may carry several
-        # attempts at once (four 0.25-GPU jobs, say): four slots per device keep them from queueing on the node.
-        slots = self.options.slots or max(2, 4 * len(self.devices))
+        # attempts at once (four 0.25-GPU jobs, say), and a job running nested children inside its own devices
+        # (a sweep and its trials) needs a slot besides theirs: five slots per device keep them from queueing on
+        # the node.
+        slots = self.options.slots or max(2, 5 * len(self.devices))
         env = {**os.environ, "STRATA_NODE_CONFIG": str(self._worker_config())}
         command = [sys.executable, "-m", "celery", "-A", "components.runtime.worker", "worker",
                    "-Q", self.registration["queue"], "-n", f"{self.options.name}@%h", "--concurrency", str(slots),

@@ -151,6 +151,13 @@ class Component(abc.ABC):
     kind: ClassVar[str]
     hostable: ClassVar[bool] = False  # may run inside a node service that hosts attempts (see session())
 
+    @classmethod
+    def warm_up(cls) -> None:
+        """Import and initialize, once per process, what this kind's first attempt would otherwise pay for
+        (libraries, loaders). A node service that hosts attempts calls it for every hostable kind when it
+        starts, off its serving path, so the first attempts it hosts start warm. Must be safe to call more than
+        once and must not touch a device. Default: nothing."""
+
     def session(self, ctx: Context, *, hosted: bool = False) -> Session:
         """One attempt as a :class:`Session`. ``hosted``: it will share its process and device with other
         attempts (no process-global state, host I/O off the device thread). Raise :class:`NotHostable` when

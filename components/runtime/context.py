@@ -159,6 +159,11 @@ class Context(abc.ABC):
         "step", "value", "time", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
         raise NotImplementedError(f"{type(self).__name__} has no child jobs")
 
+    def children_metrics(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """:meth:`child_metrics` of many children at once (``{child id: cursor}`` -> ``{child id: answer}``; a
+        job that is not a child is left out). The remote context asks the control plane once."""
+        return {job_id: self.child_metrics(job_id, after=cursor) for job_id, cursor in after.items()}
+
 
 @dataclass
 class LocalContext(Context):

@@ -182,3 +182,8 @@ class RemoteContext(Context):
     def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
         return self.client.get(self._path(f"children/{job_id}/metrics/"), params={**self._auth(), "after": after})
 
+    def children_metrics(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
+        if not after:
+            return {}
+        return self.client.post(self._path("children/metrics/"), {**self._auth(), "after": after})["children"]
+

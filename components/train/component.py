@@ -77,6 +77,23 @@ class TrainComponent(Component):
     kind: ClassVar[str] = TrainSpec.kind
     hostable: ClassVar[bool] = True
 
+    @classmethod
+    def warm_up(cls) -> None:
+        """The loop, the workloads, scikit-learn's bundled-dataset loader (the digits) and the optimizers (the
+        first optimizer step imports torch's compiler stack): about 1.7 s on this machine, once per process."""
+        import torch
+        from sklearn.datasets import load_digits  # noqa: F401
+
+        import components.gpushare.sessions  # noqa: F401
+        import components.train.loop  # noqa: F401
+        from components.train.workloads import make_optimizer
+
+        weight = torch.nn.Parameter(torch.zeros(1))
+        for optimizer in ("adam", "sgd"):
+            step = make_optimizer([weight], {"optimizer": optimizer, "lr": 0.0, "options": {}})
+            weight.grad = torch.zeros(1)
+            step.step()
+
     def session(self, ctx: Context, *, hosted: bool = False) -> Session:
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
         ctx.spec = spec

@@ -1,14 +1,21 @@
-"""``strata bench tuning``: Fluid's execution against one trial per GPU, first in first out.
+"""``strata bench tuning``: Fluid's execution against one trial per GPU, Optuna's loop and real Ray Tune.
 
-What this run measures (the rest of the issue's figures, on real trainings and against real Ray Tune and
-Optuna, are not built yet; docs/components/tuning.md says so):
+What one run measures:
 
-1. **A simulated sweep** of 1,000 trials on 64 GPUs (and 100 and 300 trials, to show how the ratio grows), with
+1. **Real sweeps** on this machine, the same trials every way (the same space and searcher seed, trial budget,
+   ASHA with grace period 1 and reduction factor 3, the train kind's loop and workload, 2 GPU slots), on two
+   workloads: the MLP on digits (its epochs take about 10 ms, so the sweep measures what each system costs per
+   trial) and the small CNN (trials of 1-5 s). The ways: (a) Fluid on a local ``strata up`` with 2 virtual GPUs
+   (trials nested in the tune job, 4 to a GPU, water-filled); (b) one trial per virtual GPU, first in first out,
+   on the same ``strata up``; (c) with ``--peers``, real Ray Tune 2.60 in its best configuration
+   (``reuse_actors=True``) and its default, in ``.venv-peers`` (``make bench-peers``); (d) Optuna's own loop
+   with its successive-halving pruner. Makespan, best accuracy and GPU-seconds each, 3 runs (seeds 0-2).
+2. **A simulated sweep** of 1,000 trials on 64 GPUs (and 100 and 300 trials, to show how the ratio grows), with
    the real allocation rule (:func:`components.tuning.waterfill.allocate`) and the real ASHA scheduler deciding on
    learning curves, against one trial per whole GPU in arrival order (Ray Tune's default executor), with the
    same trials, the same curves and the same ASHA decisions. The makespan ratio is the figure.
-2. **Scheduling overhead per trial**: the CPU time the engine's decisions (water-filling and the scheduler) took
-   in the 1,000-trial sweep, divided by the trials.
+3. **Scheduling overhead per trial**: the CPU time the engine's decisions (water-filling and the scheduler) took
+   in the 1,000-trial sweep, divided by the trials; and the wall time per trial of the near-empty MLP sweep.
 
 The model of a trial (stated, since it decides the numbers): iteration ``k`` of trial ``i`` takes ``h_i`` seconds
 on a whole GPU; a trial alone keeps ``u_i`` of a GPU busy (a small model cannot fill a GPU), so at a share
@@ -185,46 +192,133 @@ def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: in
                      "trainable": {"kind": "train", "spec": trainable}}}
 
 
-def real_sweeps(runs: int, trials: int, iterations: int, gpus: int = 2) -> dict[str, Any]:
-    """The same sweeps run for real on ``strata up`` (``gpus`` virtual GPUs), Fluid and the baseline in turn:
-    makespan (the tune job's start to end), the best value reached, and the trials."""
-    import tempfile
-    from datetime import datetime
+REAL_SWEEPS = {  # workload -> (trials, max iterations): full size, and --quick
+    "full": {"mlp-digits": (16, 9), "cnn-synthetic": (16, 9)},
+    "quick": {"mlp-digits": (4, 2)},
+}
+WAYS = ("fluid", "fifo", "optuna", "ray", "ray_default")
+
+
+def gpu_seconds(table: dict[str, Any]) -> float:
+    """GPU-seconds the sweep's trials held: each trial's share integrated over its share timeline."""
+    total = 0.0
+    for trial in table["trials"]:
+        shares = trial.get("shares") or []
+        for (start, share), (end, _) in zip(shares, shares[1:], strict=False):
+            total += share * max(end - start, 0.0)
+    return total
+
+
+class StrataSweeps:
+    """The tune job run for real on a local ``strata up`` (``gpus`` virtual GPUs), Fluid or one trial per GPU."""
+
+    def __init__(self, gpus: int):
+        import tempfile
+        from pathlib import Path
+
+        from components.runtime.client import ControlPlaneClient
+        from strata.bench.control_plane import Stack, _free_port
+
+        self.gpus = gpus
+        self.home = Path(tempfile.mkdtemp(prefix="strata-bench-tuning-"))
+        self.stack = Stack(self.home, _free_port(), gpus, {})
+        try:
+            self.client = ControlPlaneClient(self.stack.url, self.stack.wait_ready()["token"], retries=3, timeout=30)
+        except BaseException:
+            self.stack.stop()
+            raise
+
+    def run(self, way: str, *, workload: str, trials: int, iterations: int, seed: int) -> dict[str, Any]:
+        from datetime import datetime
+
+        client = self.client
+        job = client.post("jobs/", sweep_body(f"bench-{way}-{workload}-{seed}", fluid=way == "fluid",
+                                              gpus=self.gpus, trials=trials, iterations=iterations, seed=seed,
+                                              workload=workload))
+        deadline = time.monotonic() + 1800
+        while job["state"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sweep {job['id']} did not finish in 30 minutes; see {self.home}")
+            time.sleep(0.5)
+            job = client.get(f"jobs/{job['id']}/")
+        if job["state"] != "SUCCEEDED":
+            raise RuntimeError(f"sweep {job['id']} ended {job['state']}: {job['reason']}; see {self.home}")
+        table = client.get(f"jobs/{job['id']}/trials/")
+        started = datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))
+        finished = datetime.fromisoformat(job["finished_at"].replace("Z", "+00:00"))
+        return {"job": job["id"], "makespan_s": (finished - started).total_seconds(),
+                "best": (table.get("best") or {}).get("value"), "trials": len(table["trials"]),
+                "stopped": sum(t["status"] == "stopped" for t in table["trials"]), "gpu_seconds": gpu_seconds(table)}
+
+    def stop(self) -> None:
+        self.stack.stop()
+
+
+def peers_python() -> str:
+    """The interpreter with Ray Tune (``make bench-peers`` builds ``.venv-peers``; ``STRATA_PEERS_PYTHON``
+    names another). Raises a one-line error naming the fix when there is none."""
+    import os
     from pathlib import Path
 
-    from components.runtime.client import ControlPlaneClient
-    from strata.bench.control_plane import Stack, _free_port
+    named = os.environ.get("STRATA_PEERS_PYTHON")
+    path = Path(named) if named else Path(__file__).resolve().parents[2] / ".venv-peers" / "bin" / "python"
+    if not path.exists():
+        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs ray[tune]==2.60.0 "
+                           "beside the project) or set STRATA_PEERS_PYTHON")
+    return str(path)
 
+
+def ray_sweep(python: str, *, workload: str, trials: int, iterations: int, seed: int, gpus: int,
+              reuse_actors: bool) -> dict[str, Any]:
+    """(c) Ray Tune on the same sweep, in the peers' interpreter (:mod:`components.tuning.peers`): one trial per
+    logical GPU, ``reuse_actors`` on (its best configuration) or off (its default)."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="strata-bench-ray-") as scratch:
+        output = os.path.join(scratch, "result.json")
+        command = [python, "-m", "components.tuning.peers", "--workload", workload, "--trials", str(trials),
+                   "--iterations", str(iterations), "--seed", str(seed), "--gpus", str(gpus), "--packing", "1",
+                   "--output", output] + (["--reuse-actors"] if reuse_actors else [])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
+                              cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"Ray Tune's sweep failed ({done.returncode}): {tail[0]}")
+        with open(output) as handle:
+            return json.load(handle)
+
+
+def real_sweeps(runs: int, sizes: dict[str, tuple[int, int]], *, peers: bool, gpus: int = 2) -> dict[str, Any]:
+    """Every way on the same sweeps, ``runs`` times, one after another (never two at once): Fluid and one trial
+    per GPU on ``strata up``, Optuna's loop, and with ``peers`` Ray Tune in its best and default configurations.
+    Run ``r`` of every way uses searcher seed ``r``. Returns ``{workload: {way: [run, ...]}}``."""
     say = progress("  ")
-    home = Path(tempfile.mkdtemp(prefix="strata-bench-tuning-"))
-    stack = Stack(home, _free_port(), gpus, {})
-    results: dict[str, list] = {"fluid": [], "fifo": []}
+    python = peers_python() if peers else None
+    ways = [way for way in WAYS if peers or not way.startswith("ray")]
+    results: dict[str, Any] = {}
+    strata = StrataSweeps(gpus)
     try:
-        client = ControlPlaneClient(stack.url, stack.wait_ready()["token"], retries=3, timeout=30)
-        for run_index in range(runs):
-            for way in ("fluid", "fifo"):
-                say(f"real sweep {run_index + 1}/{runs} ({way}): {trials} trials of mlp-digits, {iterations} epochs "
-                    f"at most, on {gpus} virtual GPUs")
-                job = client.post("jobs/", sweep_body(f"bench-{way}-{run_index}", fluid=way == "fluid", gpus=gpus,
-                                                      trials=trials, iterations=iterations, seed=run_index))
-                deadline = time.monotonic() + 1800
-                while job["state"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"sweep {job['id']} did not finish in 30 minutes; see {home}")
-                    time.sleep(1.0)
-                    job = client.get(f"jobs/{job['id']}/")
-                if job["state"] != "SUCCEEDED":
-                    raise RuntimeError(f"sweep {job['id']} ended {job['state']}: {job['reason']}; see {home}")
-                table = client.get(f"jobs/{job['id']}/trials/")
-                started = datetime.fromisoformat(job["started_at"].replace("Z", "+00:00"))
-                finished = datetime.fromisoformat(job["finished_at"].replace("Z", "+00:00"))
-                results[way].append({"job": job["id"], "makespan_s": (finished - started).total_seconds(),
-                                     "best": (table.get("best") or {}).get("value"),
-                                     "trials": len(table["trials"]),
-                                     "stopped": sum(t["status"] == "stopped" for t in table["trials"])})
-                say(f"  {way}: {results[way][-1]['makespan_s']:.1f} s, best {results[way][-1]['best']}")
+        for workload, (trials, iterations) in sizes.items():
+            found = results[workload] = {way: [] for way in ways}
+            for run_index in range(runs):
+                for way in ways:
+                    say(f"{workload} sweep {run_index + 1}/{runs} ({way}): {trials} trials, {iterations} epochs at "
+                        f"most, ASHA, {gpus} GPU slots")
+                    if way in {"fluid", "fifo"}:
+                        result = strata.run(way, workload=workload, trials=trials, iterations=iterations,
+                                            seed=run_index)
+                    elif way == "optuna":
+                        result = optuna_sweep(trials, iterations, run_index, jobs=gpus, workload=workload)
+                    else:
+                        result = ray_sweep(python, workload=workload, trials=trials, iterations=iterations,
+                                           seed=run_index, gpus=gpus, reuse_actors=way == "ray")
+                    found[way].append(result)
+                    say(f"  {way}: {result['makespan_s']:.1f} s, best {result['best']}")
     finally:
-        stack.stop()
+        strata.stop()
     return results
 
 
@@ -328,31 +422,63 @@ def _median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def figures(results: dict[str, Any]) -> list[Figure]:
-    found = _simulated_figures(results)
-    real = results.get("real")
-    if real:
-        fluid, fifo = [r["makespan_s"] for r in real["fluid"]], [r["makespan_s"] for r in real["fifo"]]
-        ratios = sorted(b / a for a, b in zip(fluid, fifo, strict=True))
-        found.insert(0, Figure(
-            "makespan_vs_fifo", "real sweep on this machine: makespan against one trial per GPU (FIFO)",
-            _median(fluid), _median(fifo), "s", target=2.0,
-            mechanism_text="Fluid (packing 4, water-filling) on strata up",
-            baseline_text="one trial per virtual GPU, first in first out",
-            extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
-                   "best_fluid": _median([r["best"] or 0 for r in real["fluid"]]),
-                   "best_fifo": _median([r["best"] or 0 for r in real["fifo"]])}))
-        if real.get("optuna"):
-            optuna_runs = [r["makespan_s"] for r in real["optuna"]]
-            ratios = sorted(b / a for a, b in zip(fluid, optuna_runs, strict=True))
-            found.insert(1, Figure(
-                "makespan_vs_optuna", "real sweep on this machine: makespan against Optuna's own loop",
-                _median(fluid), _median(optuna_runs), "s", target=None,
-                mechanism_text="Fluid (packing 4, water-filling) on strata up",
-                baseline_text="Optuna study.optimize, random sampler, successive-halving pruner, 2 threads",
+@dataclass
+class SweepFigure(Figure):
+    """A makespan figure that counts as met only at equal best accuracy (within ``tolerance``)."""
+
+    same_accuracy: bool = True
+
+    @property
+    def met(self) -> bool | None:
+        met = Figure.met.fget(self)
+        return met and self.same_accuracy if met is not None else None
+
+
+PEERS_TEXT = {
+    "fifo": ("one trial per virtual GPU, first in first out (Ray Tune's default executor), on strata up", 2.0),
+    "ray": ("Ray Tune 2.60, ASHA, reuse_actors=True (its best configuration), one trial per logical GPU", 1 / 0.6),
+    "ray_default": ("Ray Tune 2.60, ASHA, its default (a new actor per trial), one trial per logical GPU", None),
+    "optuna": ("Optuna's study.optimize, seeded random sampler, successive-halving pruner, 2 threads", None),
+}
+
+
+def _real_figures(real: dict[str, Any]) -> list[Figure]:
+    found = []
+    for workload, ways in real.items():
+        fluid = ways["fluid"]
+        for way, (text, target) in PEERS_TEXT.items():
+            if not ways.get(way):
+                continue
+            mine, theirs = [r["makespan_s"] for r in fluid], [r["makespan_s"] for r in ways[way]]
+            ratios = sorted(b / a for a, b in zip(mine, theirs, strict=True))
+            best_mine, best_theirs = _median([r["best"] or 0 for r in fluid]), _median([r["best"] or 0 for r in ways[way]])
+            gpu_mine = _median([r.get("gpu_seconds") or 0 for r in fluid])
+            gpu_theirs = [r.get("gpu_seconds") for r in ways[way] if r.get("gpu_seconds") is not None]
+            found.append(SweepFigure(
+                f"{workload}_vs_{way}", f"{workload} sweep: makespan against {way.replace('_', ' ')}",
+                _median(mine), _median(theirs), "s", target=target,
+                mechanism_text="Fluid (4 trials a GPU, water-filled) on strata up", baseline_text=text,
+                same_accuracy=abs(best_mine - best_theirs) <= 0.01,
                 extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
-                       "best_optuna": _median([r["best"] or 0 for r in real["optuna"]])}))
+                       "makespan_range": [min(mine), max(mine)], "baseline_range": [min(theirs), max(theirs)],
+                       "best": best_mine, "best_baseline": best_theirs,
+                       "gpu_seconds": gpu_mine, "gpu_seconds_baseline": _median(gpu_theirs) if gpu_theirs else None,
+                       "trials": fluid[0]["trials"]}))
+    if "mlp-digits" in real:  # its trials train for ~10 ms an epoch: wall time per trial is what each system costs
+        ways = real["mlp-digits"]
+        per_trial = {way: _median([r["makespan_s"] / r["trials"] for r in runs]) for way, runs in ways.items() if runs}
+        baseline = per_trial.get("ray", per_trial.get("fifo"))
+        found.append(Figure(
+            "wall_per_trial", "platform cost per trial: makespan / trials of the near-empty MLP sweep",
+            per_trial["fluid"], baseline, "s", target=None,
+            mechanism_text="Fluid on strata up (submit, place, host, report, end, per trial)",
+            baseline_text="Ray Tune, reuse_actors=True" if "ray" in per_trial else "one trial per GPU",
+            extra={"per_trial_s": per_trial, "budget_s": 0.05, "within_budget": per_trial["fluid"] < 0.05}))
     return found
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    return _real_figures(results.get("real") or {}) + _simulated_figures(results)
 
 
 def _simulated_figures(results: dict[str, Any]) -> list[Figure]:
@@ -375,20 +501,16 @@ def _simulated_figures(results: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def main(quick: bool = False, output: str | None = None, real: bool = True) -> int:
+def main(quick: bool = False, output: str | None = None, real: bool = True, peers: bool = False) -> int:
     """``strata bench tuning`` entry point: run, print, optionally write the common JSON. ``real``: also run the
-    sweeps for real on a local ``strata up`` (the tests leave it out)."""
+    sweeps for real (a local ``strata up``, Optuna's loop; the tests leave it out); ``peers``: also real Ray
+    Tune (``--peers``; needs ``make bench-peers``)."""
+    if peers:
+        peers_python()  # fail in one line before anything runs
     results = run(quick)
     if real:
-        runs, trials, iterations = (1, 4, 2) if quick else (3, 12, 4)
-        results["real"] = real_sweeps(runs=runs, trials=trials, iterations=iterations)
-        say = progress("  ")
-        results["real"]["optuna"] = []
-        for seed in range(runs):
-            say(f"optuna sweep {seed + 1}/{runs}: {trials} trials, successive-halving pruner, 2 at once")
-            results["real"]["optuna"].append(optuna_sweep(trials, iterations, seed))
-            say(f"  optuna: {results['real']['optuna'][-1]['makespan_s']:.1f} s, "
-                f"best {results['real']['optuna'][-1]['best']}")
+        runs = 1 if quick else 3
+        results["real"] = real_sweeps(runs, REAL_SWEEPS["quick" if quick else "full"], peers=peers)
     doc = document("tuning", quick, figures(results), details=results)
     print(figures_table(doc))
     write(doc, output)

@@ -7,8 +7,8 @@ engine:
 
 1. asks the searcher (Optuna) for configurations while fewer than ``max_concurrent`` trials run and the trial
    scheduler takes more, and submits each as a nested child (idempotently: a restarted engine finds its trials);
-2. watches each trial's ``metric`` (one point per iteration, e.g. per epoch) through ``ctx.child_metrics`` and
-   feeds it to the scheduler: STOP cancels the trial, PAUSE holds it at its rung, a promotion releases it;
+2. watches each trial's ``metric`` (one point per iteration, e.g. per epoch) through ``ctx.children_metrics``
+   (one call for all live trials every ``POLL_SECONDS``) and feeds it to the scheduler: STOP cancels the trial, PAUSE holds it at its rung, a promotion releases it;
 3. water-fills the job's GPUs over the live trials (:mod:`components.tuning.waterfill`) from each trial's
    measured seconds per iteration and iterations left, whenever the set of trials or what is known of their
    speed changes, and resizes the trials whose share changed (they checkpoint and resume with the new share);
@@ -37,6 +37,9 @@ from components.tuning.spec import TuneSpec
 from components.tuning.waterfill import Bounds, allocate, grow
 
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
+# How often the engine reads its trials' new results (one call for all of them): a trial's result reaches the
+# scheduler within this plus its report interval, and a freed slot is refilled in the same tick.
+POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -73,7 +76,8 @@ class Engine:
     """One tune attempt's loop. ``clock``/``sleep`` are injectable for tests; everything else goes through
     ``ctx``, so the same code runs against the real control plane or a test's context."""
 
-    def __init__(self, ctx: Context, spec: dict[str, Any], *, poll: float = 1.0, clock=time.time, sleep=time.sleep):
+    def __init__(self, ctx: Context, spec: dict[str, Any], *, poll: float = POLL_SECONDS, clock=time.time,
+                 sleep=time.sleep):
         from components.tuning.searchers import Searcher
 
         self.ctx, self.spec, self.poll, self.clock, self.sleep = ctx, spec, poll, clock, sleep
@@ -122,8 +126,8 @@ class Engine:
                 self.save()
                 self.ctx.log("stopping the sweep (its trials keep their checkpoints)")
                 return self.summary()
-            changed = self.fill()
-            changed |= self.watch()
+            changed = self.watch()  # first: trials that ended free room for the next ones at once
+            changed |= self.fill()
             changed |= self.rebalance()
             if changed:
                 self.save()
@@ -188,11 +192,15 @@ class Engine:
     def watch(self) -> bool:
         """Read new results of every live trial and act on the scheduler's decisions."""
         changed = False
-        for trial in list(self.live()):
-            try:
-                seen = self.ctx.child_metrics(trial.job, after=trial.cursor)
-            except Exception as error:  # noqa: BLE001 - a lost poll is retried at the next tick
-                self.ctx.log(f"could not read trial {trial.number}: {error}", level="warning")
+        live = [trial for trial in self.live() if trial.job]
+        try:  # one call for every live trial
+            answers = self.ctx.children_metrics({trial.job: trial.cursor for trial in live})
+        except Exception as error:  # noqa: BLE001 - a lost poll is retried at the next tick
+            self.ctx.log(f"could not read the trials: {error}", level="warning")
+            return False
+        for trial in live:
+            seen = answers.get(trial.job)
+            if seen is None:
                 continue
             trial.cursor = seen.get("cursor", trial.cursor)
             steps = {int(v[0]) for v in trial.values}

@@ -38,6 +38,8 @@ urlpatterns = [
          name="attempt-child-release"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/resize/", cluster.AttemptChildResizeView.as_view(),
          name="attempt-child-resize"),
+    path(f"{ATTEMPT}/children/metrics/", cluster.AttemptChildrenMetricsView.as_view(),
+         name="attempt-children-metrics"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/metrics/", cluster.AttemptChildMetricsView.as_view(),
          name="attempt-child-metrics"),
     *router.urls,

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("component", help="what to measure (strata plugins lists the benchmarks)")
     bench.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
     bench.add_argument("--output", help="also write the results as JSON here")
+    bench.add_argument("--peers", action="store_true",
+                       help="also run the real peer systems it compares with (install them: make bench-peers)")
 
     commands.add_parser("plugins", help="list the plugins and what each contributes")
     for name, command_class in sorted(registry.commands().items()):
@@ -109,7 +111,7 @@ def dispatch(args) -> int:
     if args.command == "bench":
         from strata.bench import run_benchmark
 
-        return run_benchmark(args.component, quick=args.quick, output=args.output)
+        return run_benchmark(args.component, quick=args.quick, output=args.output, peers=args.peers)
     if args.command == "plugins":
         return client.plugins(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,

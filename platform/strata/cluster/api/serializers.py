@@ -83,6 +83,27 @@ class AttemptCallSerializer(serializers.Serializer):
     token = serializers.CharField(max_length=64)
 
 
+class ChildrenMetricsSerializer(AttemptCallSerializer):
+    # child job id -> the cursor its points are read after (0: from the first); at most 1000 children a call
+    after = serializers.DictField(child=serializers.IntegerField(min_value=0), allow_empty=True)
+    limit = serializers.IntegerField(min_value=1, max_value=5000, required=False, default=1000)
+
+    def validate_after(self, value):
+        import uuid
+
+        if len(value) > 1000:
+            raise serializers.ValidationError("at most 1000 children a call")
+        bad = []
+        for key in value:
+            try:
+                uuid.UUID(str(key))
+            except ValueError:
+                bad.append(str(key)[:40])
+        if bad:
+            raise serializers.ValidationError(f"not job ids: {', '.join(bad)}")
+        return value
+
+
 class LogItemSerializer(serializers.Serializer):
     level = serializers.CharField(max_length=16, required=False, default="info")
     message = serializers.CharField(max_length=10000, allow_blank=True, trim_whitespace=False)

@@ -347,8 +347,6 @@ class AttemptChildMetricsView(NodeAPIView):
                                OpenApiParameter("limit", int, description="At most this many (1-5000).")],
                    responses={200: OpenApiTypes.OBJECT, 404: NO_FILE, 409: STALE_ATTEMPT})
     def get(self, request, attempt_id, child_id):
-        from strata.jobs.models import MetricPoint
-
         attempt = _attempt_from_query(request, attempt_id)
         child = job_services.children_of(attempt.job).filter(pk=child_id).first()
         if child is None:
@@ -358,9 +356,32 @@ class AttemptChildMetricsView(NodeAPIView):
             limit = min(max(int(request.query_params.get("limit") or 1000), 1), 5000)
         except ValueError:
             raise serializers.ValidationError({"after": ["after and limit must be integers"]}) from None
-        points = list(MetricPoint.objects.filter(job=child, pk__gt=after).order_by("pk")[:limit])
-        return Response({**_child_summary(child),
-                         "points": [{"id": p.pk, "name": p.name, "step": p.step, "value": p.value,
-                                     "time": p.time.timestamp(),
-                                     "attempt": str(p.attempt_id) if p.attempt_id else None} for p in points],
-                         "cursor": points[-1].pk if points else after})
+        return Response(_child_points(child, after, limit))
+
+
+def _child_points(child, after: int, limit: int) -> dict:
+    """One child's summary with its metric points after cursor ``after`` (at most ``limit``), oldest first."""
+    from strata.jobs.models import MetricPoint
+
+    points = list(MetricPoint.objects.filter(job=child, pk__gt=after).order_by("pk")[:limit])
+    return {**_child_summary(child),
+            "points": [{"id": p.pk, "name": p.name, "step": p.step, "value": p.value, "time": p.time.timestamp(),
+                        "attempt": str(p.attempt_id) if p.attempt_id else None} for p in points],
+            "cursor": points[-1].pk if points else after}
+
+
+class AttemptChildrenMetricsView(NodeAPIView):
+    """Many children's metric points in one call: ``{node, token, after: {child id: cursor}, limit}`` answers
+    ``{"children": {child id: <what the one-child route answers>}}``, so a parent watching many children (a
+    sweep's trials) asks once per tick. A job that is not its child is left out of the answer."""
+
+    @extend_schema(request=s.ChildrenMetricsSerializer, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        call = s.ChildrenMetricsSerializer(data=request.data)
+        call.is_valid(raise_exception=True)
+        data = call.validated_data
+        attempt = job_services.attempt_for_node(attempt_id, data["token"], _node(data))
+        cursors = {str(key): value for key, value in data["after"].items()}
+        children = job_services.children_of(attempt.job).filter(pk__in=list(cursors))
+        return Response({"children": {str(child.pk): _child_points(child, cursors[str(child.pk)], data["limit"])
+                                      for child in children}})
