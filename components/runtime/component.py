@@ -157,6 +157,7 @@ class Component(abc.ABC):
         (libraries, loaders). A node service that hosts attempts calls it for every hostable kind when it
         starts, off its serving path, so the first attempts it hosts start warm. Must be safe to call more than
         once and must not touch a device. Default: nothing."""
+        return None
 
     def session(self, ctx: Context, *, hosted: bool = False) -> Session:
         """One attempt as a :class:`Session`. ``hosted``: it will share its process and device with other
