@@ -131,3 +131,18 @@ def test_service_exits_when_its_parent_dies(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_the_service_warms_up_every_hostable_kind_once_started(caplog):
+    import logging
+
+    from components.gpushare.service import warm_up
+
+    with caplog.at_level(logging.INFO, logger="strata.gpushare"):
+        warm_up()
+        warm_up()  # safe to repeat
+    warmed = [record.getMessage() for record in caplog.records if "warmed up" in record.getMessage()]
+    assert len(warmed) == 2 and all("train" in message.split(" in ")[0] for message in warmed)
+    import sys
+
+    assert "sklearn.datasets" in sys.modules and "components.train.loop" in sys.modules

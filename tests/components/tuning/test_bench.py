@@ -27,3 +27,36 @@ def test_both_ways_run_the_same_trials_to_the_end():
         assert result["gpu_seconds"] <= 4 * result["makespan_s"] + 1e-6  # never more than the GPUs
     same = simulate(40, 4, fluid=True, seed=3, iterations=9), simulate(40, 4, fluid=True, seed=3, iterations=9)
     assert same[0]["makespan_s"] == same[1]["makespan_s"]  # deterministic for a seed
+
+
+def test_peers_without_their_interpreter_fail_in_one_line_before_anything_runs(tmp_path, monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("STRATA_PEERS_PYTHON", str(tmp_path / "missing" / "python"))
+    with pytest.raises(RuntimeError, match="make bench-peers"):
+        main(quick=True, real=True, peers=True)
+
+
+def test_gpu_seconds_integrate_each_trials_shares():
+    from components.tuning.bench import gpu_seconds
+
+    table = {"trials": [{"shares": [[0.0, 0.25], [4.0, 0.5], [6.0, 0.0]]},  # 1 + 1
+                        {"shares": [[1.0, 1.0], [3.0, 0.0]]}, {"shares": []}]}
+    assert gpu_seconds(table) == 4.0
+
+
+def test_real_figures_compare_medians_and_need_equal_accuracy():
+    from components.tuning.bench import _real_figures
+
+    def runs(*makespans, best=0.95, gpu=10.0):
+        return [{"makespan_s": m, "best": best, "trials": 16, "gpu_seconds": gpu} for m in makespans]
+
+    real = {"cnn-synthetic": {"fluid": runs(10, 12, 11), "fifo": runs(30, 31, 29),
+                              "ray": runs(20, 21, 19, best=0.90), "optuna": runs(9, 9, 9)}}
+    found = {figure.key: figure for figure in _real_figures(real)}
+    assert found["cnn-synthetic_vs_fifo"].ratio == 30 / 11 and found["cnn-synthetic_vs_fifo"].met is True
+    ray = found["cnn-synthetic_vs_ray"]
+    assert ray.ratio == 20 / 11 and ray.ratio >= ray.target
+    assert ray.met is False  # faster, but 5 points less accurate: not at equal accuracy
+    assert found["cnn-synthetic_vs_optuna"].met is None  # no target
+    assert found["cnn-synthetic_vs_fifo"].extra["ratio_range"] == [31 / 12, 30 / 10]  # run i against run i

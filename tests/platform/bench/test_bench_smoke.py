@@ -37,3 +37,8 @@ def test_pass_mixed_is_capacity_limited():
 def test_unknown_benchmark_lists_known_ones():
     with pytest.raises(ValueError, match="known benchmarks: control-plane"):
         run_benchmark("gpu", quick=True)
+
+
+def test_peers_are_refused_by_a_benchmark_that_has_none():
+    with pytest.raises(ValueError, match="runs no peer systems"):
+        run_benchmark("control-plane", quick=True, peers=True)

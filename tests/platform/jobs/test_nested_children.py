@@ -165,3 +165,34 @@ def test_a_parent_reads_its_childrens_metrics_after_a_cursor(parent, run_pass):
                                   resources={}, state=JobState.QUEUED)
     assert call(parent, f"{stranger.pk}/metrics/", method="get").status_code == 404
     assert call(parent, f"{stranger.pk}/hold/").status_code == 404
+
+
+def test_a_parent_reads_many_childrens_metrics_in_one_call(parent, run_pass):
+    first, second = trial(parent, "t0"), trial(parent, "t1")
+    run_pass()
+    for child, values in ((first, [0.1, 0.2, 0.3]), (second, [0.7])):
+        attempt = Attempt.objects.get(job=child)
+        for step, value in enumerate(values, 1):
+            MetricPoint.objects.create(job=child, attempt=attempt, name="val_accuracy", step=step, value=value)
+    stranger = Job.objects.create(team=parent["team"], owner=parent["user"], kind="train", name="x", spec={},
+                                  resources={}, state=JobState.QUEUED)
+    answer = call(parent, "metrics/", after={str(first.pk): 0, str(second.pk): 0, str(stranger.pk): 0}, limit=2)
+    assert answer.status_code == 200, answer.content
+    children = answer.json()["children"]
+    assert set(children) == {str(first.pk), str(second.pk)}  # not a child: left out
+    assert [p["value"] for p in children[str(first.pk)]["points"]] == [0.1, 0.2]
+    assert [p["value"] for p in children[str(second.pk)]["points"]] == [0.7]
+    assert children[str(first.pk)]["state"] == "SCHEDULED"
+    cursor = children[str(first.pk)]["cursor"]
+    rest = call(parent, "metrics/", after={str(first.pk): cursor}).json()["children"]
+    assert [p["value"] for p in rest[str(first.pk)]["points"]] == [0.3]
+    assert call(parent, "metrics/", after={}).json() == {"children": {}}
+
+    bad = call(parent, "metrics/", after={"nope": -1, str(first.pk): "x"}, limit=0)
+    assert bad.status_code == 400
+    errors = bad.json()
+    text = str(errors)
+    assert "after" in text and "limit" in text  # every bad field at once
+    stale = parent["agent"].post(f"{NODE}/{parent['attempt'].pk}/children/metrics/",
+                                 {**parent["auth"], "token": "0" * 32, "after": {}}, format="json")
+    assert stale.status_code in (403, 409)
