@@ -155,7 +155,7 @@ class Component(abc.ABC):
     def warm_up(cls) -> None:
         """Import and initialize, once per process, what this kind's first attempt would otherwise pay for
         (libraries, loaders). A node service that hosts attempts calls it for every hostable kind when it
-        starts, off its serving path, so the first attempts it hosts start warm. Must be safe to call more than
+        starts, in the background, so the first attempts it hosts start warm. Must be safe to call more than
         once and must not touch a device. Default: nothing."""
         return None
 
