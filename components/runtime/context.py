@@ -126,11 +126,13 @@ class Context(abc.ABC):
 
     # -- child jobs (a sweep's trials, ranks): jobs of the same team, under the same checks and quota --------------
     def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False) -> dict[str, Any]:
+                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
         """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
         ``{"id", "name", "kind", "state", "reason", "parent", "nested", "held", "resources", "failures"}``. A bad
         body raises ``ValueError`` naming the fields. ``nested``: it runs inside this attempt's own allocation
-        (admitted without the team's quota, placed only on the devices this attempt holds)."""
+        (admitted without the team's quota, placed only on the devices this attempt holds). ``checkpoint_from``
+        (another child's id): the new child starts from a copy of that child's latest checkpoint; ``ValueError``
+        when it has none yet."""
         raise NotImplementedError(f"{type(self).__name__} cannot submit child jobs")
 
     def children(self) -> list[dict[str, Any]]:
@@ -230,18 +232,21 @@ class LocalContext(Context):
 
     # -- child jobs: recorded in memory (nothing runs them) ---------------------------------------------------
     def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False) -> dict[str, Any]:
+                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
         if not isinstance(job, dict) or not job.get("kind"):
             raise ValueError("the child job was refused: kind: required")
         for existing in self.child_jobs:
             if idempotency_key and existing["idempotency_key"] == idempotency_key:
                 return existing["summary"]
+        if checkpoint_from is not None and all(e["summary"]["id"] != checkpoint_from for e in self.child_jobs):
+            raise ValueError("the child job was refused: checkpoint_from: not a child job of this job")
         import uuid
 
         summary = {"id": str(uuid.uuid4()), "name": job.get("name", ""), "kind": job["kind"], "state": "QUEUED",
                    "reason": "", "parent": self.job_id, "nested": bool(nested), "held": False,
                    "resources": dict(job.get("resources") or {}), "failures": 0}
-        self.child_jobs.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key})
+        self.child_jobs.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key,
+                                "checkpoint_from": checkpoint_from})
         return summary
 
     def children(self) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ seam               path points at                                               
 ``subscribers``    a callable ``(event) -> None`` (``components.runtime.events``)  yes     control plane
 ``commands``       a :class:`Command` subclass (one ``strata`` verb)               yes     CLI
 ``node_services``  a ``components.runtime.services.NodeService`` subclass         no      node agent
+``data_providers`` a ``components.runtime.data.DataProvider`` subclass           yes     API, job process
 ``benchmarks``     ``{name: "module:main"}``; ``main(quick, output) -> int``       no      ``strata bench``
 =================  =============================================================  ======  =================
 
@@ -56,6 +57,8 @@ class Plugin:
     subscribers: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
     node_services: tuple[str, ...] = ()
+    # Sources of prepared (preprocessed) training data that jobs opt into with their spec's ``data`` options.
+    data_providers: tuple[str, ...] = ()
     benchmarks: Mapping[str, str] = field(default_factory=dict)
     # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
     # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
@@ -64,7 +67,7 @@ class Plugin:
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
         found = [(seam, path) for seam in ("kinds", "panels", "hooks", "subscribers", "commands",
-                                           "node_services") for path in getattr(self, seam)]
+                                           "node_services", "data_providers") for path in getattr(self, seam)]
         if self.reports:
             found.append(("reports", self.reports))
         found.extend(("benchmarks", path) for path in self.benchmarks.values())
@@ -76,7 +79,7 @@ class Plugin:
         problems = []
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             problems.append(f"name {self.name!r} must match {NAME_RE.pattern}")
-        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services"):
+        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services", "data_providers"):
             value = getattr(self, seam)
             if isinstance(value, str) or not isinstance(value, tuple | list):
                 problems.append(f"{seam} must be a tuple of 'module:attribute' paths")

@@ -64,6 +64,7 @@ class LoadedPlugin:
     subscribers: tuple[Any, ...]
     commands: dict[str, type]
     job_routes: dict[str, Any]  # name -> function(data: PanelData) -> JSON
+    data_providers: tuple[Any, ...] = ()  # DataProvider instances
 
     @property
     def name(self) -> str:
@@ -137,8 +138,16 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         if not callable(function):
             raise TypeError(f"{path} is not callable")
         job_routes[name] = function
+    from components.runtime.data import DataProvider
+
+    providers = tuple(_subclass(path, DataProvider)() for path in plugin.data_providers)
+    for provider in providers:
+        options = provider.options
+        if not isinstance(options, frozenset | set) or not all(isinstance(o, str) and o for o in options):
+            raise TypeError(f"{type(provider).__name__}.options must be a set of option names")
     return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
-                        hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes)
+                        hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes,
+                        data_providers=providers)
 
 
 def _hook(path: str) -> Any:
@@ -201,7 +210,8 @@ def _load() -> _State:
             claims = [("kind", kind) for kind in loaded.kinds] + \
                      [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
                      [("command", command) for command in loaded.commands] + \
-                     [("job route", route) for route in loaded.job_routes]
+                     [("job route", route) for route in loaded.job_routes] + \
+                     [("data option", option) for provider in loaded.data_providers for option in provider.options]
             taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
                      if (what, value) in owners]
             if taken:
@@ -310,6 +320,11 @@ def node_services() -> list[tuple[str, str]]:
 def job_routes() -> dict[str, Any]:
     """Plugins' read-only job sub-resources: ``{name: function(data) -> JSON}``."""
     return {name: function for loaded in plugins().values() for name, function in loaded.job_routes.items()}
+
+
+def data_providers() -> list[Any]:
+    """Every plugin's prepared-data providers (:class:`components.runtime.data.DataProvider` instances)."""
+    return [provider for loaded in plugins().values() for provider in loaded.data_providers]
 
 
 def benchmarks() -> dict[str, str]:

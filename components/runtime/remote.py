@@ -148,11 +148,12 @@ class RemoteContext(Context):
 
     # -- child jobs ------------------------------------------------------------------------------------------
     def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False) -> dict[str, Any]:
+                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
         try:
             return self.client.post(self._path("children/"), {**self._auth(), "job": job,
                                                               "idempotency_key": idempotency_key,
-                                                              "nested": bool(nested)})
+                                                              "nested": bool(nested),
+                                                              "checkpoint_from": checkpoint_from})
         except ApiError as error:
             if error.status == 400:
                 raise ValueError(f"the child job was refused: {error}") from None

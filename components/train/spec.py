@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any, ClassVar
 
+from components.runtime.data import option_errors
 from components.runtime.spec import Checker, KindSpec
 
 WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt")
@@ -43,6 +44,7 @@ FIELDS = {
     "optimizer",
     "hidden",
     "options",
+    "data",
 }
 
 
@@ -124,6 +126,8 @@ class TrainSpec(KindSpec):
                 if len(encoded) > MAX_OPTIONS_BYTES:
                     check.errors["spec.options"] = f"must be at most {MAX_OPTIONS_BYTES} bytes as JSON"
 
+        data = spec.get("data") or {}
+        check.errors.update(option_errors(spec.get("data")))
         check.raise_if_errors()
         return {
             "workload": workload,
@@ -138,6 +142,7 @@ class TrainSpec(KindSpec):
             "optimizer": optimizer,
             "hidden": hidden,
             "options": options,
+            "data": data if isinstance(data, dict) else {},
         }
 
     def entrypoint_spec(self, entrypoint: str) -> dict[str, Any]:
@@ -224,6 +229,14 @@ class TrainSpec(KindSpec):
                     "type": "object",
                     "default": {},
                     "description": "Free-form settings for entrypoint code (ctx.spec['options']).",
+                },
+                "data": {
+                    "type": "object",
+                    "default": {},
+                    "description": (
+                        "Data options: where the workload's prepared (preprocessed) data comes from. Each option "
+                        "belongs to an installed plugin's data provider (see docs/plugins.md, data_providers)."
+                    ),
                 },
             },
             "oneOf": [

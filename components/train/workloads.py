@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from components.runtime.data import prepare
+
 CORPUS_PATH = Path(__file__).with_name("data") / "corpus.txt"
 
 
@@ -179,11 +181,20 @@ class TorchWorkload(Workload):
         return model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "optimizer_class": type(self.optimizer).__name__}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the weights and the optimizer's state. The spec's hyperparameters win over the checkpoint's:
+        the learning rate is this run's, and a checkpoint of another optimizer (a population-based-training
+        trial that took another trial's weights with an explored config) gives the weights only."""
         self.model.load_state_dict(state["model"])
+        if state.get("optimizer_class", type(self.optimizer).__name__) != type(self.optimizer).__name__:
+            return
+        rates = [group["lr"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, rate in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
 
 
 class ClassificationWorkload(TorchWorkload):
@@ -200,6 +211,12 @@ class ClassificationWorkload(TorchWorkload):
         self, spec: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return ``(x_train, y_train, x_test, y_test)`` on the CPU, deterministically from the spec."""
+
+    def recipe(self, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """What :meth:`load_data` prepares for ``spec``, as a recipe (:mod:`components.runtime.data`): jobs with
+        equal recipes share one preparation (a sweep's trials, the jobs one device service hosts) and a data
+        provider the job opted into (``spec.data``) may serve it. None (the default): prepared by each job."""
+        return None
 
     def architecture(self, spec: dict[str, Any], x_train: torch.Tensor, classes: int) -> dict[str, Any] | None:
         """The :meth:`model_config` of the model for inputs shaped like ``x_train[0]``; None by default."""
@@ -219,7 +236,9 @@ class ClassificationWorkload(TorchWorkload):
     def setup(self, spec: dict[str, Any], device: torch.device) -> None:
         self.spec = spec
         self.device = torch.device(device)
-        x_train, y_train, x_test, y_test = self.load_data(spec)
+        # Shared with every job that prepares the same recipe: read only.
+        x_train, y_train, x_test, y_test = prepare(self.recipe(spec), lambda: self.load_data(spec),
+                                                   spec.get("data"))
         classes = int(max(y_train.max(), y_test.max())) + 1
         self.x_train, self.y_train = x_train.to(self.device), y_train.to(self.device)
         self.x_test, self.y_test = x_test.to(self.device), y_test.to(self.device)
@@ -275,6 +294,10 @@ class MLPDigits(ClassificationWorkload):
 
     name: ClassVar[str] = "mlp-digits"
     test_fraction: ClassVar[float] = 0.2
+
+    def recipe(self, spec):
+        return {"dataset": "sklearn-digits", "pipeline": "pixels / 16", "version": 1,
+                "split": {"seed": spec["seed"], "test_fraction": self.test_fraction}}
 
     def load_data(self, spec):
         from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
@@ -362,6 +385,10 @@ class CNNSynthetic(ClassificationWorkload):
     image_size: ClassVar[int] = 16
     train_count: ClassVar[int] = 4096
     test_count: ClassVar[int] = 512
+
+    def recipe(self, spec):
+        return {"dataset": "synthetic-shapes", "version": 1, "size": self.image_size, "seed": spec["seed"],
+                "train": self.train_count, "test": self.test_count}
 
     def load_data(self, spec):
         x_train, y_train = synthetic_shapes(

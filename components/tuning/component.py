@@ -21,6 +21,7 @@ engine:
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import tempfile
@@ -53,6 +54,9 @@ class Trial:
     share: float = 0.0
     shares: list[list[float]] = field(default_factory=list)  # [unix time, share]
     reason: str = ""
+    jobs: list[str] = field(default_factory=list)  # earlier child jobs of this trial (PBT: one per exploit)
+    base: int = 0  # values[base:] came from the current job (its steps restart where its checkpoint was)
+    exploits: list[dict[str, Any]] = field(default_factory=list)  # PBT: {"iteration", "from", "params", "job"}
 
     @property
     def iterations(self) -> int:
@@ -166,14 +170,19 @@ class Engine:
             changed = True
         return changed
 
-    def submit(self, trial: Trial) -> None:
+    def child_body(self, number: int, params: dict[str, Any], share: float) -> dict[str, Any]:
+        """Trial ``number``'s child job: the trainable's kind with ``params`` substituted into its spec."""
         trainable = self.spec["trainable"]
-        spec = substitute(trainable["spec"], trial.params)
+        spec = substitute(trainable["spec"], params)
         spec[self.spec["iterations_field"]] = self.spec["max_iterations"]
+        if self.spec.get("data"):  # the sweep's data options: its trials share one preparation of their data
+            spec.setdefault("data", copy.deepcopy(self.spec["data"]))
+        return {"kind": trainable["kind"], "name": f"trial-{number}", "spec": spec, "resources": {"gpus": share},
+                "max_attempts": self.spec["trial_max_attempts"], "time_limit": self.spec["trial_time_limit"]}
+
+    def submit(self, trial: Trial) -> None:
         share = self.initial_share()
-        body = {"kind": trainable["kind"], "name": f"trial-{trial.number}", "spec": spec,
-                "resources": {"gpus": share}, "max_attempts": self.spec["trial_max_attempts"],
-                "time_limit": self.spec["trial_time_limit"]}
+        body = self.child_body(trial.number, trial.params, share)
         summary = self.ctx.submit_child(body, f"{self.ctx.job_id}:trial:{trial.number}", nested=True)
         trial.job, trial.share = summary["id"], share
         trial.shares.append([self.clock(), share])
@@ -203,11 +212,11 @@ class Engine:
             if seen is None:
                 continue
             trial.cursor = seen.get("cursor", trial.cursor)
-            steps = {int(v[0]) for v in trial.values}
+            steps = {int(v[0]) for v in trial.values[trial.base:]}
             for point in seen.get("points", []):
                 if point["name"] != self.metric or trial.status not in {"running"}:
                     continue
-                if point["step"] in {s for s in steps}:
+                if point["step"] in steps:
                     continue
                 steps.add(point["step"])
                 iteration = trial.iterations + 1
@@ -224,6 +233,9 @@ class Engine:
                     trial.status, trial.reason = "paused", decision.reason
                     self.ctx.hold_child(trial.job, decision.reason)
                     break
+                if decision.exploit is not None and self.exploit(trial, decision):
+                    seen = {}  # the old job's state is no longer the trial's
+                    break
             state = seen.get("state")
             if trial.status in {"running", "paused"} and state in ENDED:
                 if state == "SUCCEEDED":
@@ -233,6 +245,32 @@ class Engine:
                 changed = True
         changed |= self.apply_resumes()
         return changed
+
+    def exploit(self, trial: Trial, decision: Any) -> bool:
+        """PBT's exploit and explore: the trial goes on as a new child job that starts from a copy of the donor
+        trial's latest checkpoint, with the explored config; its old job is cancelled. Returns False (the trial
+        goes on unchanged) when the donor has no checkpoint yet."""
+        donor = self.trials[int(decision.exploit)]
+        params = dict(decision.config)
+        generation = len(trial.jobs) + 1
+        try:
+            summary = self.ctx.submit_child(self.child_body(trial.number, params, trial.share),
+                                            f"{self.ctx.job_id}:trial:{trial.number}:{generation}", nested=True,
+                                            checkpoint_from=donor.job)
+        except ValueError as error:
+            self.scheduler.trials[str(trial.number)]["config"] = dict(trial.params)
+            self.ctx.log(f"trial {trial.number} keeps its weights: {error}", level="warning")
+            return False
+        old = trial.job
+        self.ctx.cancel_child(old)
+        trial.jobs.append(old)
+        trial.job, trial.params, trial.cursor, trial.base = summary["id"], params, 0, len(trial.values)
+        trial.reason = decision.reason
+        trial.exploits.append({"iteration": trial.iterations, "from": donor.number, "params": params,
+                               "job": trial.job})
+        self.ctx.log(f"trial {trial.number} ({trial.job}) takes trial {donor.number}'s weights at iteration "
+                     f"{trial.iterations}: {json.dumps(params, sort_keys=True)}")
+        return True
 
     def apply_resumes(self) -> bool:
         changed = False
@@ -337,7 +375,8 @@ class Engine:
                            "last": trial.values[-1][1] if trial.values else None, "share": trial.share,
                            "reason": trial.reason[:300],
                            "values": [[index + 1, value] for index, (_, value, _) in enumerate(trial.values)][-100:],
-                           "shares": trial.shares[-100:]})
+                           "shares": trial.shares[-100:], "jobs": trial.jobs[-100:],
+                           "exploits": trial.exploits[-100:]})
         return {"metric": self.metric, "mode": self.mode, "budget": self.budget, "trials": trials,
                 "best": {"number": best.number, "job": best.job, "params": best.params,
                          "value": best.best(self.mode)} if best else None,

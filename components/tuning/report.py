@@ -19,7 +19,8 @@ MAX_RUNGS = 1_000
 MAX_BYTES = 4 * 2**20
 STATUSES = {"running", "paused", "stopped", "completed", "failed"}
 TRIAL_KEYS = {"number", "job", "params", "status", "iterations", "best", "last", "share", "reason", "shares",
-              "values"}
+              "values", "jobs", "exploits"}
+MAX_HISTORY = 100  # a trial's earlier jobs and PBT exploit steps, each
 
 
 def _finite(value: Any) -> bool:
@@ -67,6 +68,15 @@ class TuningReport(ReportSchema):
                     errors[f"{where}.{key}"] = "must be a number or null"
             if not _finite(trial.get("share", 0)) or trial.get("share", 0) < 0:
                 errors[f"{where}.share"] = "must be a number of GPUs"
+            jobs = trial.get("jobs", [])
+            if not isinstance(jobs, list) or len(jobs) > MAX_HISTORY or not all(
+                    isinstance(job, str) and len(job) <= 64 for job in jobs):
+                errors[f"{where}.jobs"] = f"must be a list of at most {MAX_HISTORY} job ids"
+            exploits = trial.get("exploits", [])
+            if not isinstance(exploits, list) or len(exploits) > MAX_HISTORY or not all(
+                    isinstance(step, dict) and isinstance(step.get("params"), dict) for step in exploits):
+                errors[f"{where}.exploits"] = (f"must be a list of at most {MAX_HISTORY} "
+                                               "{iteration, from, params, job} steps")
         if payload.get("best") is not None and not isinstance(payload["best"], dict):
             errors["best"] = "must be an object or null"
         rungs = payload.get("rungs", [])
@@ -92,6 +102,7 @@ def trials(data) -> dict[str, Any]:
         child = states.get(trial.get("job"), {})
         rows.append({**{key: trial.get(key) for key in ("number", "job", "params", "status", "iterations", "best",
                                                         "last", "share", "reason", "shares", "values")},
+                     "jobs": trial.get("jobs", []), "exploits": trial.get("exploits", []),
                      "state": child.get("state"), "name": child.get("name")})
     return {"metric": payload.get("metric"), "mode": payload.get("mode"), "budget": payload.get("budget"),
             "best": payload.get("best"), "rungs": payload.get("rungs", []), "trials": rows}

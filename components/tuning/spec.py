@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 from typing import Any, ClassVar
 
+from components.runtime.data import option_errors
 from components.runtime.spec import Checker, KindSpec, SpecError
 from components.tuning.schedulers import SCHEDULER_OPTIONS, normalize_options, options_problems
 from components.tuning.space import normalize_space, placeholders, space_problems, substitute
 
 FIELDS = {"space", "metric", "mode", "trials", "max_concurrent", "trainable", "searcher", "scheduler",
           "max_iterations", "iterations_field", "packing", "max_gpus_per_trial", "seed", "trial_time_limit",
-          "trial_max_attempts"}
+          "trial_max_attempts", "data"}
 SEARCHERS = ("random", "grid", "tpe")
 MAX_TRIALS = 10_000
 DEFAULT_METRIC = "test_accuracy"
@@ -96,6 +97,12 @@ class TuneSpec(KindSpec):
         for field, message in options_problems(scheduler.get("name"), options, max_iterations=max_iterations):
             check.errors[field] = message
 
+        # The trials' shared data options (a data provider's, e.g. a node-local cache of preprocessed samples):
+        # every trial's spec gets them, so the sweep prepares its data once.
+        data_problems = option_errors(spec.get("data"))
+        check.errors.update(data_problems)
+        data = spec.get("data") if isinstance(spec.get("data"), dict) and not data_problems else {}
+
         trainable = spec.get("trainable")
         normalized_trainable = None
         if not isinstance(trainable, dict) or set(trainable) - {"kind", "spec"} or not isinstance(
@@ -108,7 +115,7 @@ class TuneSpec(KindSpec):
             for name in sorted(placeholders(normalized_trainable["spec"]) - known):
                 check.errors["spec.trainable.spec"] = f"{{{{{name}}}}} names no parameter of the space"
             if not problems and "spec.trainable.spec" not in check.errors:
-                self._check_trainable(check, normalized_trainable, space, iterations_field, max_iterations)
+                self._check_trainable(check, normalized_trainable, space, iterations_field, max_iterations, data)
 
         if not problems and searcher["name"] == "grid":
             from components.tuning.space import grid_problem
@@ -129,12 +136,12 @@ class TuneSpec(KindSpec):
             "scheduler": {"name": scheduler["name"], "options": dict(options or {})},
             "max_iterations": max_iterations, "iterations_field": iterations_field, "packing": packing,
             "max_gpus_per_trial": max_gpus, "seed": seed, "trial_time_limit": trial_time_limit,
-            "trial_max_attempts": trial_attempts,
+            "trial_max_attempts": trial_attempts, "data": copy.deepcopy(data),
         }
 
     @staticmethod
     def _check_trainable(check: Checker, trainable: dict[str, Any], space: dict, iterations_field: str,
-                         max_iterations: int) -> None:
+                         max_iterations: int, data: dict[str, Any]) -> None:
         """The trial spec must name only parameters of the space, and be valid for its kind with a sample of
         them (the kind's own validation, so every bad field of it is named under ``spec.trainable.spec``)."""
         from components.runtime.registry import get_kind
@@ -149,6 +156,8 @@ class TuneSpec(KindSpec):
             return
         sample = substitute(trainable["spec"], _sample(normalize_space(space)))
         sample[iterations_field] = max_iterations
+        if data:
+            sample.setdefault("data", copy.deepcopy(data))
         try:
             kind.validate(sample)
         except SpecError as error:
@@ -179,6 +188,9 @@ class TuneSpec(KindSpec):
                                              "spec": {"type": "object"}}},
                 "searcher": {"type": "object", "additionalProperties": False,
                              "properties": {"name": {"type": "string", "enum": list(SEARCHERS)}}},
+                "data": {"type": "object", "default": {},
+                         "description": "Data options given to every trial's spec (an installed data provider's: "
+                                        "the trials share one preparation of their data)"},
                 "scheduler": {"type": "object", "additionalProperties": False,
                               "properties": {"name": {"type": "string", "enum": list(SCHEDULER_OPTIONS)},
                                              "options": {"type": "object"}}},

@@ -90,3 +90,41 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     assert cluster.job(serve_id)["endpoint"]
     cluster.api("POST", f"jobs/{serve_id}/cancel/")
     assert cluster.wait_state(serve_id, TERMINAL, 60)["state"] == "CANCELLED"
+
+
+PBT = {
+    "name": "e2e-pbt", "kind": "tune", "resources": {"gpus": 1}, "max_attempts": 2,
+    "spec": {
+        "space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05}},
+        "metric": "test_accuracy", "mode": "max", "trials": 4, "max_iterations": 4, "packing": 4, "seed": 5,
+        "searcher": {"name": "random"},
+        "scheduler": {"name": "pbt", "options": {"perturbation_interval": 1, "quantile_fraction": 0.5,
+                                                 "hyperparam_mutations": {"lr": {"low": 1e-4, "high": 0.05}}}},
+        "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}", "batch_size": 32,
+                                                "checkpoint_every": 9}},
+    },
+}
+
+
+def test_a_pbt_sweep_goes_on_from_better_trials_checkpoints(cluster):
+    """Population based training on real trainings: an exploited trial goes on as a new child job that starts
+    from the donor's checkpoint (copied by the control plane) with an explored learning rate."""
+    sweep = cluster.submit(PBT)["id"]
+    job = cluster.wait_state(sweep, TERMINAL, 240)
+    assert job["state"] == "SUCCEEDED", (job, cluster.output())
+    table = cluster.get(f"jobs/{sweep}/trials/")
+    exploited = [row for row in table["trials"] if row["exploits"]]
+    assert exploited, (table, cluster.logs(sweep))
+    children = {child["id"]: child for child in cluster.get("jobs/", parent=sweep)["results"]}
+    assert len(children) == 4 + sum(len(row["exploits"]) for row in table["trials"])
+    for row in exploited:
+        for old in row["jobs"]:  # cancelled, unless it finished before the engine read its results
+            assert children[old]["state"] in {"CANCELLED", "SUCCEEDED"}
+        step = row["exploits"][-1]
+        assert step["job"] == row["job"] and row["params"] == step["params"]
+        logs = "\n".join(cluster.logs(row["job"]))
+        # It trained on from the donor's weights, at its own (explored) learning rate.
+        assert "resumed mlp-digits from the checkpoint at step" in logs, logs
+        assert cluster.job(row["job"])["spec"]["lr"] == pytest.approx(step["params"]["lr"])
+    assert all(row["status"] == "completed" for row in table["trials"]), table
+    assert table["best"]["value"] > 0.5

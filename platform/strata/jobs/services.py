@@ -196,17 +196,51 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
 
 
 def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = None, *,
-                 nested: bool = False) -> tuple[Job, bool]:
+                 nested: bool = False, checkpoint_from: Job | None = None) -> tuple[Job, bool]:
     """Submit a child job of the attempt's job: same team and owner, the normal checks and quota admission; or,
     ``nested``, inside the attempt's own allocation (refused when it could never fit there). Only a running job
-    may have children submitted."""
+    may have children submitted.
+
+    ``checkpoint_from`` (another child of the same job): the new child starts from a copy of that job's latest
+    checkpoint, as if it had written it itself (a population member that takes a better member's weights; a
+    second training phase that goes on from the first). The copy is recorded in the same transaction as the
+    child, so no node can start it before its checkpoint is there."""
     parent = attempt.job
     if parent.state != S.RUNNING:
         raise InvalidTransition(parent.pk, [S.RUNNING], "child submit", parent.state)
     if nested and (problem := nested_fit_problem(data.get("resources") or {}, parent_room(attempt))):
         raise SubmitRejected("resources", f"cannot run inside its parent's allocation: {problem}")
-    return job_submit(user=parent.owner, team=parent.team, data=data, idempotency_key=idempotency_key,
-                      parent=parent, nested=nested)
+    source = None
+    if checkpoint_from is not None:
+        if checkpoint_from.parent_id != parent.pk:
+            raise SubmitRejected("checkpoint_from", "must be a child job of the same parent")
+        source = latest_checkpoint(checkpoint_from)
+        if source is None:
+            raise SubmitRejected("checkpoint_from", f"job {checkpoint_from.pk} has no checkpoint yet")
+    with transaction.atomic():
+        job, created = job_submit(user=parent.owner, team=parent.team, data=data, idempotency_key=idempotency_key,
+                                  parent=parent, nested=nested)
+        if created and source is not None:
+            checkpoint_copy(source, job)
+    return job, created
+
+
+def latest_checkpoint(job: Job) -> Artifact | None:
+    """The newest checkpoint ``job`` wrote (from any attempt), or None."""
+    return Artifact.objects.filter(job_id=job.pk, kind=Artifact.Kind.CHECKPOINT).order_by("-created_at").first()
+
+
+def checkpoint_copy(source: Artifact, job: Job) -> Artifact:
+    """Give ``job`` a copy of checkpoint ``source`` (of another job) as its own latest checkpoint."""
+    storage = get_storage()
+    key = f"{job.pk}/{Artifact.Kind.CHECKPOINT}/{source.name}"
+    with storage.open(source.storage_key) as data:
+        size, sha = storage.save(key, data, settings.STRATA_MAX_UPLOAD_BYTES)
+    artifact, _ = Artifact.objects.update_or_create(
+        job_id=job.pk, kind=Artifact.Kind.CHECKPOINT, name=source.name,
+        defaults={"attempt": None, "size": size, "sha256": sha, "storage_key": key, "created_at": timezone.now()})
+    job_event(job.pk, "checkpoint", f"starts from job {source.job_id}'s checkpoint ({size} bytes)")
+    return artifact
 
 
 def job_hold(job: Job, reason: str = "held") -> Job:

@@ -183,6 +183,32 @@ def test_a_checkpoint_of_another_workload_is_refused(tmp_path):
         run(tmp_path, {"workload": "cnn-synthetic", "max_steps": 2})
 
 
+def test_a_checkpoint_resumes_with_this_runs_learning_rate_and_optimizer(tmp_path):
+    """A run that starts from a checkpoint (a population-based-training trial taking another trial's weights
+    with an explored config) keeps the checkpoint's weights, and this run's learning rate; a checkpoint of
+    another optimizer gives the weights and a fresh optimizer."""
+    run(tmp_path, {"workload": "mlp-digits", "max_steps": 6, "lr": 0.01})
+    saved = make_ctx(tmp_path, {}).restore()
+
+    def resumed(spec):
+        workload = builtin_workload("mlp-digits")
+        loop = TrainLoop(workload, TrainSpec().validate({"workload": "mlp-digits", "max_steps": 12, **spec}),
+                         make_ctx(tmp_path, spec))
+        loop.start()
+        return workload
+
+    slower = resumed({"lr": 0.001})
+    assert [group["lr"] for group in slower.optimizer.param_groups] == [0.001]
+    assert slower.optimizer.state_dict()["state"], "Adam's moments come from the checkpoint"
+    for name, tensor in saved["state"]["model"].items():
+        assert torch.equal(slower.model.state_dict()[name], tensor), name
+    other = resumed({"optimizer": "sgd", "lr": 0.05})
+    assert isinstance(other.optimizer, torch.optim.SGD) and other.optimizer.state_dict()["state"] == {}
+    assert [group["lr"] for group in other.optimizer.param_groups] == [0.05]
+    for name, tensor in saved["state"]["model"].items():
+        assert torch.equal(other.model.state_dict()[name], tensor), name
+
+
 def test_interleaved_loops_match_solo_runs(tmp_path):
     """Two jobs stepped alternately in one process train exactly as they would alone."""
 

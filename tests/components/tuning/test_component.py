@@ -33,14 +33,20 @@ class SimulatedCluster(LocalContext):
         self.resizes = 0
 
     # -- the control plane's side ---------------------------------------------------------------------------
-    def submit_child(self, job, idempotency_key=None, *, nested=False):
+    def submit_child(self, job, idempotency_key=None, *, nested=False, checkpoint_from=None):
         assert nested
         for kid in self.kids.values():
             if kid["key"] == idempotency_key:
                 return self._summary(kid)
+        progress = 0.0
+        if checkpoint_from is not None:  # its checkpoint: the last whole iteration the donor did
+            progress = math.floor(self.kids[checkpoint_from]["progress"])
+            if progress < 1:
+                raise ValueError(f"the child job was refused: checkpoint_from: job {checkpoint_from} has no "
+                                 "checkpoint yet")
         kid = {"id": f"job-{len(self.kids)}", "key": idempotency_key, "spec": job["spec"],
-               "resources": dict(job["resources"]), "state": "RUNNING", "held": False, "progress": 0.0,
-               "points": [], "reason": ""}
+               "resources": dict(job["resources"]), "state": "RUNNING", "held": False, "progress": progress,
+               "points": [], "reason": "", "checkpoint_from": checkpoint_from}
         self.kids[kid["id"]] = kid
         return self._summary(kid)
 
@@ -215,3 +221,79 @@ def test_shares_never_exceed_the_budget(tmp_path, gpus):
     engine, _ = run(ctx, tune_spec(trials=12, max_concurrent=12))
     assert ctx.peak <= gpus + 1e-9
     assert all(t.status in {"completed", "stopped"} for t in engine.trials.values())
+
+
+def test_pbt_trials_take_better_trials_weights_and_explored_configs(tmp_path):
+    """PBT's exploit step: a trial in the bottom quantile goes on as a new child job that starts from the
+    donor's checkpoint with the explored config; its old job is cancelled, and the sweep ends every trial."""
+    ctx = SimulatedCluster(tmp_path, gpus=1.0)
+    values = list(range(0, 26, 5))
+    spec = tune_spec(space={"curve": {"type": "choice", "values": values}}, trials=6, max_concurrent=6,
+                     max_iterations=9, scheduler={"name": "pbt", "options": {
+                         "perturbation_interval": 2, "quantile_fraction": 0.34,
+                         "hyperparam_mutations": {"curve": {"values": values}}}})
+    engine, summary = run(ctx, spec)
+    exploited = [t for t in engine.trials.values() if t.exploits]
+    assert exploited, "someone in the bottom third must have been exploited"
+    for trial in exploited:
+        chain = [*trial.jobs, trial.job]
+        assert len(chain) == len(trial.exploits) + 1
+        for old, step in zip(chain[:-1], trial.exploits, strict=True):
+            assert ctx.kids[old]["state"] == "CANCELLED"
+            new = ctx.kids[step["job"]]
+            donor = engine.trials[step["from"]]
+            assert new["checkpoint_from"] in [*donor.jobs, donor.job]
+            assert new["spec"]["curve"] == step["params"]["curve"]
+        assert trial.params == trial.exploits[-1]["params"]
+        # The trial's values go on across its jobs: its current job's points, each once, after the earlier ones.
+        assert [value for _, value, _ in trial.values[trial.base:]] == \
+            [point["value"] for point in ctx.kids[trial.job]["points"]]
+        assert trial.base == trial.exploits[-1]["iteration"]
+        assert trial.iterations >= trial.exploits[0]["iteration"] + 1
+    assert all(t.status == "completed" for t in engine.trials.values())
+    assert len(engine.scheduler.rungs()) == sum(len(t.exploits) for t in engine.trials.values())
+    assert summary["best_job"] in {t.job for t in engine.trials.values()}
+    assert ctx.peak <= 1.0 + 1e-9
+    table = engine.table()
+    assert any(row["exploits"] and row["jobs"] for row in table["trials"])
+
+
+def test_pbt_without_a_donor_checkpoint_keeps_the_trials_weights(tmp_path):
+    ctx = SimulatedCluster(tmp_path, gpus=1.0)
+    spec = tune_spec(trials=2, max_iterations=4, scheduler={"name": "pbt", "options": {
+        "perturbation_interval": 1, "quantile_fraction": 0.5,
+        "hyperparam_mutations": {"curve": {"values": [1, 2]}}}})
+    engine = Engine(ctx, spec, poll=1.0, clock=ctx.clock, sleep=ctx.sleep)
+    original = ctx.submit_child
+
+    def no_checkpoints(job, idempotency_key=None, *, nested=False, checkpoint_from=None):
+        if checkpoint_from is not None:
+            raise ValueError("the child job was refused: checkpoint_from: no checkpoint yet")
+        return original(job, idempotency_key, nested=nested)
+
+    ctx.submit_child = no_checkpoints
+    engine.run()
+    assert all(not t.exploits and not t.jobs and t.status == "completed" for t in engine.trials.values())
+    assert any("keeps its weights" in message for _, _, message in ctx.logs)
+    for trial in engine.trials.values():  # the scheduler's config is the trial's own again
+        assert engine.scheduler.trials[str(trial.number)]["config"] == trial.params
+
+
+def test_the_sweeps_data_options_reach_every_trial(tmp_path, install_plugins):
+    """The shared-data hook: a tune job's ``data`` options (an installed data provider's) go into every trial's
+    spec, so the trials prepare their data once; an option no provider takes is named at submit."""
+    from components.runtime.spec import SpecError
+
+    install_plugins("tests.components.runtime.test_data:CACHE")
+    spec = TuneSpec().validate({"space": {"lr": {"type": "uniform", "low": 0.01, "high": 0.1}},
+                                "trainable": {"spec": {"workload": "mlp-digits", "lr": "{{lr}}"}},
+                                "data": {"cache": True}, "trials": 2})
+    assert spec["data"] == {"cache": True}
+    ctx = SimulatedCluster(tmp_path)
+    engine = Engine(ctx, spec, poll=1.0, clock=ctx.clock, sleep=ctx.sleep)
+    assert engine.child_body(0, {"lr": 0.05}, 0.5)["spec"]["data"] == {"cache": True}
+    with pytest.raises(SpecError) as caught:
+        TuneSpec().validate({"space": {"lr": {"type": "uniform", "low": 0.01, "high": 0.1}},
+                             "trainable": {"spec": {"workload": "mlp-digits", "lr": "{{lr}}"}},
+                             "data": {"cache": "yes", "turbo": 1}})
+    assert {"spec.data.cache", "spec.data.turbo"} <= set(caught.value.errors)

@@ -29,6 +29,13 @@ def test_a_good_report_passes_and_every_bad_field_is_named():
         TuningReport().attempt({**GOOD, "trials": [{**GOOD["trials"][0], "colour": 1}]})
     with pytest.raises(ReportError):
         TuningReport().attempt({**GOOD, "budget": float("nan")})
+    # PBT: a trial's earlier jobs and its exploit steps.
+    pbt = {**GOOD, "trials": [{**GOOD["trials"][0], "jobs": ["j9"],
+                               "exploits": [{"iteration": 2, "from": 1, "params": {"lr": 0.02}, "job": "j0"}]}]}
+    assert TuningReport().attempt(pbt) == pbt
+    with pytest.raises(ReportError) as error:
+        TuningReport().attempt({**GOOD, "trials": [{**GOOD["trials"][0], "jobs": [3], "exploits": [{}]}]})
+    assert {"trials.0.jobs", "trials.0.exploits"} <= set(error.value.errors)
     with pytest.raises(ReportError, match="this plugin takes no node reports"):
         TuningReport().node({})
 
@@ -47,6 +54,7 @@ def test_trials_reads_the_latest_report_and_the_trial_jobs_states():
     assert [(row["state"], row["name"]) for row in answer["trials"]] == [("SUCCEEDED", "trial-0"),
                                                                          ("RUNNING", "trial-1")]
     assert answer["best"]["job"] == "j0" and answer["metric"] == "test_accuracy"
+    assert [(row["jobs"], row["exploits"]) for row in answer["trials"]] == [([], []), ([], [])]
     assert trials(StaticPanelData(job={"id": "sweep"}))["trials"] == []
 
 

@@ -196,3 +196,50 @@ def test_a_parent_reads_many_childrens_metrics_in_one_call(parent, run_pass):
     stale = parent["agent"].post(f"{NODE}/{parent['attempt'].pk}/children/metrics/",
                                  {**parent["auth"], "token": "0" * 32, "after": {}}, format="json")
     assert stale.status_code in (403, 409)
+
+
+def test_a_child_starts_from_a_siblings_checkpoint(parent, run_pass):
+    """``checkpoint_from``: the new child's first attempt restores a copy of its sibling's latest checkpoint
+    (population based training's exploit step), recorded with the child, so it can never start without it."""
+    donor = trial(parent, "t0")
+    run_pass()
+    donor_attempt = Attempt.objects.get(job=donor, ended_at__isnull=True)
+    donor_auth = {"node": str(donor_attempt.node_id), "token": donor_attempt.fencing_token}
+    agent = parent["agent"]
+    assert agent.post(f"{NODE}/{donor_attempt.pk}/claim/", donor_auth, format="json").status_code == 200
+
+    # No checkpoint yet: refused, naming the field.
+    early = call(parent, "", job={**TRIAL, "name": "t1"}, nested=True, checkpoint_from=str(donor.pk))
+    assert early.status_code == 400 and "checkpoint_from" in early.json(), early.content
+    for old in (b"step 10", b"step 20"):  # the newest one is copied
+        stored = agent.generic("PUT", f"{NODE}/{donor_attempt.pk}/artifacts/checkpoint.pt/?kind=checkpoint"
+                                      f"&node={donor_auth['node']}&token={donor_auth['token']}", old,
+                               content_type="application/octet-stream")
+        assert stored.status_code == 201, stored.content
+
+    # Not a child of this job, or not a job at all: a 400 naming the field, nothing submitted.
+    stranger = Job.objects.create(team=parent["team"], owner=parent["user"], kind="train", name="x", spec={},
+                                  resources={}, state=JobState.QUEUED)
+    before = Job.objects.count()
+    for bad in (str(stranger.pk), "not-a-uuid"):
+        answer = call(parent, "", job={**TRIAL, "name": "t1"}, nested=True, checkpoint_from=bad)
+        assert answer.status_code == 400 and "checkpoint_from" in answer.json(), answer.content
+    assert Job.objects.count() == before
+
+    child = trial(parent, "t1", checkpoint_from=str(donor.pk), idempotency_key="t1")
+    again = call(parent, "", job={**TRIAL, "name": "t1", "resources": {"gpus": 0.5}}, nested=True,
+                 checkpoint_from=str(donor.pk), idempotency_key="t1")
+    assert again.status_code == 200 and again.json()["id"] == str(child.pk)
+    run_pass()
+    child_attempt = Attempt.objects.get(job=child, ended_at__isnull=True)
+    got = agent.get(f"{NODE}/{child_attempt.pk}/checkpoint/",
+                    {"node": str(child_attempt.node_id), "token": child_attempt.fencing_token})
+    assert got.status_code == 200 and b"".join(got.streaming_content) == b"step 20"
+    # A copy, not a shared file: the donor's next checkpoint leaves the child's alone.
+    agent.generic("PUT", f"{NODE}/{donor_attempt.pk}/artifacts/checkpoint.pt/?kind=checkpoint"
+                         f"&node={donor_auth['node']}&token={donor_auth['token']}", b"step 30",
+                  content_type="application/octet-stream")
+    got = agent.get(f"{NODE}/{child_attempt.pk}/checkpoint/",
+                    {"node": str(child_attempt.node_id), "token": child_attempt.fencing_token})
+    assert b"".join(got.streaming_content) == b"step 20"
+    assert child.events.filter(kind="checkpoint").count() == 1

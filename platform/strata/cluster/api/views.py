@@ -219,8 +219,7 @@ class AttemptCheckpointView(NodeAPIView):
                                                        404: NO_FILE, 409: STALE_ATTEMPT})
     def get(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
-        checkpoint = Artifact.objects.filter(job_id=attempt.job_id, kind=Artifact.Kind.CHECKPOINT).order_by(
-            "-created_at").first()
+        checkpoint = job_services.latest_checkpoint(attempt.job)
         if checkpoint is None:
             raise Http404("no checkpoint")
         return FileResponse(get_storage().open(checkpoint.storage_key), content_type="application/octet-stream")
@@ -234,6 +233,9 @@ class ChildSubmitSerializer(s.AttemptCallSerializer):
     nested = serializers.BooleanField(required=False, default=False, help_text=(
         "Run it inside this attempt's own allocation (a sweep's trial within its sweep's GPUs): admitted "
         "without the team's quota, placed only on the devices this attempt holds."))
+    checkpoint_from = serializers.UUIDField(required=False, allow_null=True, default=None, help_text=(
+        "Another child of this job: the new child starts from a copy of its latest checkpoint (a 400 when it "
+        "has none yet)."))
 
 
 class ChildHoldSerializer(s.AttemptCallSerializer):
@@ -274,8 +276,13 @@ class AttemptChildrenView(NodeAPIView):
         submit = JobSubmitSerializer(data=body)
         if not submit.is_valid():
             raise serializers.ValidationError({"job": submit.errors})
+        donor = None
+        if data["checkpoint_from"] is not None:
+            donor = job_services.children_of(attempt.job).filter(pk=data["checkpoint_from"]).first()
+            if donor is None:
+                raise serializers.ValidationError({"checkpoint_from": ["not a child job of this job"]})
         job, created = job_services.child_submit(attempt, dict(submit.validated_data), data["idempotency_key"],
-                                                 nested=data["nested"])
+                                                 nested=data["nested"], checkpoint_from=donor)
         return Response(_child_summary(job), status=201 if created else 200)
 
 

@@ -1,0 +1,184 @@
+"""The prepared-data seam: where a job's preprocessed training data comes from.
+
+Many jobs read the same preprocessed data: every trial of a sweep decodes and transforms the same dataset with
+the same pipeline. A workload therefore names what it prepares by a **recipe** -- a JSON-able description of
+the dataset and of the pipeline with its parameters -- and hands the function that computes it to
+:func:`prepare`. Two jobs that name equal recipes get the same data; :func:`recipe_key` (a content hash of the
+recipe) identifies it.
+
+Where the data comes from:
+
+1. a **data provider** that a plugin names in its manifest (``Plugin.data_providers``: a :class:`DataProvider`
+   subclass) and that the job opted into through its spec's ``data`` options, e.g. a node-local cache of
+   preprocessed samples shared by every job on the node. The first provider that returns something wins;
+2. otherwise this process's memo (:class:`Memo`): one build per recipe per process, so the trials that a node's
+   device service hosts side by side prepare their data once. Concurrent callers of one recipe wait for the
+   one build.
+
+A job's spec carries the options as ``data: {option: value}`` (a kind that prepares data takes them as
+``spec.data``; a kind whose children share data hands its own ``spec.data`` to each child). Each option belongs to the one provider that declares it
+(:attr:`DataProvider.options`); :func:`option_errors` names every option no installed provider takes, and
+every value its provider refuses, as ``{"spec.data.<option>": message}``, so a bad spec is a 400 at submit.
+
+Prepared data is shared: callers must treat what :func:`prepare` returns as read-only.
+
+Light: imported by the control plane (for the option check); no torch or numpy here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+log = logging.getLogger(__name__)
+
+MEMO_ENV = "STRATA_DATA_MEMO_ENTRIES"
+DEFAULT_MEMO_ENTRIES = 4
+MAX_OPTIONS_BYTES = 16_384
+
+
+class DataProvider:
+    """A plugin's source of prepared data (a plugin names the subclass in ``Plugin.data_providers``).
+
+    Subclasses set :attr:`options` (the keys of a spec's ``data`` that opt a job into this provider) and
+    override :meth:`validate` (on the control plane, at submit) and :meth:`fetch` (on the node, in the job's
+    process). They are instantiated with no arguments, once per process; importing one must stay light.
+    """
+
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    def validate(self, data: dict[str, Any]) -> dict[str, str]:
+        """Problems with this provider's options in ``data``, as ``{option: message}`` (none by default)."""
+        return {}
+
+    def fetch(self, key: str, recipe: dict[str, Any], build: Callable[[], Any], data: dict[str, Any]) -> Any:
+        """The prepared data of ``recipe`` (content hash ``key``) or None to leave it to the next source.
+        ``build()`` computes it; a cache calls it on a miss. Called only for jobs whose ``data`` names one of
+        :attr:`options`."""
+        return None
+
+
+def recipe_key(recipe: dict[str, Any]) -> str:
+    """The content hash of a recipe: equal recipes (key order aside) have equal keys."""
+    encoded = json.dumps(recipe, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _providers() -> list[DataProvider]:
+    from components.runtime import registry
+
+    return registry.data_providers()
+
+
+def option_errors(data: Any, providers: list[DataProvider] | None = None, *,
+                  prefix: str = "spec.data") -> dict[str, str]:
+    """Every problem with a spec's ``data`` options at once: not an object, not JSON, an option no installed
+    provider takes, or a value its provider refuses."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        return {prefix: "must be an object of data options"}
+    try:
+        size = len(json.dumps(data, allow_nan=False))
+    except (TypeError, ValueError):
+        return {prefix: "must hold finite JSON values only"}
+    if size > MAX_OPTIONS_BYTES:
+        return {prefix: f"must be at most {MAX_OPTIONS_BYTES} bytes as JSON"}
+    providers = _providers() if providers is None else providers
+    errors: dict[str, str] = {}
+    owned = {option for provider in providers for option in provider.options}
+    for option in data:
+        if option not in owned:
+            known = ", ".join(sorted(owned)) or "none: no installed plugin provides data"
+            errors[f"{prefix}.{option}"] = f"no installed plugin takes this data option (known: {known})"
+    for provider in providers:
+        mine = {option: data[option] for option in provider.options if option in data}
+        if not mine:
+            continue
+        try:
+            problems = provider.validate(mine)
+        except Exception as error:  # noqa: BLE001 - a broken provider refuses, it never crashes the API
+            problems = {option: f"could not be checked: {type(error).__name__}" for option in mine}
+        for option, message in problems.items():
+            errors[f"{prefix}.{option}" if option else prefix] = str(message)
+    return errors
+
+
+class Memo:
+    """Prepared data per recipe key in this process: at most ``entries`` kept, least recently used dropped.
+    Concurrent callers of one key wait for a single build; a build that raises is not kept."""
+
+    def __init__(self, entries: int):
+        self.entries = max(int(entries), 0)
+        self._values: OrderedDict[str, Any] = OrderedDict()
+        self._building: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.builds = 0
+        self.hits = 0
+
+    def get(self, key: str, build: Callable[[], Any]) -> Any:
+        if self.entries == 0:
+            self.builds += 1
+            return build()
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                self.hits += 1
+                return self._values[key]
+            gate = self._building.setdefault(key, threading.Lock())
+        with gate:
+            with self._lock:
+                if key in self._values:  # built by the caller we waited for
+                    self._values.move_to_end(key)
+                    self.hits += 1
+                    return self._values[key]
+            try:
+                value = build()
+            finally:
+                with self._lock:
+                    self._building.pop(key, None)
+            with self._lock:
+                self.builds += 1
+                self._values[key] = value
+                while len(self._values) > self.entries:
+                    self._values.popitem(last=False)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+def _memo_entries() -> int:
+    raw = os.environ.get(MEMO_ENV, "").strip()
+    try:
+        return int(raw) if raw else DEFAULT_MEMO_ENTRIES
+    except ValueError:
+        log.warning("%s=%r is not an integer; using %d", MEMO_ENV, raw, DEFAULT_MEMO_ENTRIES)
+        return DEFAULT_MEMO_ENTRIES
+
+
+MEMO = Memo(_memo_entries())
+
+
+def prepare(recipe: dict[str, Any] | None, build: Callable[[], Any], data: dict[str, Any] | None = None, *,
+            providers: list[DataProvider] | None = None, memo: Memo | None = None) -> Any:
+    """The prepared data of ``recipe``: from the first opted-into provider that has it, else from this process's
+    memo, else ``build()``. A recipe of None (data nobody else could share) is always built."""
+    if recipe is None:
+        return build()
+    key = recipe_key(recipe)
+    data = data or {}
+    for provider in _providers() if providers is None else providers:
+        if not any(option in data for option in provider.options):
+            continue
+        found = provider.fetch(key, recipe, build, {o: data[o] for o in provider.options if o in data})
+        if found is not None:
+            return found
+    return (MEMO if memo is None else memo).get(key, build)
