@@ -95,7 +95,8 @@ class ServeSession(Session):
     - :meth:`prepare` loads the source job's ``model.pt`` (a download, off the device thread);
     - :meth:`attach` starts serving and publishes the address (``ctx.set_endpoint``); hosted, it also starts a
       thread running :meth:`serve_until_stopped`;
-    - :meth:`serve_until_stopped` reports ``requests``, ``errors``, ``p50_ms`` and ``p99_ms`` every
+    - :meth:`serve_until_stopped` reports ``requests``, ``errors``, ``p50_ms``, ``p99_ms``, ``slo_attainment``,
+      ``queue_depth``, ``mean_batch``, ``throughput_rps``, ``dropped_early`` and ``batches`` every
       ``metrics_every_s`` seconds until ``ctx.should_stop()`` (or the model stops serving on its own:
       :attr:`problem`), then stops the endpoint;
     - :meth:`interrupt` (the host was told to stop it) and :meth:`settle` stop the endpoint (calls in flight
@@ -128,21 +129,24 @@ class ServeSession(Session):
         raise RuntimeError("a ServeSession serves through its executor once attached; it has no step()")
 
     def attach(self, executor: Any, name: str, *, priority: int = 0, weight: float = 1.0) -> Any:
-        from components.serving.endpoint import start_serving
+        from components.serving.endpoint import Batching, start_serving
 
         self.prepare()
         source = self.spec["model"]["job"]
+        batching = Batching.from_spec(self.spec["batching"])
         self.handle = start_serving(
             executor, name, self.served, host=self.host, port=self.spec["port"],
-            request_timeout_s=self.spec["request_timeout_s"], max_rows=self.spec["max_rows"], source_job=source,
-            advertise_host=self.advertised, priority=priority,
+            request_timeout_s=ServeSpec.default_deadline_s(self.spec), max_rows=self.spec["max_rows"],
+            source_job=source, advertise_host=self.advertised, priority=priority, batching=batching,
         )
         served = self.served
         self.ctx.set_endpoint(self.handle.address)
+        length = " (or shorter, variable length)" if served.variable_length else ""
         self.ctx.log(
             f"serving {served.workload} of job {source} on {self.handle.address} ({executor.device}): rows of "
-            f"{list(served.input_shape)} {served.input_dtype} -> {list(served.output_shape)}, up to "
-            f"{self.spec['max_rows']} rows per request"
+            f"{list(served.input_shape)}{length} {served.input_dtype} -> {list(served.output_shape)}, up to "
+            f"{self.spec['max_rows']} rows per request; {batching.policy} batching of up to {batching.max_batch} "
+            f"requests, {batching.max_queue} queued at most"
         )
         if self.hosted:
             self._reporter = threading.Thread(target=self.serve_until_stopped, daemon=True,
@@ -191,8 +195,9 @@ class ServeSession(Session):
     @staticmethod
     def _metrics(stats: dict[str, Any]) -> dict[str, float]:
         values = {"requests": float(stats["requests"]), "errors": float(stats["errors"])}
-        for name in ("p50_ms", "p99_ms"):
-            if stats[name] is not None:
+        for name in ("p50_ms", "p99_ms", "slo_attainment", "queue_depth", "mean_batch", "throughput_rps",
+                     "dropped_early", "batches"):
+            if stats.get(name) is not None:
                 values[name] = float(stats[name])
         return values
 

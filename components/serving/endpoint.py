@@ -19,6 +19,7 @@ spending device time on an answer nobody reads.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import math
 import threading
@@ -39,14 +40,17 @@ from components.runtime.benchkit import percentile
 from components.serving import serving_pb2, serving_pb2_grpc
 from components.serving.component import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel
+from components.serving.orloj import BatchPolicy, EdfBatcher, FifoBatcher, OrlojBatcher, Pending
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 2**20
 MAX_DIMS = 8  # most dimensions a request tensor may have (the built-in models take 2 or 4)
 MAX_DETAILS = 1000  # longest status message sent back (one line; gRPC carries it in a header)
-DEFAULT_MAX_CONCURRENT_RPCS = 64
-DEFAULT_WORKERS = 8
+DEFAULT_MAX_QUEUE = 128  # requests an endpoint holds waiting for the device; more is RESOURCE_EXHAUSTED
+RPC_HEADROOM = 8  # concurrent RPCs beyond the queue: Describe calls, and the batch on the device
+DEFAULT_MAX_CONCURRENT_RPCS = DEFAULT_MAX_QUEUE + RPC_HEADROOM
+LENGTH_BUCKETS = 8  # a variable-length model's requests are bucketed by length into this many buckets
 LATENCY_WINDOW = 1000  # latest successful requests the percentiles are taken over
 # gRPC reports "no deadline" as a remaining time of about 2**63 ns rather than None.
 NO_DEADLINE_S = 10**7
@@ -87,6 +91,10 @@ class CallCancelled(ServingFault):
     status = "CANCELLED"
 
 
+class QueueFull(ServingFault):
+    status = "RESOURCE_EXHAUSTED"
+
+
 class AdmissionRejected(ValueError):
     """The executor can never fit the model next to its budget: nothing was started."""
 
@@ -101,21 +109,17 @@ class _Abandoned(Exception):
 
 @dataclass(eq=False)  # identity: calls in flight are kept in a set
 class _Call:
-    """What travels through :meth:`DeviceExecutor.infer`: the inputs and how long anyone waits for them.
+    """One request: its inputs and how long anyone waits for them. The endpoint's :class:`Dispatcher` queues
+    it and runs it in a :class:`_Batch`.
 
-    The gRPC handler waits on ``answer``, not on the executor's future: :meth:`ServingEndpoint.abandon` can
-    then answer a call that is still queued without touching a future the execution thread will set.
+    The gRPC handler waits on ``answer``, not on the executor's future: :meth:`ServingEndpoint.abandon` (or the
+    batching policy, for a request that cannot make its deadline) can then answer a call that is still queued.
     """
 
     inputs: torch.Tensor
     deadline: float  # time.monotonic()
     abandoned: threading.Event = field(default_factory=threading.Event)
     answer: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-
-    def relay(self, future: concurrent.futures.Future) -> None:
-        """Copy the executor's outcome into ``answer`` (a done-callback, on the execution thread)."""
-        error = future.exception()
-        self.settle(None if error is not None else future.result(), error)
 
     def caller_gone(self) -> None:
         """The caller stopped listening: answer now, and skip the request if it is still queued. (Also called
@@ -138,17 +142,228 @@ class _Call:
             pass  # answered already (abandoned by a stop)
 
 
-class ServedSession(InferenceSession):
-    """The executor session of an endpoint: skips requests nobody waits for, returns outputs on the CPU."""
+@dataclass(frozen=True)
+class Batching:
+    """How an endpoint batches its queued requests (the serve spec's ``batching``).
 
-    def run(self, call: _Call) -> torch.Tensor:
-        if call.abandoned.is_set():
-            raise _Abandoned("the call ended before its turn")
-        if time.monotonic() >= call.deadline:
+    ``policy``: ``orloj`` (deadline-aware, :class:`~components.serving.orloj.OrlojBatcher`), ``fifo`` (Triton's
+    dynamic batcher: arrival order, ``max_queue_delay_s``) or ``edf`` (earliest deadline first, mean estimate).
+    ``max_batch`` requests at most run as one forward pass; ``max_queue`` wait at most (more is
+    ``RESOURCE_EXHAUSTED``). ``max_batch: 1`` serves each request on its own.
+    """
+
+    policy: str = "orloj"
+    max_batch: int = 8
+    max_queue_delay_s: float = 0.002
+    max_queue: int = DEFAULT_MAX_QUEUE
+
+    POLICIES = ("orloj", "fifo", "edf")
+
+    def __post_init__(self):
+        if self.policy not in self.POLICIES:
+            raise ValueError(f"unknown batching policy {self.policy!r}: use one of {', '.join(self.POLICIES)}")
+        if self.max_batch < 1 or self.max_queue < 1 or self.max_queue_delay_s < 0:
+            raise ValueError(f"max_batch and max_queue must be at least 1 and max_queue_delay_s not negative: {self}")
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any] | None) -> Batching:
+        spec = spec or {}
+        return cls(policy=spec.get("policy", cls.policy), max_batch=int(spec.get("max_batch", cls.max_batch)),
+                   max_queue_delay_s=float(spec.get("max_queue_delay_ms", cls.max_queue_delay_s * 1000)) / 1000,
+                   max_queue=int(spec.get("max_queue", cls.max_queue)))
+
+    def make_policy(self) -> BatchPolicy:
+        if self.policy == "fifo":
+            return FifoBatcher(self.max_batch, self.max_queue_delay_s)
+        if self.policy == "edf":
+            return EdfBatcher(self.max_batch)
+        return OrlojBatcher(self.max_batch)
+
+
+@dataclass(eq=False)
+class _Batch:
+    """What travels through :meth:`DeviceExecutor.infer`: queued calls to run as one forward pass.
+
+    The execution thread fills in ``ran`` (the calls still waited for when the batch's turn came: the others
+    are skipped) and ``seconds``, the forward pass's own time (what the batching policy learns from)."""
+
+    calls: list[_Call]
+    pending: list[Pending] = field(default_factory=list)
+    ran: list[_Call] = field(default_factory=list)
+    seconds: float | None = None
+
+
+class ServedSession(InferenceSession):
+    """The executor session of an endpoint: runs a :class:`_Batch` as one forward pass and splits the answer.
+
+    Calls whose caller has gone (abandoned, or past their deadline) are left out when the batch's turn comes;
+    a batch with none left raises :class:`_Abandoned` instead of running. Rows of a variable-length model are
+    right-padded to the batch's longest and each answer cut back to its own length. Outputs are on the CPU.
+    """
+
+    def __init__(self, served: ServedModel):
+        super().__init__(served.module, sample=served.sample)
+        self.served = served
+
+    def run(self, batch: _Batch) -> list[torch.Tensor]:
+        now = time.monotonic()
+        live = [call for call in batch.calls if not call.abandoned.is_set() and now < call.deadline]
+        if not live:
             raise _Abandoned("the deadline passed before the request's turn")
+        served = self.served
+        lengths = [served.length(call.inputs) for call in live]
+        if len(live) == 1:
+            inputs = live[0].inputs
+        else:
+            longest = max(lengths)
+            inputs = torch.cat([served.pad_to(call.inputs, longest) if served.variable_length else call.inputs
+                                for call in live])
+        started = time.perf_counter()
         # Copied to the CPU here, on the execution thread: on CUDA this is the synchronization point, so the
         # unit's end on the timeline is when the answer exists.
-        return super().run(call.inputs).detach().to("cpu")
+        output = super().run(inputs).detach().to("cpu")
+        batch.seconds = time.perf_counter() - started
+        batch.ran = live
+        answers, start = [], 0
+        for call, length in zip(live, lengths, strict=True):
+            rows = int(call.inputs.shape[0])
+            part = output[start:start + rows]
+            start += rows
+            answers.append(part[:, :length] if served.variable_length else part)
+        return answers
+
+
+class Dispatcher:
+    """An endpoint's request queue and its batching thread.
+
+    Whenever the endpoint has no batch on the device, the thread asks the :class:`Batching` policy for the next
+    batch of the queued requests (and which to answer at once with ``DEADLINE_EXCEEDED``), hands the batch to
+    the executor and waits for it: one batch per endpoint on the device at a time, so the policy decides with
+    the latest arrivals. Each request's bucket is its length bucket (:data:`LENGTH_BUCKETS` over the model's
+    longest input) for a variable-length model, 0 otherwise. The policy learns each batch's measured time.
+    """
+
+    def __init__(self, endpoint: ServingEndpoint, batching: Batching):
+        self.endpoint = endpoint
+        self.batching = batching
+        self.policy = batching.make_policy()
+        self._cond = threading.Condition()
+        self._queue: list[Pending] = []
+        self._busy = False
+        self._stopping = False
+        self._ids = itertools.count()
+        self.batches = 0
+        self.batch_sizes: Counter[int] = Counter()
+        self.dropped = 0
+        self.device_s = 0.0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"serving-batcher-{endpoint.name}")
+        self._thread.start()
+
+    def bucket(self, inputs: torch.Tensor) -> int:
+        served = self.endpoint.served
+        if not served.variable_length:
+            return 0
+        limit = max(1, served.input_shape[0])
+        return (served.length(inputs) - 1) * LENGTH_BUCKETS // limit
+
+    def submit(self, call: _Call) -> None:
+        """Queue ``call``; :class:`QueueFull` when ``max_queue`` requests already wait."""
+        pending = Pending(deadline=call.deadline, arrival=time.monotonic(), bucket=self.bucket(call.inputs),
+                          id=next(self._ids), payload=call)
+        with self._cond:
+            if self._stopping:
+                raise EndpointUnavailable(f"endpoint {self.endpoint.name!r} is stopping")
+            if len(self._queue) >= self.batching.max_queue:
+                raise QueueFull(f"the queue is full ({len(self._queue)} requests wait for the device, the endpoint's "
+                                f"max_queue); retry later or add replicas")
+            self._queue.append(pending)
+            self._cond.notify_all()
+
+    def depth(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def stop(self) -> None:
+        """End the thread; the requests still queued are the endpoint's to answer (:meth:`ServingEndpoint.abandon`)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+
+    def _purge(self) -> None:
+        self._queue = [p for p in self._queue if not (p.payload.abandoned.is_set() or p.payload.answer.done())]
+
+    def _next(self) -> list[Pending] | None:
+        """Block until there is a batch to run; None when stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None
+                wake = None
+                self._purge()
+                if self._queue and not self._busy:
+                    decision = self.policy.decide(list(self._queue), time.monotonic())
+                    for pending in decision.drop:
+                        self._queue.remove(pending)
+                        self.dropped += 1
+                        pending.payload.settle(None, RequestTimedOut(
+                            "the request cannot finish by its deadline (answered early, without running it)"))
+                    if decision.batch:
+                        batch, rows = [], 0
+                        for pending in decision.batch:  # at most max_rows rows per forward pass (the memory held)
+                            rows += int(pending.payload.inputs.shape[0])
+                            if batch and rows > self.endpoint.max_rows:
+                                break
+                            batch.append(pending)
+                            self._queue.remove(pending)
+                        self._busy = True
+                        return batch
+                    wake = decision.wake_at
+                timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                self._cond.wait(timeout)
+
+    def _loop(self) -> None:
+        while (batch := self._next()) is not None:
+            item = _Batch([pending.payload for pending in batch], pending=batch)
+            try:
+                future = self.endpoint.executor.infer(self.endpoint.name, item)
+            except (KeyError, ExecutorClosed) as error:
+                fault = EndpointUnavailable(f"endpoint {self.endpoint.name!r} is not serving: {error}")
+                for call in item.calls:
+                    call.settle(None, fault)
+                self._finished()
+                continue
+            future.add_done_callback(lambda future, item=item: self._done(item, future))
+
+    def _done(self, item: _Batch, future: concurrent.futures.Future) -> None:
+        """On the execution thread: answer the batch's calls, teach the policy, free the device for the next."""
+        try:
+            error = future.exception()
+            if error is None:
+                for call, answer in zip(item.ran, future.result(), strict=True):
+                    call.settle(answer)
+                ran = {id(call) for call in item.ran}
+                for call in item.calls:
+                    if id(call) not in ran:
+                        call.settle(None, RequestTimedOut("the deadline passed before the request's turn"))
+                if item.seconds is not None:
+                    self.policy.observe([p for p in item.pending if id(p.payload) in ran], item.seconds)
+                    self.batches += 1
+                    self.batch_sizes[len(item.ran)] += 1
+                    self.device_s += item.seconds
+            else:
+                if isinstance(error, _Abandoned):
+                    error = RequestTimedOut(str(error))
+                for call in item.calls:
+                    call.settle(None, error)
+        finally:
+            self._finished()
+
+    def _finished(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
 
 
 def endpoint_memory(served: ServedModel, max_rows: int) -> MemoryRequest:
@@ -182,7 +397,7 @@ class ServingEndpoint:
     """
 
     def __init__(self, executor: DeviceExecutor, name: str, served: ServedModel, *, request_timeout_s: float = 10.0,
-                 max_rows: int = 1024, source_job: str = ""):
+                 max_rows: int = 1024, source_job: str = "", batching: Batching | None = None):
         if max_rows < 1:
             raise ValueError(f"max_rows must be at least 1, got {max_rows}")
         if request_timeout_s <= 0:
@@ -205,6 +420,10 @@ class ServingEndpoint:
         self._latencies_ms: deque[float] = deque(maxlen=LATENCY_WINDOW)
         self._inflight: set[_Call] = set()
         self._drained = threading.Condition(self._lock)
+        self._on_time = 0  # answered within their deadline (every success is)
+        self._started = time.monotonic()
+        self.batching = batching or Batching()
+        self.dispatcher = Dispatcher(self, self.batching)
 
     # -- the contract ---------------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -227,7 +446,14 @@ class ServingEndpoint:
         if inputs.dtype != expected:
             got = next((name for name, (_, dtype) in WIRE_DTYPES.items() if dtype == inputs.dtype), str(inputs.dtype))
             raise InvalidRequest(f"dtype {got} is not accepted: this model takes {served.input_dtype}")
-        if inputs.dim() == 0 or tuple(inputs.shape[1:]) != served.input_shape:
+        if served.variable_length:
+            shape, limit = tuple(inputs.shape[1:]), served.input_shape[0]
+            if (inputs.dim() != len(served.input_shape) + 1 or shape[1:] != served.input_shape[1:]
+                    or not 1 <= shape[0] <= limit):
+                rest = "".join(f", {size}" for size in served.input_shape[1:])
+                raise InvalidRequest(f"shape {list(inputs.shape)} does not match: send [rows, length{rest}] "
+                                     f"with 1 <= length <= {limit}")
+        elif inputs.dim() == 0 or tuple(inputs.shape[1:]) != served.input_shape:
             raise InvalidRequest(f"shape {list(inputs.shape)} does not match: each row must be "
                                  f"{list(served.input_shape)}, so send [rows, {', '.join(map(str, served.input_shape))}]")
         rows = inputs.shape[0]
@@ -283,20 +509,17 @@ class ServingEndpoint:
             try:
                 if when_caller_gone is not None:
                     when_caller_gone(call.caller_gone)
-                try:
-                    self.executor.infer(self.name, call).add_done_callback(call.relay)
-                except (KeyError, ExecutorClosed) as error:
-                    raise EndpointUnavailable(f"endpoint {self.name!r} is not serving: {error}") from error
+                self.dispatcher.submit(call)
                 try:
                     output = call.answer.result(timeout)
+                except ServingFault:  # first: RequestTimedOut is a TimeoutError, as concurrent.futures' is
+                    raise
                 except concurrent.futures.TimeoutError:
                     raise RequestTimedOut(f"no answer within {timeout:.3g} s (the device is busy)") from None
                 except _Abandoned as error:
                     raise RequestTimedOut(str(error)) from None
                 except ExecutorClosed as error:
                     raise EndpointUnavailable(f"endpoint {self.name!r} stopped: {error}") from error
-                except ServingFault:
-                    raise
                 except Exception as error:
                     raise ModelFailed(f"the model raised {type(error).__name__}: {error}") from error
             finally:
@@ -327,6 +550,11 @@ class ServingEndpoint:
         """Refuse new requests; those in flight go on."""
         with self._lock:
             self._closed.set()
+
+    def shutdown(self) -> None:
+        """Stop the batching thread (after :meth:`drain` or :meth:`abandon`); requests still queued are skipped."""
+        self.close()
+        self.dispatcher.stop()
 
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the requests in flight to be answered; True when none is left."""
@@ -368,6 +596,20 @@ class ServingEndpoint:
         stats["p50_ms"] = percentile(window, 0.5)
         stats["p99_ms"] = percentile(window, 0.99)
         stats["window"] = len(window)
+        # SLO attainment: the share of requests that reached the queue and were answered within their deadline
+        # (a success always is; DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED are misses). Malformed ones are not counted.
+        answered = stats["requests"] - stats["errors"]
+        missed = sum(stats["errors_by_status"].get(status, 0) for status in ("DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"))
+        stats["slo_attainment"] = answered / (answered + missed) if answered + missed else None
+        dispatcher = self.dispatcher
+        sizes = dict(dispatcher.batch_sizes)
+        stats.update(
+            policy=self.batching.policy, max_batch=self.batching.max_batch, queue_depth=dispatcher.depth(),
+            batches=dispatcher.batches, batch_sizes=sizes, dropped_early=dispatcher.dropped,
+            mean_batch=(sum(size * count for size, count in sizes.items()) / dispatcher.batches
+                        if dispatcher.batches else None),
+            throughput_rps=answered / max(1e-9, time.monotonic() - self._started),
+        )
         return stats
 
 
@@ -585,6 +827,7 @@ class ServingHandle:
                 count = self.endpoint.abandon(f"endpoint {self.name!r} stopped before the request's turn")
                 log.info("endpoint %s: %d requests still waiting after %.3g s were answered UNAVAILABLE",
                          self.name, count, grace)
+            self.endpoint.shutdown()
             # Every handler has its answer now: the short grace only lets those replies go out.
             self._server.stop(STOP_FLUSH_S).wait(STOP_FLUSH_S + 1.0)
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -628,9 +871,9 @@ def start_serving(
     priority: int = 0,
     memory_request: MemoryRequest | None = None,
     advertise_host: str | None = None,
-    max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS,
-    workers: int = DEFAULT_WORKERS,
+    max_concurrent_rpcs: int | None = None,
     insecure_bind: bool | None = None,
+    batching: Batching | None = None,
 ) -> ServingHandle:
     """Register ``served`` in ``executor`` as endpoint ``name`` and serve it over gRPC on ``host:port``.
 
@@ -645,16 +888,22 @@ def start_serving(
     executor admits the endpoint. ``advertise_host`` is the host put in ``address`` (default ``host``).
     """
     check_bind_host(host, insecure=insecure_bind)
-    endpoint = ServingEndpoint(executor, name, served, request_timeout_s=request_timeout_s, max_rows=max_rows,
-                               source_job=source_job)
+    batching = batching or Batching()
     request = memory_request if memory_request is not None else endpoint_memory(served, max_rows)
-    admission = executor.serve(name, ServedSession(served.module, sample=served.sample), request, priority)
+    admission = executor.serve(name, ServedSession(served), request, priority)
     if admission.status == "rejected":
         raise AdmissionRejected(f"endpoint {name!r} cannot fit the device: {admission.reason}")
+    endpoint = ServingEndpoint(executor, name, served, request_timeout_s=request_timeout_s, max_rows=max_rows,
+                               source_job=source_job, batching=batching)
+    if max_concurrent_rpcs is None:
+        max_concurrent_rpcs = batching.max_queue + RPC_HEADROOM
     if not admission.admitted:
         log.warning("endpoint %s waits for device memory (position %s); requests queue until it is admitted",
                     name, admission.position)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=f"serving-{name}")
+    # The server is synchronous: a call holds a worker thread while it waits in the queue, so there is one
+    # worker per concurrent RPC, or the queue could never fill past the worker count.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_concurrent_rpcs),
+                                                 thread_name_prefix=f"serving-{name}")
     server = grpc.server(
         pool,
         options=[
@@ -675,7 +924,7 @@ def start_serving(
             raise OSError(f"cannot bind {_dial_address(host, port)}")
         server.start()
     except BaseException:
-        endpoint.close()
+        endpoint.shutdown()
         server.stop(None)
         pool.shutdown(wait=False)
         executor.cancel(name)
@@ -687,12 +936,15 @@ def start_serving(
 
 __all__ = [
     "AdmissionRejected",
+    "Batching",
     "CallCancelled",
+    "Dispatcher",
     "EndpointUnavailable",
     "InferenceServicer",
     "InsecureBindError",
     "InvalidRequest",
     "ModelFailed",
+    "QueueFull",
     "RequestTimedOut",
     "ServedSession",
     "ServingEndpoint",

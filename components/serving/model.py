@@ -29,6 +29,11 @@ class ServedModel:
     ``(rows, *output_shape)`` of ``output_dtype``. ``input_limit`` bounds int64 inputs (token ids must be in
     ``[0, input_limit)``), 0 when there is no bound. ``sample`` is a ``SAMPLE_ROWS``-row input used to
     profile the model's memory (:func:`components.gpushare.memory.profile_module`).
+
+    ``variable_length``: a request may also carry shorter rows, ``(rows, length, *input_shape[1:])`` with
+    ``1 <= length <= input_shape[0]``, and gets ``(rows, length, *output_shape[1:])`` back; rows of different
+    lengths are batched by right-padding them (:meth:`pad_to`). Their run time grows with the length, which is
+    the feature the deadline-aware batcher buckets requests by.
     """
 
     workload: str
@@ -40,6 +45,19 @@ class ServedModel:
     output_shape: tuple[int, ...]
     output_dtype: str = "float32"
     input_limit: int = 0
+    variable_length: bool = False
+
+    def length(self, inputs: torch.Tensor) -> int:
+        """The length of a request's rows (its first row dimension), 1 for a model of fixed-size rows."""
+        return int(inputs.shape[1]) if self.variable_length and inputs.dim() > 1 else 1
+
+    def pad_to(self, inputs: torch.Tensor, length: int) -> torch.Tensor:
+        """``inputs`` right-padded with zeros to ``length`` along the first row dimension."""
+        missing = length - int(inputs.shape[1])
+        if missing <= 0:
+            return inputs
+        padding = inputs.new_zeros((inputs.shape[0], missing, *inputs.shape[2:]))
+        return torch.cat([inputs, padding], dim=1)
 
 
 def load_served_model(path: str | Path) -> ServedModel:
@@ -50,6 +68,7 @@ def load_served_model(path: str | Path) -> ServedModel:
     (the messages of :func:`components.train.model_format.load_model`).
     """
     from components.train.model_format import DTYPES, load_model
+    from components.train.workloads import BUILTIN_WORKLOADS
 
     module, description = load_model(Path(path))
     inputs, outputs = description["input"], description["output"]
@@ -65,6 +84,7 @@ def load_served_model(path: str | Path) -> ServedModel:
         # What the wire will carry (components.serving.endpoint.encode_tensor).
         output_dtype=outputs["dtype"],
         input_limit=int(inputs["limit"]),
+        variable_length=bool(getattr(BUILTIN_WORKLOADS.get(description["workload"]), "variable_length", False)),
     )
 
 

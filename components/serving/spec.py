@@ -7,7 +7,10 @@ from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
-FIELDS = {"model", "port", "request_timeout_s", "max_rows"}
+FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching"}
+BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
+POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
+BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}
 SERVABLE_WORKLOADS = ("mlp-digits", "cnn-synthetic", "tiny-gpt")  # components.serving.model.servable_workloads()
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
@@ -43,13 +46,37 @@ class ServeSpec(KindSpec):
             elif job is not None and "spec.model.job" not in inner.errors and not _UUID.match(job):
                 inner.errors["spec.model.job"] = "must be a job id (a UUID)"
             check.errors.update(inner.errors)
-        check.not_null("port", "request_timeout_s", "max_rows")  # none of them is nullable (json_schema)
+        check.not_null("port", "request_timeout_s", "max_rows", "batching")  # none is nullable (json_schema)
         port = check.number("port", 0, kind=int, minimum=0, maximum=65535)
         timeout = check.number("request_timeout_s", 10.0, minimum=0.01, maximum=600)
+        slo_ms = check.number("slo_ms", None, minimum=0.1, maximum=600_000)
         max_rows = check.number("max_rows", 1024, kind=int, minimum=1, maximum=65536)
+        batching = dict(BATCHING_DEFAULTS)
+        raw = spec.get("batching", {})
+        if raw is None:
+            pass  # "must not be null", from not_null
+        elif not isinstance(raw, dict):
+            check.errors["spec.batching"] = "must be an object {policy, max_batch, max_queue_delay_ms, max_queue}"
+        else:
+            inner = Checker(raw, prefix="spec.batching")
+            inner.unknown(BATCHING_FIELDS)
+            inner.not_null(*BATCHING_FIELDS)
+            batching = {
+                "policy": inner.string("policy", "orloj", choices=POLICIES),
+                "max_batch": inner.number("max_batch", 8, kind=int, minimum=1, maximum=1024),
+                "max_queue_delay_ms": inner.number("max_queue_delay_ms", 2.0, minimum=0, maximum=10_000),
+                "max_queue": inner.number("max_queue", 128, kind=int, minimum=1, maximum=4096),
+            }
+            check.errors.update(inner.errors)
         check.raise_if_errors()
         return {"model": {"job": str(job).lower()}, "port": port, "request_timeout_s": float(timeout),
-                "max_rows": max_rows}
+                "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows,
+                "batching": {**batching, "max_queue_delay_ms": float(batching["max_queue_delay_ms"])}}
+
+    @staticmethod
+    def default_deadline_s(spec: dict[str, Any]) -> float:
+        """How long a call without a deadline may take: the SLO when one is set, else ``request_timeout_s``."""
+        return spec["slo_ms"] / 1000.0 if spec.get("slo_ms") is not None else spec["request_timeout_s"]
 
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
         return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind="train", artifact="model.pt")]
@@ -76,9 +103,30 @@ class ServeSpec(KindSpec):
                 "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0,
                          "description": "TCP port of the gRPC endpoint on the node; 0 picks a free one."},
                 "request_timeout_s": {"type": "number", "minimum": 0.01, "maximum": 600, "default": 10.0,
-                                      "description": "Longest a request may wait and run when it sets no deadline."},
+                                      "description": "Longest a request may wait and run when it sets no deadline "
+                                                     "(and slo_ms is not set)."},
+                "slo_ms": {"type": ["number", "null"], "minimum": 0.1, "maximum": 600000, "default": None,
+                           "description": "Per-request SLO: the deadline of a call that sets none (a call's own "
+                                          "gRPC deadline wins). Unset: request_timeout_s."},
+                "batching": {
+                    "type": "object", "additionalProperties": False,
+                    "description": "How queued requests are batched on the device.",
+                    "properties": {
+                        "policy": {"type": "string", "enum": list(POLICIES), "default": "orloj",
+                                   "description": "orloj: deadline-aware (most requests on time); fifo: Triton's "
+                                                  "dynamic batcher; edf: earliest deadline first."},
+                        "max_batch": {"type": "integer", "minimum": 1, "maximum": 1024, "default": 8,
+                                      "description": "Most requests run as one forward pass (1: no batching)."},
+                        "max_queue_delay_ms": {"type": "number", "minimum": 0, "maximum": 10000, "default": 2.0,
+                                               "description": "fifo only: longest the oldest request waits for a "
+                                                              "fuller batch."},
+                        "max_queue": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 128,
+                                      "description": "Most requests waiting; more are RESOURCE_EXHAUSTED."},
+                    },
+                },
                 "max_rows": {"type": "integer", "minimum": 1, "maximum": 65536, "default": 1024,
-                             "description": "Largest batch (first dimension) one request may carry."},
+                             "description": "Largest batch (first dimension) one request may carry, and the "
+                                            "most rows one forward pass runs."},
             },
         }
 

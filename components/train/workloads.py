@@ -57,6 +57,11 @@ class Workload(abc.ABC):
     """
 
     name: ClassVar[str] = "custom"
+    # True when the model also takes shorter rows than the recorded input shape: any length from 1 to
+    # ``input.shape[0]`` along the first row dimension, the output's first row dimension following it, and a row
+    # right-padded to a longer length giving the same outputs on its own positions (a causal model). A server
+    # may then batch rows of different lengths by padding them (components/serving).
+    variable_length: ClassVar[bool] = False
 
     @abc.abstractmethod
     def setup(self, spec: dict[str, Any], device: torch.device) -> None:
@@ -560,6 +565,7 @@ class TinyGPTWorkload(TorchWorkload):
     """
 
     name: ClassVar[str] = "tiny-gpt"
+    variable_length: ClassVar[bool] = True  # causal: any context up to 64 tokens, padding on the right is exact
     context: ClassVar[int] = 64
     heads: ClassVar[int] = 4
     layers: ClassVar[int] = 2

@@ -6,9 +6,10 @@ import pytest
 from components.serving.spec import ServeSpec, SpecError
 
 MODEL = {"job": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}
+DEFAULTS = {"slo_ms": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
 
 
-@pytest.mark.parametrize("field", ["port", "request_timeout_s", "max_rows"])
+@pytest.mark.parametrize("field", ["port", "request_timeout_s", "max_rows", "batching"])
 def test_a_null_is_an_error_of_its_field(field):
     with pytest.raises(SpecError) as raised:
         ServeSpec().validate({"model": MODEL, field: None})
@@ -17,4 +18,23 @@ def test_a_null_is_an_error_of_its_field(field):
 
 def test_the_defaults_fill_what_is_left_out():
     assert ServeSpec().validate({"model": MODEL}) == {
-        "model": MODEL, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024}
+        "model": MODEL, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, **DEFAULTS}
+
+
+def test_batching_and_the_slo():
+    spec = ServeSpec().validate({"model": MODEL, "slo_ms": 50, "batching": {"policy": "fifo", "max_batch": 16}})
+    assert spec["batching"] == {"policy": "fifo", "max_batch": 16, "max_queue_delay_ms": 2.0, "max_queue": 128}
+    assert ServeSpec.default_deadline_s(spec) == pytest.approx(0.05)
+    assert ServeSpec.default_deadline_s(ServeSpec().validate({"model": MODEL, "request_timeout_s": 3})) == 3.0
+
+
+def test_every_bad_batching_field_is_named_at_once():
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "slo_ms": 0, "batching": {
+            "policy": "lifo", "max_batch": 0, "max_queue_delay_ms": -1, "max_queue": 1.5, "size": 3}})
+    assert set(raised.value.errors) == {"spec.slo_ms", "spec.batching.policy", "spec.batching.max_batch",
+                                        "spec.batching.max_queue_delay_ms", "spec.batching.max_queue",
+                                        "spec.batching.size"}
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "batching": [1]})
+    assert set(raised.value.errors) == {"spec.batching"}

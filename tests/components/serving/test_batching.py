@@ -1,0 +1,178 @@
+"""Batching in the gRPC endpoint: answers equal the model's alone, variable lengths, the bounded queue, and the
+deadline-aware policy answering hopeless requests early."""
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from components.gpushare.executor import DeviceExecutor
+from components.gpushare.lanes import MemoryRequest
+from components.serving.client import ServingError, predict
+from components.serving.endpoint import Batching, start_serving
+from components.serving.model import load_served_model
+from components.train.spec import TrainSpec
+from components.train.workloads import builtin_workload
+
+
+@pytest.fixture
+def executor():
+    with DeviceExecutor("cpu", "1GiB", "pack") as executor:
+        yield executor
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory):
+    """A tiny-gpt model.pt (untrained weights are enough to compare answers exactly)."""
+    path = tmp_path_factory.mktemp("gpt") / "model.pt"
+    spec = TrainSpec().validate({"workload": "tiny-gpt", "hidden": 32})
+    workload = builtin_workload("tiny-gpt")
+    workload.setup(spec, torch.device("cpu"))
+    torch.save({"workload": "tiny-gpt", "spec": spec, "state_dict": workload.model_state()}, path)
+    return path
+
+
+def block_the_device(executor):
+    release, running = threading.Event(), threading.Event()
+
+    def long_unit():
+        running.set()
+        release.wait(20)
+        return True
+
+    executor.submit("long-unit", long_unit, MemoryRequest(2**10, 2**10))
+    assert running.wait(5)
+    return release
+
+
+def wait_for(condition, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def alone(served, tokens):
+    with torch.inference_mode():
+        return served.module(torch.as_tensor(tokens)).numpy()
+
+
+@pytest.mark.parametrize("policy", ["orloj", "fifo", "edf"])
+def test_queued_requests_of_different_lengths_run_as_one_batch_with_their_own_answers(executor, gpt, policy):
+    served = load_served_model(gpt)
+    assert served.variable_length
+    rng = np.random.default_rng(5)
+    lengths = [3, 64, 17, 40, 1, 9]
+    requests = [rng.integers(0, served.input_limit, size=(1 + index % 2, length)) for index, length in
+                enumerate(lengths)]
+    batching = Batching(policy=policy, max_batch=8, max_queue_delay_s=0.0)
+    with start_serving(executor, "gpt", served, max_rows=64, batching=batching) as handle:
+        release = block_the_device(executor)
+        with ThreadPoolExecutor(len(requests)) as pool:
+            try:
+                # Generous deadlines: only the order and grouping are under test.
+                futures = [pool.submit(predict, handle.address, tokens, timeout=60) for tokens in requests]
+                # The first call may already be on the device (blocked behind the long unit); the rest queue.
+                wait_for(lambda: handle.stats()["in_flight"] == len(requests), "every call to reach the endpoint")
+            finally:
+                release.set()
+            answers = [future.result() for future in futures]
+        for tokens, answer in zip(requests, answers, strict=True):
+            assert answer.shape == (*tokens.shape, served.input_limit)
+            # Padding on the right does not change a causal model's outputs on the row's own positions.
+            np.testing.assert_allclose(answer, alone(served, tokens), rtol=1e-4, atol=1e-5)
+        stats = handle.stats()
+    assert stats["policy"] == policy and stats["errors"] == 0 and stats["requests"] == len(requests)
+    assert sum(size * count for size, count in stats["batch_sizes"].items()) == len(requests)
+    assert max(stats["batch_sizes"]) >= 2, stats["batch_sizes"]  # requests that waited together ran together
+    assert stats["slo_attainment"] == 1.0
+
+
+def test_variable_lengths_are_checked(executor, gpt):
+    served = load_served_model(gpt)
+    with start_serving(executor, "gpt", served, max_rows=4) as handle:
+        with pytest.raises(ServingError) as caught:
+            predict(handle.address, np.zeros((1, 65), dtype=np.int64))
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "1 <= length <= 64" in caught.value.details
+        assert predict(handle.address, np.zeros((2, 5), dtype=np.int64)).shape == (2, 5, served.input_limit)
+
+
+def test_a_batch_never_exceeds_max_rows(executor, digits_model):
+    served = load_served_model(digits_model)
+    with start_serving(executor, "digits", served, max_rows=4, batching=Batching("fifo", max_batch=8)) as handle:
+        release = block_the_device(executor)
+        with ThreadPoolExecutor(6) as pool:
+            try:
+                futures = [pool.submit(predict, handle.address, np.ones((3, 64), np.float32), timeout=60)
+                           for _ in range(6)]
+                wait_for(lambda: handle.stats()["in_flight"] == 6, "every call to reach the endpoint")
+            finally:
+                release.set()
+            assert all(future.result().shape == (3, 10) for future in futures)
+        # 3 rows each and at most 4 rows per forward pass: every batch held one request.
+        assert handle.stats()["batch_sizes"] == {1: 6}
+
+
+def test_a_full_queue_is_resource_exhausted_and_the_endpoint_recovers(executor, digits_model):
+    served = load_served_model(digits_model)
+    rows = np.ones((1, 64), np.float32)
+    with start_serving(executor, "digits", served, max_rows=4,
+                       batching=Batching("fifo", max_batch=1, max_queue=3)) as handle:
+        release = block_the_device(executor)
+        outcomes = []
+        with ThreadPoolExecutor(8) as pool:
+            try:
+                # One goes to the (blocked) device, three wait in the queue; the rest find it full.
+                first = [pool.submit(predict, handle.address, rows, timeout=60) for _ in range(4)]
+                wait_for(lambda: handle.stats()["in_flight"] == 4 and handle.stats()["queue_depth"] == 3,
+                         "one call on the device and three queued")
+                for _ in range(3):
+                    try:
+                        predict(handle.address, rows, timeout=60)
+                    except ServingError as error:
+                        outcomes.append(error)
+            finally:
+                release.set()
+            assert all(future.result().shape == (1, 10) for future in first)
+        assert [error.code for error in outcomes] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+        assert "the queue is full" in outcomes[0].details
+        assert predict(handle.address, rows).shape == (1, 10)  # healthy afterwards
+        stats = handle.stats()
+        assert stats["errors_by_status"] == {"RESOURCE_EXHAUSTED": 3} and stats["requests"] == 8
+        assert stats["slo_attainment"] == pytest.approx(5 / 8)
+
+
+def test_orloj_answers_a_hopeless_request_at_once_without_running_it(executor, digits_model):
+    served = load_served_model(digits_model)
+    rows = np.ones((1, 64), np.float32)
+    with start_serving(executor, "digits", served, max_rows=4, batching=Batching("orloj", max_batch=4)) as handle:
+        forwards = []  # after start_serving, which profiles the model's memory
+        served.module.register_forward_hook(lambda *_: forwards.append(1))
+        profile = handle.endpoint.dispatcher.policy.profile
+        for _ in range(16):  # as if every batch had taken 30 s
+            profile.observe(1, 0, 30.0)
+        began = time.monotonic()
+        with pytest.raises(ServingError) as caught:
+            predict(handle.address, rows, timeout=20)
+        assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "cannot finish by its deadline" in caught.value.details
+        assert time.monotonic() - began < 15  # answered early, not at the deadline
+        assert handle.stats()["dropped_early"] == 1 and not forwards
+        # A request whose deadline leaves room is served.
+        assert predict(handle.address, rows, timeout=60).shape == (1, 10) and len(forwards) == 1
+
+
+def test_the_policy_learns_the_measured_batch_times(executor, digits_model):
+    served = load_served_model(digits_model)
+    with start_serving(executor, "digits", served, max_rows=4, batching=Batching("orloj", max_batch=4)) as handle:
+        for _ in range(10):
+            predict(handle.address, np.ones((1, 64), np.float32))
+        profile = handle.endpoint.dispatcher.policy.profile
+        assert profile.runs(1, 0) == 10
+        assert 0 < profile.mean(1, 0) < 5  # seconds: the measured forward passes, not the prior
