@@ -87,3 +87,6 @@ class ControlPlaneClient:
 
     def post(self, path: str, json: Any = None, **kwargs):
         return self.request("POST", path, json=json, **kwargs)
+
+    def delete(self, path: str, **kwargs):
+        return self.request("DELETE", path, **kwargs)

@@ -85,6 +85,12 @@ class Context(abc.ABC):
     def set_endpoint(self, address: str) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
         """Publish the ``host:port`` where this attempt serves requests (the job's ``endpoint`` field)."""
 
+    def token_digests(self) -> list[str]:
+        """SHA-256 hex digests of the job's working access tokens (issued, neither revoked nor expired), for a
+        kind whose ``KindSpec.accepts_tokens`` is true to check its callers against
+        (:class:`components.runtime.tokens.TokenGate`). None issued: an empty list."""
+        return []
+
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def _save_checkpoint_bytes(self, data: bytes) -> None: ...
@@ -183,6 +189,7 @@ class LocalContext(Context):
     echo: bool = False
     child_jobs: list[dict[str, Any]] = field(default_factory=list)  # what submit_child recorded (no scheduler)
     reports: dict[str, Any] = field(default_factory=dict)  # the latest report per plugin
+    tokens: list[str] = field(default_factory=list)  # digests of the job's working access tokens (token_digests)
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -217,6 +224,9 @@ class LocalContext(Context):
     def set_endpoint(self, address: str) -> None:
         self.endpoint = address
         self.log(f"listening on {address}")
+
+    def token_digests(self) -> list[str]:
+        return list(self.tokens)
 
     def _checkpoint_path(self) -> Path:
         return self.workdir / "checkpoint.pt"

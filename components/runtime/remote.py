@@ -124,6 +124,10 @@ class RemoteContext(Context):
             target.write_bytes(response.content)
         return target
 
+    def token_digests(self) -> list[str]:
+        answer = self.client.request("GET", self._path("tokens/"), params=self._auth(), timeout=30)
+        return [str(digest) for digest in answer.get("digests", [])]
+
     def artifact(self, path: str | Path, name: str | None = None, kind: str = "artifact") -> None:
         source = Path(path)
         with source.open("rb") as body:

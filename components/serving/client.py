@@ -11,7 +11,9 @@ Usage::
 from __future__ import annotations
 
 import atexit
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,6 +22,8 @@ import numpy as np
 from components.serving import serving_pb2, serving_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # the server's limit too
+TOKEN_ENV = "STRATA_SERVING_TOKEN"  # the deployment token sent when a call names none
+TLS_CA_ENV = "STRATA_SERVING_TLS_CA"  # a PEM file: dial over TLS, trusting this certificate authority
 _WIRE = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8")}
 
 
@@ -77,20 +81,39 @@ def decode(message: serving_pb2.Tensor) -> np.ndarray:
     return np.frombuffer(message.data, dtype=wire).reshape(tuple(message.shape)).astype(wire.newbyteorder("="))
 
 
-_channels: dict[str, tuple[grpc.Channel, serving_pb2_grpc.InferenceStub]] = {}
+_channels: dict[tuple[str, bytes | None], tuple[grpc.Channel, serving_pb2_grpc.InferenceStub]] = {}
 _channels_lock = threading.Lock()
 
 
-def _stub(address: str) -> serving_pb2_grpc.InferenceStub:
-    """One channel per address for the life of the process: a new channel per call costs a TCP and HTTP/2
-    handshake, about 1 ms of every request on loopback. Channels are thread-safe and reconnect by themselves."""
+def _ca(tls_ca: bytes | str | Path | None) -> bytes | None:
+    """The CA certificate to trust (PEM bytes, or a path to them); ``STRATA_SERVING_TLS_CA`` when None."""
+    if tls_ca is None:
+        tls_ca = os.environ.get(TLS_CA_ENV) or None
+    if tls_ca is None or isinstance(tls_ca, bytes):
+        return tls_ca
+    return Path(tls_ca).read_bytes()
+
+
+def _stub(address: str, tls_ca: bytes | None = None) -> serving_pb2_grpc.InferenceStub:
+    """One channel per address (and CA) for the life of the process: a new channel per call costs a TCP and
+    HTTP/2 handshake, about 1 ms of every request on loopback. Channels are thread-safe and reconnect by
+    themselves."""
+    key = (address, tls_ca)
     with _channels_lock:
-        if address not in _channels:
+        if key not in _channels:
             options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-            channel = grpc.insecure_channel(address, options=options)
-            _channels[address] = channel, serving_pb2_grpc.InferenceStub(channel)
-        return _channels[address][1]
+            if tls_ca is not None:
+                channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca), options)
+            else:
+                channel = grpc.insecure_channel(address, options=options)
+            _channels[key] = channel, serving_pb2_grpc.InferenceStub(channel)
+        return _channels[key][1]
+
+
+def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    token = token if token is not None else os.environ.get(TOKEN_ENV, "").strip() or None
+    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 @atexit.register
@@ -103,34 +126,41 @@ def close_channels() -> None:
         channel.close()
 
 
-def _call(address: str, method: str, request: Any, timeout: float | None) -> Any:
+def _call(address: str, method: str, request: Any, timeout: float | None, token: str | None = None,
+          tls_ca: bytes | str | Path | None = None) -> Any:
     try:
-        return getattr(_stub(address), method)(request, timeout=timeout)
+        return getattr(_stub(address, _ca(tls_ca)), method)(request, timeout=timeout, metadata=_metadata(token))
     except grpc.RpcError as error:
         raise ServingError(error.code(), error.details() or "") from None
 
 
-def predict(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0) -> np.ndarray:
+def predict(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0,
+            token: str | None = None, tls_ca: bytes | str | Path | None = None) -> np.ndarray:
     """Run the model at ``address`` ("host:port") on a batch of rows; returns its output as a numpy array.
 
-    ``timeout`` is the call's deadline in seconds (None: the server's ``request_timeout_s`` applies). Raises
-    :class:`ServingError`.
+    ``timeout`` is the call's deadline in seconds (None: the deployment's SLO or ``request_timeout_s``).
+    ``token`` is the deployment token (default ``$STRATA_SERVING_TOKEN``); ``tls_ca`` the CA certificate (PEM
+    bytes or a path; default ``$STRATA_SERVING_TLS_CA``) of an endpoint that serves TLS. Raises
+    :class:`ServingError` (``UNAUTHENTICATED`` for a missing, wrong or revoked token).
     """
-    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout)
+    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout, token,
+                  tls_ca)
     return decode(reply.output)
 
 
-def predict_timed(address: str, array_like: Any, *, dtype: str | None = None,
-                  timeout: float | None = 10.0) -> tuple[np.ndarray, float]:
+def predict_timed(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0,
+                  token: str | None = None, tls_ca: bytes | str | Path | None = None) -> tuple[np.ndarray, float]:
     """Like :func:`predict`, also returning the server's own time for the call (``server_ms``)."""
-    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout)
+    reply = _call(address, "Predict", serving_pb2.PredictRequest(input=encode(array_like, dtype)), timeout, token,
+                  tls_ca)
     return decode(reply.output), reply.server_ms
 
 
-def describe(address: str, timeout: float | None = 5.0) -> dict[str, Any]:
+def describe(address: str, timeout: float | None = 5.0, *, token: str | None = None,
+             tls_ca: bytes | str | Path | None = None) -> dict[str, Any]:
     """What the endpoint serves: ``workload``, ``source_job``, ``input_shape``, ``input_dtype``,
     ``output_shape``, ``output_dtype``, ``max_rows``, ``input_limit``."""
-    info = _call(address, "Describe", serving_pb2.DescribeRequest(), timeout)
+    info = _call(address, "Describe", serving_pb2.DescribeRequest(), timeout, token, tls_ca)
     return {
         "workload": info.workload,
         "source_job": info.source_job,

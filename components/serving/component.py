@@ -20,8 +20,10 @@ log = logging.getLogger(__name__)
 
 HOST_ENV = "STRATA_SERVING_HOST"  # interface the endpoint binds: a loopback address unless INSECURE_BIND_ENV
 ADVERTISE_ENV = "STRATA_SERVING_ADVERTISE_HOST"  # host published in the job's endpoint
-# The endpoint has no authentication yet: binding a non-loopback interface is an operator's explicit choice.
+# Without authentication (auth: none) binding a non-loopback interface is an operator's explicit choice.
 INSECURE_BIND_ENV = "STRATA_SERVING_INSECURE_BIND"
+TLS_CERT_ENV = "STRATA_SERVING_TLS_CERT"  # PEM certificate chain: the endpoint serves TLS (with TLS_KEY_ENV)
+TLS_KEY_ENV = "STRATA_SERVING_TLS_KEY"
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -54,7 +56,7 @@ def insecure_bind_allowed() -> bool:
 
 def check_bind_host(host: str, *, insecure: bool | None = None, source: str = "") -> None:
     """Refuse to serve on ``host`` unless it is a loopback address or ``insecure`` (default: the environment's
-    opt-in) allows it: the endpoint has no authentication yet, so anyone who can reach the port could call
+    opt-in) allows it: without deployment tokens (auth: none) anyone who can reach the port could call
     the model. Raises :class:`InsecureBindError` naming the fix."""
     if is_loopback(host):
         return
@@ -66,25 +68,40 @@ def check_bind_host(host: str, *, insecure: bool | None = None, source: str = ""
         return
     origin = f" (from {source})" if source else ""
     raise InsecureBindError(
-        f"the serving endpoint will not bind {host!r}{origin}: it has no authentication yet, so it listens on a "
+        f"the serving endpoint will not bind {host!r}{origin}: it has no authentication (auth: none), so it listens on a "
         f"loopback address only (127.0.0.1, ::1 or localhost). Set {INSECURE_BIND_ENV}=1 on the node to bind "
         f"{host!r} anyway; then any process that can reach the port can call the model"
     )
 
 
-def serving_hosts() -> tuple[str, str]:
+def serving_hosts(authenticated: bool = False) -> tuple[str, str]:
     """``(bind host, advertised host)`` from ``STRATA_SERVING_HOST`` / ``STRATA_SERVING_ADVERTISE_HOST``.
 
-    The bind host must be a loopback address unless ``STRATA_SERVING_INSECURE_BIND=1`` (raises
-    :class:`InsecureBindError`). A wildcard bind host is published as this machine's host name: a client
-    cannot dial 0.0.0.0.
+    Without authentication the bind host must be a loopback address unless ``STRATA_SERVING_INSECURE_BIND=1``
+    (raises :class:`InsecureBindError`). A wildcard bind host is published as this machine's host name: a
+    client cannot dial 0.0.0.0.
     """
     host = os.environ.get(HOST_ENV, "").strip() or DEFAULT_HOST
-    check_bind_host(host, source=HOST_ENV)
+    if not authenticated:
+        check_bind_host(host, source=HOST_ENV)
     advertised = os.environ.get(ADVERTISE_ENV, "").strip()
     if not advertised:
         advertised = socket.gethostname() if host in WILDCARD_HOSTS else host
     return host, advertised
+
+
+def serving_tls() -> tuple[bytes, bytes] | None:
+    """``(certificate chain, private key)`` PEM from ``STRATA_SERVING_TLS_CERT`` / ``STRATA_SERVING_TLS_KEY`` on
+    the node; None when neither is set. One without the other, or an unreadable file, is a ValueError."""
+    cert, key = (os.environ.get(name, "").strip() for name in (TLS_CERT_ENV, TLS_KEY_ENV))
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise ValueError(f"TLS needs both {TLS_CERT_ENV} and {TLS_KEY_ENV} set on the node")
+    try:
+        return open(cert, "rb").read(), open(key, "rb").read()
+    except OSError as error:
+        raise ValueError(f"cannot read the serving TLS files: {error}") from error
 
 
 class ServeSession(Session):
@@ -111,7 +128,10 @@ class ServeSession(Session):
         self.metrics_every_s = metrics_every_s
         self.stop_poll_s = stop_poll_s
         self.stop_grace_s = stop_grace_s
-        self.host, self.advertised = serving_hosts()  # a refused bind fails the attempt before anything loads
+        # A refused bind fails the attempt before anything loads.
+        self.host, self.advertised = serving_hosts(authenticated=spec.get("auth", "token") == "token")
+        self.tls = serving_tls()
+        self.gate: Any = None
         self.served: Any = None
         self.handle: Any = None
         self.problem: str | None = None  # why the model stopped serving on its own
@@ -134,19 +154,31 @@ class ServeSession(Session):
         self.prepare()
         source = self.spec["model"]["job"]
         batching = Batching.from_spec(self.spec["batching"])
-        self.handle = start_serving(
-            executor, name, self.served, host=self.host, port=self.spec["port"],
-            request_timeout_s=ServeSpec.default_deadline_s(self.spec), max_rows=self.spec["max_rows"],
-            source_job=source, advertise_host=self.advertised, priority=priority, batching=batching,
-        )
+        if self.spec.get("auth", "token") == "token" and self.gate is None:
+            from components.runtime.tokens import TokenGate
+
+            self.gate = TokenGate(self.ctx.token_digests, name=f"serve-{self.ctx.attempt_id[:8]}").start()
+        try:
+            self.handle = start_serving(
+                executor, name, self.served, host=self.host, port=self.spec["port"],
+                request_timeout_s=ServeSpec.default_deadline_s(self.spec), max_rows=self.spec["max_rows"],
+                source_job=source, advertise_host=self.advertised, priority=priority, batching=batching,
+                gate=self.gate, tls=self.tls,
+            )
+        except BaseException:
+            self._stop_gate()
+            raise
         served = self.served
         self.ctx.set_endpoint(self.handle.address)
         length = " (or shorter, variable length)" if served.variable_length else ""
+        security = ("callers need a deployment token (strata job-token create " + self.ctx.job_id + ")"
+                    if self.gate is not None else "no authentication (auth: none)")
+        security += ", TLS" if self.tls else ", plaintext"
         self.ctx.log(
             f"serving {served.workload} of job {source} on {self.handle.address} ({executor.device}): rows of "
             f"{list(served.input_shape)}{length} {served.input_dtype} -> {list(served.output_shape)}, up to "
             f"{self.spec['max_rows']} rows per request; {batching.policy} batching of up to {batching.max_batch} "
-            f"requests, {batching.max_queue} queued at most"
+            f"requests, {batching.max_queue} queued at most; {security}"
         )
         if self.hosted:
             self._reporter = threading.Thread(target=self.serve_until_stopped, daemon=True,
@@ -174,6 +206,11 @@ class ServeSession(Session):
         self.ctx.metrics(self._metrics(handle.stats()), step + 1)
         handle.stop(self.stop_grace_s)
 
+    def _stop_gate(self) -> None:
+        if self.gate is not None:
+            self.gate.stop()
+            self.gate = None
+
     def interrupt(self, hard: bool = False) -> None:
         self._asked_to_stop = True
         if self.handle is not None:
@@ -187,6 +224,7 @@ class ServeSession(Session):
             return
         self._settled = True
         self.handle.stop(self.stop_grace_s)
+        self._stop_gate()
         if self._reporter is not None and self._reporter is not threading.current_thread():
             self._reporter.join(timeout if timeout is not None else self.stop_grace_s + 10.0)
         stats = self.handle.stats()

@@ -37,6 +37,7 @@ from components.gpushare.executor import DeviceExecutor, ExecutorClosed
 from components.gpushare.lanes import Admission, MemoryRequest
 from components.gpushare.stages import InferenceSession
 from components.runtime.benchkit import percentile
+from components.runtime.tokens import TokenGate, bearer
 from components.serving import serving_pb2, serving_pb2_grpc
 from components.serving.component import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel
@@ -722,8 +723,15 @@ class InferenceServicer(serving_pb2_grpc.InferenceServicer):
     one-line message; a failure after that (the model, the runtime) is ``INTERNAL``.
     """
 
-    def __init__(self, endpoint: ServingEndpoint):
+    def __init__(self, endpoint: ServingEndpoint, gate: TokenGate | None = None):
         self.endpoint = endpoint
+        self.gate = gate
+
+    def _refused(self, context) -> str | None:
+        """Why the call's deployment token is refused (None: accepted, or no gate)."""
+        if self.gate is None:
+            return None
+        return self.gate.check(bearer(context.invocation_metadata() or ()))
 
     def _inputs(self, request) -> torch.Tensor:
         if isinstance(request, _Unparsed):
@@ -741,6 +749,9 @@ class InferenceServicer(serving_pb2_grpc.InferenceServicer):
 
     def Predict(self, request, context):  # noqa: N802 -- the generated servicer's name
         status, details = None, ""
+        if (refused := self._refused(context)) is not None:
+            self.endpoint.record_fault("UNAUTHENTICATED")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
         try:
             inputs = self._inputs(request)
         except InvalidRequest as fault:
@@ -763,6 +774,8 @@ class InferenceServicer(serving_pb2_grpc.InferenceServicer):
         context.abort(grpc.StatusCode[status], one_line(details))
 
     def Describe(self, request, context):  # noqa: N802 -- the generated servicer's name
+        if (refused := self._refused(context)) is not None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
         if isinstance(request, _Unparsed):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         if self.endpoint.closed:
@@ -874,6 +887,8 @@ def start_serving(
     max_concurrent_rpcs: int | None = None,
     insecure_bind: bool | None = None,
     batching: Batching | None = None,
+    gate: TokenGate | None = None,
+    tls: tuple[bytes, bytes] | None = None,
 ) -> ServingHandle:
     """Register ``served`` in ``executor`` as endpoint ``name`` and serve it over gRPC on ``host:port``.
 
@@ -881,13 +896,18 @@ def start_serving(
     ``max_rows`` forward pass). Raises :class:`AdmissionRejected` when the executor can never fit it,
     ``ValueError`` when ``name`` is taken, :class:`~components.gpushare.executor.ExecutorClosed` when the
     executor is shutting down, ``OSError`` when the port cannot be bound, and
-    :class:`~components.serving.component.InsecureBindError` when ``host`` is not a loopback address (the
-    endpoint has no authentication yet) and ``insecure_bind`` (default: ``STRATA_SERVING_INSECURE_BIND=1`` in
+    :class:`~components.serving.component.InsecureBindError` when there is no ``gate`` (no authentication),
+    ``host`` is not a loopback address and ``insecure_bind`` (default: ``STRATA_SERVING_INSECURE_BIND=1`` in
     the environment) does not allow it; nothing is left running then.
     An admission that has to wait for memory is accepted: requests queue (within their deadlines) until the
     executor admits the endpoint. ``advertise_host`` is the host put in ``address`` (default ``host``).
+
+    ``gate``: every call must carry one of the job's deployment tokens (``authorization: Bearer``), else
+    ``UNAUTHENTICATED``. ``tls``: ``(certificate chain PEM, private key PEM)`` serves over TLS. ``batching``:
+    how queued requests are batched (:class:`Batching`; default Orloj, 8 requests).
     """
-    check_bind_host(host, insecure=insecure_bind)
+    if gate is None:  # no authentication: a loopback address only, unless the operator opted in
+        check_bind_host(host, insecure=insecure_bind)
     batching = batching or Batching()
     request = memory_request if memory_request is not None else endpoint_memory(served, max_rows)
     admission = executor.serve(name, ServedSession(served), request, priority)
@@ -914,10 +934,14 @@ def start_serving(
         ],
         maximum_concurrent_rpcs=max(1, max_concurrent_rpcs),
     )
-    add_servicer(InferenceServicer(endpoint), server)
+    add_servicer(InferenceServicer(endpoint, gate), server)
     try:
         try:
-            bound = server.add_insecure_port(_dial_address(host, port))
+            if tls is not None:
+                credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])  # [(private key, certificate chain)]
+                bound = server.add_secure_port(_dial_address(host, port), credentials)
+            else:
+                bound = server.add_insecure_port(_dial_address(host, port))
         except RuntimeError as error:
             raise OSError(f"cannot bind {_dial_address(host, port)}: {error}") from error
         if not bound:

@@ -6,8 +6,10 @@ from typing import Any, ClassVar
 
 from components.runtime.panels import Panel, PanelData
 
-NOTE = ("It listens on the node's loopback interface only and has no authentication yet, so only processes on "
-        "that node can call it.")
+NOTE = ("It listens on the node's loopback interface only and has no authentication (auth: none), so only "
+        "processes on that node can call it.")
+TOKEN_NOTE = ("Every call needs one of the job's deployment tokens (gRPC metadata 'authorization: Bearer <token>'): "
+              "strata job-token create {job} prints a new one; strata infer mints a short-lived one by itself.")
 
 
 class ServeEndpointPanel(Panel):
@@ -21,4 +23,5 @@ class ServeEndpointPanel(Panel):
         endpoint = job.get("endpoint")
         if not endpoint:
             return None
-        return {"text": f"gRPC Predict on {endpoint}: strata infer {job.get('id')} --input rows.json. {NOTE}"}
+        note = NOTE if (job.get("spec") or {}).get("auth") == "none" else TOKEN_NOTE.format(job=job.get("id"))
+        return {"text": f"gRPC Predict on {endpoint}: strata infer {job.get('id')} --input rows.json. {note}"}

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
-FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching"}
+FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth"}
+AUTH_MODES = ("token", "none")
 BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
 BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}
@@ -25,6 +26,7 @@ class ServeSpec(KindSpec):
     kind: ClassVar[str] = "serve"
     component: ClassVar[str] = "components.serving.component:ServeComponent"
     panels: ClassVar[tuple[str, ...]] = ("components.serving.panels:ServeEndpointPanel",)
+    accepts_tokens: ClassVar[bool] = True  # the gRPC endpoint checks callers' deployment tokens (auth: token)
     description: ClassVar[str] = (
         "Serve the model of a finished train job over gRPC (Predict), until cancelled. On a GPU share, its "
         "requests preempt co-located training at the next stage boundary."
@@ -46,7 +48,8 @@ class ServeSpec(KindSpec):
             elif job is not None and "spec.model.job" not in inner.errors and not _UUID.match(job):
                 inner.errors["spec.model.job"] = "must be a job id (a UUID)"
             check.errors.update(inner.errors)
-        check.not_null("port", "request_timeout_s", "max_rows", "batching")  # none is nullable (json_schema)
+        check.not_null("port", "request_timeout_s", "max_rows", "batching", "auth")  # none is nullable
+        auth = check.string("auth", "token", choices=AUTH_MODES)
         port = check.number("port", 0, kind=int, minimum=0, maximum=65535)
         timeout = check.number("request_timeout_s", 10.0, minimum=0.01, maximum=600)
         slo_ms = check.number("slo_ms", None, minimum=0.1, maximum=600_000)
@@ -70,7 +73,7 @@ class ServeSpec(KindSpec):
             check.errors.update(inner.errors)
         check.raise_if_errors()
         return {"model": {"job": str(job).lower()}, "port": port, "request_timeout_s": float(timeout),
-                "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows,
+                "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows, "auth": auth,
                 "batching": {**batching, "max_queue_delay_ms": float(batching["max_queue_delay_ms"])}}
 
     @staticmethod
@@ -105,6 +108,10 @@ class ServeSpec(KindSpec):
                 "request_timeout_s": {"type": "number", "minimum": 0.01, "maximum": 600, "default": 10.0,
                                       "description": "Longest a request may wait and run when it sets no deadline "
                                                      "(and slo_ms is not set)."},
+                "auth": {"type": "string", "enum": list(AUTH_MODES), "default": "token",
+                         "description": "token: every call carries one of the job's deployment tokens "
+                                        "(authorization: Bearer; POST /api/v1/jobs/{id}/tokens/). none: no "
+                                        "authentication, and the endpoint binds a loopback address only."},
                 "slo_ms": {"type": ["number", "null"], "minimum": 0.1, "maximum": 600000, "default": None,
                            "description": "Per-request SLO: the deadline of a call that sets none (a call's own "
                                           "gRPC deadline wins). Unset: request_timeout_s."},

@@ -9,8 +9,8 @@ from django.test import Client
 from strata.jobs.models import Attempt
 
 NODE = "/api/v1/node/attempts"
-NOTE = ("It listens on the node's loopback interface only and has no authentication yet, so only processes "
-        "on that node can call it.")
+NOTE = ("It listens on the node's loopback interface only and has no authentication (auth: none), so only "
+        "processes on that node can call it.")
 
 
 def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticated(
@@ -36,7 +36,8 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
     node_call(attempt, "finish", outcome="succeeded")
 
     response = client.post("/api/v1/jobs/", {"kind": "serve", "name": "serve-it", "resources": {"gpus": 0.25},
-                                             "spec": {"model": {"job": str(source.pk)}}}, format="json")
+                                             "spec": {"model": {"job": str(source.pk)}, "auth": "none"}},
+                           format="json")
     assert response.status_code == 201, response.content
     job_id = response.json()["id"]
     browser = Client()
@@ -53,3 +54,12 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
     panels = {panel["slug"]: panel for panel in browser.get(f"/jobs/{job_id}/live/?panels=1").json()["panels"]}
     assert panels["serve-endpoint"]["text"] == (f"gRPC Predict on 127.0.0.1:50999: strata infer {job_id} "
                                                 f"--input rows.json. {NOTE}")
+
+
+def test_a_token_serve_job_page_says_calls_need_a_deployment_token():
+    from components.runtime.panels import StaticPanelData
+    from components.serving.panels import ServeEndpointPanel
+
+    data = StaticPanelData(job={"id": "j1", "endpoint": "10.0.0.7:50999", "spec": {"auth": "token"}})
+    text = ServeEndpointPanel().render(data)["text"]
+    assert "deployment tokens" in text and "strata job-token create j1" in text

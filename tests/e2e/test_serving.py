@@ -30,6 +30,18 @@ def digits_test_set(spec: dict):
     return x_test.numpy(), y_test.numpy()
 
 
+def _accepted(describe, address: str, token: str) -> bool:
+    from components.serving.client import ServingError
+
+    try:
+        describe(address, token=token)
+    except ServingError as error:
+        if error.code.name != "UNAUTHENTICATED":
+            raise
+        return False
+    return True
+
+
 def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     from components.serving.client import ServingError, describe, predict
 
@@ -52,8 +64,26 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     logs = "\n".join(cluster.logs(served))
     assert "in the GPU-sharing service" in logs, logs
     assert not training_children(cluster.process.pid), "the fractional serve job ran in a child process"
-    info = describe(address)
+
+    # Deployment tokens: issued through the control plane (the CLI prints one once); a call without one, or
+    # with a wrong or revoked one, is UNAUTHENTICATED.
+    issued = cluster.cli("job-token", "create", served, "--name", "e2e")
+    assert issued.returncode == 0, (issued.stdout, issued.stderr)
+    token = issued.stdout.strip()
+    doomed = cluster.api("POST", f"jobs/{served}/tokens/", json={"name": "to-revoke"})
+    wait_for(lambda: _accepted(describe, address, token), 30, message="the endpoint to learn the new tokens")
+    info = describe(address, token=token)
     assert info["workload"] == "mlp-digits" and info["source_job"] == trained
+    for refused in (None, "sj_wrong"):
+        with pytest.raises(ServingError) as error:
+            predict(address, [[0.0] * 64], token=refused)
+        assert error.value.code.name == "UNAUTHENTICATED"
+    assert _accepted(describe, address, doomed["token"])
+    revoked = cluster.cli("job-token", "revoke", served, doomed["id"])
+    assert revoked.returncode == 0, (revoked.stdout, revoked.stderr)
+    wait_for(lambda: not _accepted(describe, address, doomed["token"]), 30, message="the revocation to apply")
+    listed = cluster.cli("job-token", "list", served)
+    assert "revoked" in listed.stdout and "active" in listed.stdout and token not in listed.stdout
 
     # A long staged training job on the same device; requests go first and it yields to them.
     busy = cluster.submit({"name": "e2e-busy", "kind": "train", "resources": {"gpus": 0.25}, "max_attempts": 1,
@@ -63,7 +93,7 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     before = service_call(cluster, {"op": "status"})["status"]["counters"]["inference_latency"]["count"]
     correct = 0
     for start in range(0, 200, 10):
-        scores = predict(address, x_test[start:start + 10], timeout=10)
+        scores = predict(address, x_test[start:start + 10], timeout=10, token=token)
         assert scores.shape == (10, 10)
         correct += int((scores.argmax(axis=1) == y_test[start:start + 10]).sum())
     assert correct / 200 > 0.85, correct  # the trained weights, not a fresh model
@@ -80,13 +110,13 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     assert answer.returncode == 0, (answer.stdout, answer.stderr)
     printed = json.loads(answer.stdout)
     # Whole numbers in JSON are sent as the model's float32 input, not as int64 (an INVALID_ARGUMENT).
-    assert printed["argmax"] == predict(address, (x_test[:3] * 16).round()).argmax(axis=1).tolist()
+    assert printed["argmax"] == predict(address, (x_test[:3] * 16).round(), token=token).argmax(axis=1).tolist()
     bad = cluster.cli("infer", served, "--input", "-", env=None)
     assert bad.returncode != 0 and "error" in bad.stderr
 
     wrong = [[0.0] * 7]  # 7 features, not 64
     with pytest.raises(ServingError) as error:
-        predict(address, wrong)
+        predict(address, wrong, token=token)
     assert error.value.code.name == "INVALID_ARGUMENT" and "each row must be [64]" in str(error.value)
 
     # Cancel: the endpoint goes away, its lane is freed, the training job goes on.
@@ -95,7 +125,7 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
     assert record["state"] == "CANCELLED" and record["endpoint"] is None
     def endpoint_gone():
         try:
-            predict(address, x_test[:1], timeout=3)
+            predict(address, x_test[:1], timeout=3, token=token)
         except ServingError:
             return True
         return False
@@ -116,7 +146,9 @@ def test_serve_a_trained_model_next_to_training_then_cancel(cluster, tmp_path):
                             "spec": {"model": {"job": trained}}})["id"]
     address = wait_for(lambda: cluster.job(whole).get("endpoint"), 90, message="the whole-GPU endpoint")
     assert training_children(cluster.process.pid), "a whole-GPU serve job runs in a child process"
-    scores = predict(address, x_test[:50])
+    token = cluster.api("POST", f"jobs/{whole}/tokens/", json={})["token"]
+    wait_for(lambda: _accepted(describe, address, token), 30, message="the child's endpoint to learn the token")
+    scores = predict(address, x_test[:50], token=token)
     assert (scores.argmax(axis=1) == y_test[:50]).mean() > 0.85
     cluster.api("POST", f"jobs/{whole}/cancel/")
     assert cluster.wait_state(whole, TERMINAL, 60)["state"] == "CANCELLED"

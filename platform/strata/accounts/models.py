@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import uuid
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+from components.runtime.tokens import token_digest  # noqa: F401 -- re-exported: one digest for every token
 
 
 class Team(models.Model):
@@ -37,11 +38,6 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
-
-
-def token_digest(raw: str) -> str:
-    # Tokens carry 256 random bits, so a plain SHA-256 (no salt, no stretching) is enough at rest.
-    return hashlib.sha256(raw.encode()).hexdigest()
 
 
 class ApiToken(models.Model):

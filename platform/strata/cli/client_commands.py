@@ -202,5 +202,28 @@ def token_create(args) -> int:
     return 0
 
 
-__all__ = ["ApiError", "connect", "submit", "jobs", "logs", "cancel", "quota", "plugins", "token_create",
+def job_token(args) -> int:
+    """``strata job-token create|list|revoke``: a job's access tokens."""
+    api = connect(args)
+    if args.job_token_command == "create":
+        body = {"name": args.name}
+        if args.expires_in:
+            body["expires_in_s"] = args.expires_in
+        answer = api.post(f"jobs/{args.job}/tokens/", body)
+        print(answer["token"])
+        expires = f"expires {answer['expires_at']}" if answer["expires_at"] else "works until revoked"
+        print(f"(token {answer['id']} {answer['prefix']}…, {expires}; shown only once)", file=sys.stderr)
+    elif args.job_token_command == "list":
+        for token in api.get(f"jobs/{args.job}/tokens/"):
+            state = "active" if token["active"] else ("revoked" if token["revoked_at"] else "expired")
+            print(f"{token['id']}  {token['prefix']}…  {state:8s}  {token['name'] or '-'}  "
+                  f"created {token['created_at']} by {token['created_by'] or '-'}"
+                  + (f", expires {token['expires_at']}" if token["expires_at"] else ""))
+    else:
+        answer = api.delete(f"jobs/{args.job}/tokens/{args.token_id}/")
+        print(f"token {answer['id']} ({answer['prefix']}…) revoked")
+    return 0
+
+
+__all__ = ["ApiError", "connect", "submit", "jobs", "logs", "cancel", "quota", "plugins", "token_create", "job_token",
            "wait_for_job"]

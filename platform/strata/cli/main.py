@@ -47,6 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--local", action="store_true", help="write to the local database instead of the API")
     create.add_argument("--user", default="admin", help="with --local: the token's user")
 
+    job_token = commands.add_parser("job-token", help="a job's access tokens (a serve job's deployment tokens)")
+    job_token_commands = job_token.add_subparsers(dest="job_token_command", required=True)
+    job_token_create = job_token_commands.add_parser("create", help="issue a token for a job (printed once)")
+    job_token_create.add_argument("job")
+    job_token_create.add_argument("--name", default="")
+    job_token_create.add_argument("--expires-in", type=int, metavar="SECONDS",
+                                  help="stop working after this many seconds (default: until revoked)")
+    job_token_list = job_token_commands.add_parser("list", help="list a job's tokens (never their values)")
+    job_token_list.add_argument("job")
+    job_token_revoke = job_token_commands.add_parser("revoke", help="revoke one of a job's tokens")
+    job_token_revoke.add_argument("job")
+    job_token_revoke.add_argument("token_id")
+
     user = commands.add_parser("user", help="web UI users (head node, local database)").add_subparsers(
         dest="user_command", required=True)
     user_create = user.add_parser("create", help="create a user (or reset its password) and add it to teams")
@@ -114,6 +127,8 @@ def dispatch(args) -> int:
         return run_benchmark(args.component, quick=args.quick, output=args.output, peers=args.peers)
     if args.command == "plugins":
         return client.plugins(args)
+    if args.command == "job-token":
+        return client.job_token(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
                 "quota": client.quota}

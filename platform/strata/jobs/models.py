@@ -206,3 +206,31 @@ class Artifact(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [models.UniqueConstraint(fields=["job", "kind", "name"], name="one_artifact_per_name")]
+
+
+class JobToken(models.Model):
+    """A job's access token: what callers of the job's own services (a serve job's gRPC endpoint, say) present.
+
+    Only the SHA-256 digest is stored; the raw value is shown once, at creation. A token works while it is
+    neither revoked nor expired; the job's running attempts fetch the digests of the working ones
+    (``GET /node/attempts/{id}/tokens/``), so a revoked token stops working within their refresh interval.
+    Only kinds whose ``KindSpec.accepts_tokens`` is true have tokens.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                   related_name="job_tokens")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())

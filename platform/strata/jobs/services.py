@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+from datetime import timedelta
 from typing import BinaryIO
 
 from django.conf import settings
@@ -16,6 +18,7 @@ from django.utils import timezone
 
 from components.runtime import protocol
 from components.runtime.registry import subscribers as registry_subscribers
+from components.runtime.tokens import token_digest
 from strata.jobs.events import emit
 from strata.jobs.models import (
     TERMINAL_STATES,
@@ -25,6 +28,7 @@ from strata.jobs.models import (
     Job,
     JobEvent,
     JobState,
+    JobToken,
     LogLine,
     MetricPoint,
 )
@@ -170,6 +174,44 @@ def check_sources(team, kind: str, spec: dict) -> None:
             raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
         if problem := kind_spec.source_problem(ref, source.spec):
             raise SubmitRejected(ref.field, problem)
+
+
+def job_token_create(job: Job, *, user, name: str = "", expires_in_s: int | None = None) -> tuple[JobToken, str]:
+    """Issue an access token for ``job``'s services; returns the row and the raw token (shown once).
+
+    Only kinds whose ``KindSpec.accepts_tokens`` is true have tokens, and not once the job has ended (a
+    :class:`SubmitRejected` on ``kind`` or ``state``, a 400)."""
+    from components.runtime.registry import get_kind
+
+    if not get_kind(job.kind).accepts_tokens:
+        raise SubmitRejected("kind", f"{job.kind} jobs take no access tokens: nothing in them checks one")
+    if job.state in TERMINAL_STATES:
+        raise SubmitRejected("state", f"job {job.pk} is {job.state}: an ended job serves nothing")
+    prefix = secrets.token_hex(4)
+    raw = f"sj_{prefix}_{secrets.token_urlsafe(32)}"
+    expires_at = timezone.now() + timedelta(seconds=expires_in_s) if expires_in_s else None
+    token = JobToken.objects.create(job=job, name=name, prefix=prefix, digest=token_digest(raw),
+                                    created_by=user, expires_at=expires_at)
+    job_event(job.pk, "token", f"access token {prefix}… ({name or 'unnamed'}) issued by {user}")
+    return token, raw
+
+
+def job_token_revoke(token: JobToken, *, user) -> JobToken:
+    """Revoke ``token`` (idempotent); the job's attempts stop accepting it at their next refresh."""
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        job_event(token.job_id, "token", f"access token {token.prefix}… ({token.name or 'unnamed'}) revoked by {user}")
+    return token
+
+
+def job_token_digests(job: Job) -> list[str]:
+    """SHA-256 digests of ``job``'s working tokens (neither revoked nor expired)."""
+    from django.db.models import Q
+
+    now = timezone.now()
+    return list(job.tokens.filter(revoked_at__isnull=True).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+                .values_list("digest", flat=True))
 
 
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:

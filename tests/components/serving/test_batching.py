@@ -9,6 +9,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from support import wait_for
 
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
@@ -49,14 +50,6 @@ def block_the_device(executor):
     return release
 
 
-def wait_for(condition, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def alone(served, tokens):
     with torch.inference_mode():
         return served.module(torch.as_tensor(tokens)).numpy()
@@ -78,7 +71,7 @@ def test_queued_requests_of_different_lengths_run_as_one_batch_with_their_own_an
                 # Generous deadlines: only the order and grouping are under test.
                 futures = [pool.submit(predict, handle.address, tokens, timeout=60) for tokens in requests]
                 # The first call may already be on the device (blocked behind the long unit); the rest queue.
-                wait_for(lambda: handle.stats()["in_flight"] == len(requests), "every call to reach the endpoint")
+                wait_for(lambda: handle.stats()["in_flight"] == len(requests), 20, "every call to reach the endpoint")
             finally:
                 release.set()
             answers = [future.result() for future in futures]
@@ -111,7 +104,7 @@ def test_a_batch_never_exceeds_max_rows(executor, digits_model):
             try:
                 futures = [pool.submit(predict, handle.address, np.ones((3, 64), np.float32), timeout=60)
                            for _ in range(6)]
-                wait_for(lambda: handle.stats()["in_flight"] == 6, "every call to reach the endpoint")
+                wait_for(lambda: handle.stats()["in_flight"] == 6, 20, "every call to reach the endpoint")
             finally:
                 release.set()
             assert all(future.result().shape == (3, 10) for future in futures)
@@ -131,7 +124,7 @@ def test_a_full_queue_is_resource_exhausted_and_the_endpoint_recovers(executor, 
                 # One goes to the (blocked) device, three wait in the queue; the rest find it full.
                 first = [pool.submit(predict, handle.address, rows, timeout=60) for _ in range(4)]
                 wait_for(lambda: handle.stats()["in_flight"] == 4 and handle.stats()["queue_depth"] == 3,
-                         "one call on the device and three queued")
+                         20, "one call on the device and three queued")
                 for _ in range(3):
                     try:
                         predict(handle.address, rows, timeout=60)

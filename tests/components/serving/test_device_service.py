@@ -44,7 +44,7 @@ def test_a_serve_attempt_answers_next_to_training_and_stops_on_cancel(service, d
     ask, open_connection = service
     features, labels = digits_test_set
     port = free_port()
-    spec = {"model": {"job": str(uuid.uuid4())}, "port": port}
+    spec = {"model": {"job": str(uuid.uuid4())}, "port": port, "auth": "none"}  # tokens: test_auth.py
     serve, serve_conn, reply = submit(open_connection, "serve", spec, sources={"model.pt": str(digits_model)})
     assert reply["ok"] and reply["admission"]["status"] == "admitted", reply
     train, train_conn, reply = submit(open_connection, "train",
@@ -81,7 +81,8 @@ def test_a_serve_attempt_answers_next_to_training_and_stops_on_cancel(service, d
 def test_a_serve_attempt_stops_when_its_worker_goes_away(service, digits_model):
     ask, open_connection = service
     port = free_port()
-    serve, conn, reply = submit(open_connection, "serve", {"model": {"job": str(uuid.uuid4())}, "port": port},
+    serve, conn, reply = submit(open_connection, "serve",
+                                {"model": {"job": str(uuid.uuid4())}, "port": port, "auth": "none"},
                                 sources={"model.pt": str(digits_model)})
     assert reply["ok"], reply
     assert predict(f"127.0.0.1:{port}", np.zeros((1, 64), dtype=np.float32)).shape == (1, 10)

@@ -15,7 +15,7 @@ PREFIX = "/api/v1/"
 NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
-               "attempt-child-metrics", "attempt-children-metrics"}
+               "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 
@@ -52,7 +52,7 @@ def test_route_table_is_what_this_walk_expects():
     # A new route must be added to the walk's knowledge below (kwargs to fill, expectations).
     assert names == NODE_ROUTES | DOC_ROUTES | {
         "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
-        "job-metrics", "job-resubmit", "job-route", "node-list", "node-detail", "device-list", "device-detail", "team-list",
+        "job-metrics", "job-resubmit", "job-route", "job-tokens", "job-revoke-token", "node-list", "node-detail", "device-list", "device-detail", "team-list",
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
         "pool-detail"}
 
@@ -81,7 +81,7 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "a": api(token_a), "b": api(make_token(bob, team_b)), "node_client": api(node_token),
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
                    "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin",
-                   "route": "trials"},
+                   "route": "trials", "token_id": str(job.pk)},
     }
 
 

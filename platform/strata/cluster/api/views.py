@@ -26,6 +26,7 @@ from strata.jobs.models import Artifact
 from strata.jobs.storage import get_storage
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+TOKEN_REFRESH_S = 2.0  # how often an attempt re-reads its job's token digests (a revocation's delay)
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -223,6 +224,17 @@ class AttemptCheckpointView(NodeAPIView):
         if checkpoint is None:
             raise Http404("no checkpoint")
         return FileResponse(get_storage().open(checkpoint.storage_key), content_type="application/octet-stream")
+
+
+class AttemptTokensView(NodeAPIView):
+    """GET the SHA-256 digests of the job's working access tokens (its kind's ``accepts_tokens``), which the
+    attempt checks its callers against; it refreshes them every ``refresh_s`` seconds."""
+
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        return Response({"digests": job_services.job_token_digests(attempt.job),
+                         "refresh_s": TOKEN_REFRESH_S})
 
 
 # --- child jobs: a running job submits, lists and cancels jobs of its team ---------------------------------

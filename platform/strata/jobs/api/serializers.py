@@ -8,7 +8,7 @@ from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
-from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, LogLine, MetricPoint
+from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, JobToken, LogLine, MetricPoint
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
@@ -228,6 +228,31 @@ class JobSerializer(serializers.ModelSerializer):
 class JobListSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = [f for f in JobSerializer.Meta.fields if f not in ("attempts", "endpoint", "children")]
+        read_only_fields = fields
+
+
+class JobTokenSerializer(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = JobToken
+        fields = ["id", "name", "prefix", "created_by", "created_at", "expires_at", "revoked_at", "active"]
+        read_only_fields = fields
+
+
+class JobTokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False, default="", allow_blank=True)
+    expires_in_s = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=60,
+                                            max_value=366 * 86400,
+                                            help_text="Seconds until it stops working (none: until revoked).")
+
+
+class JobTokenCreatedSerializer(JobTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The raw token, shown this once.")
+
+    class Meta(JobTokenSerializer.Meta):
+        fields = [*JobTokenSerializer.Meta.fields, "token"]
         read_only_fields = fields
 
 

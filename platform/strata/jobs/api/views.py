@@ -27,6 +27,9 @@ from strata.jobs.api.serializers import (
     JobListSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    JobTokenCreatedSerializer,
+    JobTokenCreateSerializer,
+    JobTokenSerializer,
     LogLineSerializer,
     MetricPointSerializer,
 )
@@ -162,6 +165,32 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         if name := request.query_params.get("name"):
             items = items.filter(name=name)
         return Response(MetricPointSerializer(items.order_by("id")[:10 * MAX_STREAM_ITEMS], many=True).data)
+
+    @extend_schema(methods=["GET"], request=None, responses=JobTokenSerializer(many=True))
+    @extend_schema(methods=["POST"], request=JobTokenCreateSerializer,
+                   responses={201: JobTokenCreatedSerializer, 400: error_response(400)})
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
+    def tokens(self, request, pk=None):
+        """The job's access tokens (GET), or a new one (POST; the raw token is in the answer, once). Callers of
+        the job's services present one (a serve job's gRPC endpoint takes it as ``authorization: Bearer``)."""
+        job = self.get_object()
+        if request.method == "GET":
+            return Response(JobTokenSerializer(job.tokens.select_related("created_by"), many=True).data)
+        serializer = JobTokenCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        token, raw = services.job_token_create(job, user=request.user, **serializer.validated_data)
+        answer = JobTokenCreatedSerializer(token).data
+        answer["token"] = raw
+        return Response(answer, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobTokenSerializer, 404: error_response(404)})
+    @action(detail=True, methods=["delete"], url_path=r"tokens/(?P<token_id>[0-9a-f-]{36})")
+    def revoke_token(self, request, pk=None, token_id=None):
+        """Revoke one of the job's access tokens (idempotent): the job's attempts stop accepting it within a
+        few seconds."""
+        job = self.get_object()
+        token = get_object_or_404(job.tokens, pk=token_id)
+        return Response(JobTokenSerializer(services.job_token_revoke(token, user=request.user)).data)
 
     @extend_schema(responses=ArtifactSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
