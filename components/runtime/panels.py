@@ -80,8 +80,8 @@ class PanelData(abc.ABC):
 
     def children(self) -> list[dict[str, Any]]:
         """The job's child jobs, oldest first: ``id``, ``name``, ``kind``, ``state``, ``reason``, ``nested``,
-        ``held``, ``resources``, ``created_at``, ``started_at``, ``finished_at`` (unix seconds or None). The
-        default implementation has none."""
+        ``held``, ``resources``, ``created_at``, ``started_at``, ``finished_at`` (unix seconds or None) and
+        ``endpoint`` (where a RUNNING child answers requests, else None). The default implementation has none."""
         return []
 
 

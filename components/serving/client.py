@@ -173,4 +173,105 @@ def describe(address: str, timeout: float | None = 5.0, *, token: str | None = N
     }
 
 
-__all__ = ["ServingError", "close_channels", "decode", "describe", "encode", "predict", "predict_timed"]
+class Balancer:
+    """Calls a deployment's replicas, balanced by outstanding requests, failing over when one dies.
+
+    ``endpoints`` is a list of ``host:port``, or a callable returning the current list (re-read every ``refresh_s``
+    seconds: :meth:`for_job` reads ``GET /api/v1/jobs/{id}/replicas/``). Each call goes to the live replica with
+    the fewest calls in flight from this client (ties: the one used least recently). A replica that answers
+    ``UNAVAILABLE`` (unreachable, or stopping) is set aside for ``retry_after_s`` and the call goes to the next;
+    inference is idempotent, so a retry cannot do harm. ``timeout`` bounds the whole call, retries included. Other
+    statuses (``INVALID_ARGUMENT``, ``DEADLINE_EXCEEDED``...) are the caller's answer and raise at once.
+    """
+
+    def __init__(self, endpoints: list[str] | Any, *, token: str | None = None,
+                 tls_ca: bytes | str | Path | None = None, refresh_s: float = 5.0, retry_after_s: float = 5.0):
+        self._source = endpoints
+        self.token = token
+        self.tls_ca = _ca(tls_ca)
+        self.refresh_s = refresh_s
+        self.retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self._endpoints: list[str] = [] if callable(endpoints) else list(endpoints)
+        self._read_at = float("-inf")
+        self._outstanding: dict[str, int] = {}
+        self._down_until: dict[str, float] = {}
+        self._used: dict[str, int] = {}
+        self._calls = 0
+        self.failovers = 0
+
+    @classmethod
+    def for_job(cls, api: Any, job_id: str, **options: Any) -> Balancer:
+        """A balancer over the replicas of serve job ``job_id``, read through ``api`` (a
+        :class:`~components.runtime.client.ControlPlaneClient`)."""
+        return cls(lambda: api.get(f"jobs/{job_id}/replicas/")["endpoints"], **options)
+
+    def endpoints(self) -> list[str]:
+        """The replicas' addresses, re-read from the source when stale."""
+        import time
+
+        if callable(self._source) and time.monotonic() - self._read_at >= self.refresh_s:
+            fresh = list(self._source())
+            with self._lock:
+                self._endpoints, self._read_at = fresh, time.monotonic()
+        with self._lock:
+            return list(self._endpoints)
+
+    def _pick(self, tried: set[str]) -> str | None:
+        import time
+
+        now = time.monotonic()
+        candidates = [address for address in self.endpoints() if address not in tried]
+        with self._lock:
+            up = [address for address in candidates if self._down_until.get(address, 0.0) <= now]
+            pool = up or candidates  # every replica looked dead: try them anyway
+            if not pool:
+                return None
+            address = min(pool, key=lambda a: (self._outstanding.get(a, 0), self._used.get(a, -1)))
+            self._calls += 1
+            self._used[address] = self._calls
+            self._outstanding[address] = self._outstanding.get(address, 0) + 1
+            return address
+
+    def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tried: set[str] = set()
+        last: ServingError | None = None
+        while True:
+            address = self._pick(tried)
+            if address is None:
+                if last is not None:
+                    raise last
+                raise ServingError(grpc.StatusCode.UNAVAILABLE, "the deployment has no running replica")
+            remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
+            try:
+                return _call(address, method, request, remaining, self.token, self.tls_ca)
+            except ServingError as error:
+                if error.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                last = error
+                tried.add(address)
+                self.failovers += 1
+                with self._lock:
+                    self._down_until[address] = time.monotonic() + self.retry_after_s
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            finally:
+                with self._lock:
+                    self._outstanding[address] -= 1
+
+    def predict(self, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0) -> np.ndarray:
+        """:func:`predict` on the least-loaded live replica."""
+        request = serving_pb2.PredictRequest(input=encode(array_like, dtype))
+        return decode(self._call("Predict", request, timeout).output)
+
+    def describe(self, timeout: float | None = 5.0) -> dict[str, Any]:
+        info = self._call("Describe", serving_pb2.DescribeRequest(), timeout)
+        return {"workload": info.workload, "source_job": info.source_job, "input_shape": list(info.input_shape),
+                "input_dtype": info.input_dtype, "output_shape": list(info.output_shape),
+                "output_dtype": info.output_dtype, "max_rows": info.max_rows, "input_limit": info.input_limit}
+
+
+__all__ = ["Balancer", "ServingError", "close_channels", "decode", "describe", "encode", "predict", "predict_timed"]

@@ -137,6 +137,8 @@ class ServeSession(Session):
         self.problem: str | None = None  # why the model stopped serving on its own
         self._asked_to_stop = False
         self._reporter: threading.Thread | None = None
+        self.controller: Any = None  # a ReplicaController, for a deployment of several replicas
+        self._controller: threading.Thread | None = None
         self._settled = False
 
     def prepare(self) -> None:
@@ -180,11 +182,34 @@ class ServeSession(Session):
             f"{self.spec['max_rows']} rows per request; {batching.policy} batching of up to {batching.max_batch} "
             f"requests, {batching.max_queue} queued at most; {security}"
         )
+        if self.spec.get("replicas", 1) > 1 or self.spec.get("autoscale"):
+            self._start_controller()
         if self.hosted:
             self._reporter = threading.Thread(target=self.serve_until_stopped, daemon=True,
                                               name=f"serve-{self.ctx.attempt_id[:8]}")
             self._reporter.start()
         return self.handle.admission
+
+    def replica_job(self) -> dict[str, Any]:
+        """The child job of one more replica: this job's spec (one replica) on a device like this one's."""
+        device = self.ctx.devices[0] if self.ctx.devices else None
+        if device is not None and device.share > 0:
+            resources: dict[str, Any] = {"gpus": float(device.share)}
+        elif device is not None:
+            resources = {"gpus": 0, "gpu_memory": int(device.memory)}
+        else:
+            resources = {"gpus": 1.0}
+        return {"name": f"replica-of-{self.ctx.job_id[:8]}", "kind": "serve", "resources": resources,
+                "spec": ServeSpec.replica_spec(self.spec), "max_attempts": 3}
+
+    def _start_controller(self) -> None:
+        from components.serving.replicas import ReplicaController
+
+        self.controller = ReplicaController(self.ctx, self.spec, self.handle.endpoint.stats, self.replica_job)
+        self._controller = threading.Thread(
+            target=self.controller.run, args=(lambda: self.ctx.should_stop() or self.handle.stopped,),
+            daemon=True, name=f"serve-replicas-{self.ctx.attempt_id[:8]}")
+        self._controller.start()
 
     def serve_until_stopped(self) -> None:
         """Report the endpoint's figures until the attempt is asked to stop, then stop the endpoint. Returns
@@ -225,14 +250,19 @@ class ServeSession(Session):
         self._settled = True
         self.handle.stop(self.stop_grace_s)
         self._stop_gate()
-        if self._reporter is not None and self._reporter is not threading.current_thread():
-            self._reporter.join(timeout if timeout is not None else self.stop_grace_s + 10.0)
+        for thread in (self._reporter, self._controller):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout if timeout is not None else self.stop_grace_s + 10.0)
         stats = self.handle.stats()
         self.ctx.log(f"stopped serving after {stats['requests']} requests ({stats['errors']} errors)")
 
     @staticmethod
     def _metrics(stats: dict[str, Any]) -> dict[str, float]:
-        values = {"requests": float(stats["requests"]), "errors": float(stats["errors"])}
+        statuses = stats.get("errors_by_status", {})
+        values = {"requests": float(stats["requests"]), "errors": float(stats["errors"]),
+                  # Cumulative: a deployment's controller takes differences over its windows.
+                  "answered_ok": float(stats["requests"] - stats["errors"]),
+                  "missed": float(statuses.get("DEADLINE_EXCEEDED", 0) + statuses.get("RESOURCE_EXHAUSTED", 0))}
         for name in ("p50_ms", "p99_ms", "slo_attainment", "queue_depth", "mean_batch", "throughput_rps",
                      "dropped_early", "batches"):
             if stats.get(name) is not None:

@@ -8,5 +8,6 @@ PLUGIN = Plugin(
     description="Serve a trained model over gRPC, on a whole GPU or a share of one.",
     kinds=("components.serving.spec:ServeSpec",),
     commands=("components.serving.commands:InferCommand",),
+    job_routes={"replicas": "components.serving.replicas:replicas_route"},
     benchmarks={"serving": "components.serving.bench:main"},
 )

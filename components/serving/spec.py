@@ -7,7 +7,10 @@ from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
-FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth"}
+FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale"}
+AUTOSCALE_FIELDS = {"min", "max", "target_attainment", "queue_per_replica", "period_s"}
+AUTOSCALE_DEFAULTS = {"target_attainment": 0.95, "queue_per_replica": 16.0, "period_s": 10.0}
+MAX_REPLICAS = 64
 AUTH_MODES = ("token", "none")
 BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
@@ -71,10 +74,46 @@ class ServeSpec(KindSpec):
                 "max_queue": inner.number("max_queue", 128, kind=int, minimum=1, maximum=4096),
             }
             check.errors.update(inner.errors)
+        replicas = check.number("replicas", 1, kind=int, minimum=1, maximum=MAX_REPLICAS)
+        autoscale = self._autoscale(spec.get("autoscale"), replicas, check)
         check.raise_if_errors()
         return {"model": {"job": str(job).lower()}, "port": port, "request_timeout_s": float(timeout),
+                "replicas": replicas, "autoscale": autoscale,
                 "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows, "auth": auth,
                 "batching": {**batching, "max_queue_delay_ms": float(batching["max_queue_delay_ms"])}}
+
+    @staticmethod
+    def _autoscale(raw: Any, replicas: Any, check: Checker) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            check.errors["spec.autoscale"] = "must be an object {min, max, target_attainment, queue_per_replica, period_s}"
+            return None
+        inner = Checker(raw, prefix="spec.autoscale")
+        inner.unknown(AUTOSCALE_FIELDS)
+        inner.not_null(*AUTOSCALE_FIELDS)
+        low = inner.number("min", 1, kind=int, minimum=1, maximum=MAX_REPLICAS)
+        high = inner.number("max", max(low if isinstance(low, int) else 1, 2), kind=int, minimum=1,
+                            maximum=MAX_REPLICAS)
+        result = {
+            "min": low, "max": high,
+            "target_attainment": float(inner.number("target_attainment", 0.95, minimum=0.01, maximum=1.0)),
+            "queue_per_replica": float(inner.number("queue_per_replica", 16.0, minimum=0.5, maximum=4096)),
+            "period_s": float(inner.number("period_s", 10.0, minimum=1.0, maximum=3600)),
+        }
+        if not inner.errors:
+            if low > high:
+                inner.errors["spec.autoscale.min"] = f"must be at most max ({high})"
+            elif isinstance(replicas, int) and not low <= replicas <= high:
+                check.errors["spec.replicas"] = f"must lie within autoscale's [{low}, {high}]"
+        check.errors.update(inner.errors)
+        return result
+
+    @staticmethod
+    def replica_spec(spec: dict[str, Any]) -> dict[str, Any]:
+        """The spec of one more replica of a deployment: the same model and settings, one replica, no autoscaling
+        (the deployment's own attempt runs the controller)."""
+        return {**spec, "replicas": 1, "autoscale": None, "port": 0}
 
     @staticmethod
     def default_deadline_s(spec: dict[str, Any]) -> float:
@@ -108,6 +147,22 @@ class ServeSpec(KindSpec):
                 "request_timeout_s": {"type": "number", "minimum": 0.01, "maximum": 600, "default": 10.0,
                                       "description": "Longest a request may wait and run when it sets no deadline "
                                                      "(and slo_ms is not set)."},
+                "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "default": 1,
+                             "description": "Endpoints serving the model, each placed by the scheduler on a "
+                                            "device of its own (this job is the first; the others are its "
+                                            "child jobs). GET /api/v1/jobs/{id}/replicas/ lists them."},
+                "autoscale": {
+                    "type": ["object", "null"], "additionalProperties": False, "default": None,
+                    "description": "Scale the replicas between min and max from measured SLO attainment and "
+                                   "queue depth (docs/components/serving.md#autoscaling).",
+                    "properties": {
+                        "min": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "default": 1},
+                        "max": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "default": 2},
+                        "target_attainment": {"type": "number", "minimum": 0.01, "maximum": 1.0, "default": 0.95},
+                        "queue_per_replica": {"type": "number", "minimum": 0.5, "maximum": 4096, "default": 16.0},
+                        "period_s": {"type": "number", "minimum": 1.0, "maximum": 3600, "default": 10.0},
+                    },
+                },
                 "auth": {"type": "string", "enum": list(AUTH_MODES), "default": "token",
                          "description": "token: every call carries one of the job's deployment tokens "
                                         "(authorization: Bearer; POST /api/v1/jobs/{id}/tokens/). none: no "

@@ -61,12 +61,20 @@ class DatabasePanelData(PanelData):
         def stamp(value):
             return value.timestamp() if value else None
 
-        rows = (Job.objects.filter(parent=self._job).order_by("created_at", "id")
-                .values_list("id", "name", "kind", "state", "reason", "nested", "held", "resources", "created_at",
-                             "started_at", "finished_at")[:MAX_PANEL_ATTEMPTS])
+        from strata.jobs.models import Attempt
+
+        rows = list(Job.objects.filter(parent=self._job).order_by("created_at", "id")
+                    .values_list("id", "name", "kind", "state", "reason", "nested", "held", "resources", "created_at",
+                                 "started_at", "finished_at")[:MAX_PANEL_ATTEMPTS])
+        # Where each RUNNING child answers requests (its live attempt's endpoint; selectors.serving_endpoint).
+        endpoints: dict = {}
+        running = [row[0] for row in rows if row[3] == "RUNNING"]
+        for job_id, endpoint in (Attempt.objects.filter(job_id__in=running, ended_at__isnull=True, endpoint__isnull=False)
+                                 .exclude(endpoint="").order_by("number").values_list("job_id", "endpoint")):
+            endpoints[job_id] = endpoint
         return [{"id": str(job_id), "name": name, "kind": kind, "state": state, "reason": reason, "nested": nested,
                  "held": held, "resources": resources, "created_at": stamp(created), "started_at": stamp(started),
-                 "finished_at": stamp(finished)}
+                 "finished_at": stamp(finished), "endpoint": endpoints.get(job_id)}
                 for job_id, name, kind, state, reason, nested, held, resources, created, started, finished in rows]
 
 

@@ -206,12 +206,14 @@ def job_token_revoke(token: JobToken, *, user) -> JobToken:
 
 
 def job_token_digests(job: Job) -> list[str]:
-    """SHA-256 digests of ``job``'s working tokens (neither revoked nor expired)."""
+    """SHA-256 digests of the tokens that work for ``job`` (neither revoked nor expired): its own and, for a
+    child job, its parent's (the replicas a deployment starts as children answer the deployment's tokens)."""
     from django.db.models import Q
 
     now = timezone.now()
-    return list(job.tokens.filter(revoked_at__isnull=True).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-                .values_list("digest", flat=True))
+    owners = [job.pk] if job.parent_id is None else [job.pk, job.parent_id]
+    return list(JobToken.objects.filter(job_id__in=owners, revoked_at__isnull=True)
+                .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now)).values_list("digest", flat=True))
 
 
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:

@@ -262,7 +262,7 @@ class ChildResizeSerializer(s.AttemptCallSerializer):
 def _child_summary(job) -> dict:
     return {"id": str(job.pk), "name": job.name, "kind": job.kind, "state": job.state, "reason": job.reason,
             "parent": str(job.parent_id), "nested": job.nested, "held": job.held, "resources": job.resources,
-            "failures": job.failures}
+            "failures": job.failures, "endpoint": job_selectors.serving_endpoint(job)}
 
 
 class AttemptChildrenView(NodeAPIView):
@@ -271,7 +271,8 @@ class AttemptChildrenView(NodeAPIView):
     @extend_schema(parameters=ATTEMPT_QUERY, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
     def get(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
-        return Response([_child_summary(job) for job in job_services.children_of(attempt.job)])
+        children = job_services.children_of(attempt.job).prefetch_related("attempts")
+        return Response([_child_summary(job) for job in children])
 
     @extend_schema(request=ChildSubmitSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT,
                                                              409: STALE_ATTEMPT})
