@@ -44,8 +44,8 @@ class KindSpec(abc.ABC):
     # A job route of the kind's plugin that ``strata submit --wait`` polls while the job runs, printing the rows
     # of :meth:`progress_rows` that changed (a sweep's trials, say). None: only states and metrics are shown.
     progress_route: ClassVar[str | None] = None
-    # Whether the kind's running attempts check callers against the job's access tokens (a serve job's gRPC
-    # endpoint does): only then can tokens be issued for a job of this kind (POST /api/v1/jobs/{id}/tokens/),
+    # Whether the kind's running attempts check their callers against the job's access tokens (as an RPC
+    # endpoint may): only then can tokens be issued for a job of this kind (POST /api/v1/jobs/{id}/tokens/),
     # and its attempts read their digests through Context.token_digests().
     accepts_tokens: ClassVar[bool] = False
 

@@ -8,7 +8,7 @@ fresh on a background thread and answers :meth:`TokenGate.check` from memory, so
 round trip. A revoked or expired token stops working at the next refresh (``refresh_s``).
 
 If a refresh fails (the control plane is unreachable), the gate keeps the digests it has and says so in the log:
-serving goes on for the callers it knew, and a revocation waits for the control plane to come back. Before the
+the service goes on for the callers it knew, and a revocation waits for the control plane to come back. Before the
 first successful read it accepts no one.
 """
 

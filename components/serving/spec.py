@@ -15,7 +15,7 @@ AUTH_MODES = ("token", "none")
 BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
 BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}
-SERVABLE_WORKLOADS = ("mlp-digits", "cnn-synthetic", "tiny-gpt")  # components.serving.model.servable_workloads()
+SERVABLE_WORKLOADS = ("cnn-synthetic", "mlp-digits", "moe-gpt", "tiny-gpt")  # components.serving.model.servable_workloads()
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
 
@@ -93,14 +93,16 @@ class ServeSpec(KindSpec):
         inner = Checker(raw, prefix="spec.autoscale")
         inner.unknown(AUTOSCALE_FIELDS)
         inner.not_null(*AUTOSCALE_FIELDS)
-        low = inner.number("min", 1, kind=int, minimum=1, maximum=MAX_REPLICAS)
-        high = inner.number("max", max(low if isinstance(low, int) else 1, 2), kind=int, minimum=1,
-                            maximum=MAX_REPLICAS)
+        def value(found: Any, default: Any) -> Any:  # a null is reported by not_null; keep the default then
+            return default if found is None else found
+
+        low = value(inner.number("min", 1, kind=int, minimum=1, maximum=MAX_REPLICAS), 1)
+        high = value(inner.number("max", max(low, 2), kind=int, minimum=1, maximum=MAX_REPLICAS), max(low, 2))
         result = {
             "min": low, "max": high,
-            "target_attainment": float(inner.number("target_attainment", 0.95, minimum=0.01, maximum=1.0)),
-            "queue_per_replica": float(inner.number("queue_per_replica", 16.0, minimum=0.5, maximum=4096)),
-            "period_s": float(inner.number("period_s", 10.0, minimum=1.0, maximum=3600)),
+            "target_attainment": float(value(inner.number("target_attainment", 0.95, minimum=0.01, maximum=1.0), 0.95)),
+            "queue_per_replica": float(value(inner.number("queue_per_replica", 16.0, minimum=0.5, maximum=4096), 16.0)),
+            "period_s": float(value(inner.number("period_s", 10.0, minimum=1.0, maximum=3600), 10.0)),
         }
         if not inner.errors:
             if low > high:

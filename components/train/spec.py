@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 from components.runtime.data import option_errors
 from components.runtime.spec import Checker, KindSpec
 
-WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt")
+WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt")
+TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
 # "package.module:function" -- dotted identifiers, one colon, one identifier after it.
@@ -18,10 +19,10 @@ _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 
 DEFAULT_EPOCHS = 3
 # One tiny-gpt epoch (one pass over the corpus windows) is short; five make a model worth sampling from.
-WORKLOAD_EPOCHS = {"tiny-gpt": 5}
+WORKLOAD_EPOCHS = {"tiny-gpt": 5, "moe-gpt": 5}
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}
 # "hidden" is the width of each model: MLP hidden units, CNN first-layer channels, transformer model width.
-DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64}
+DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64}
 TINY_GPT_HEADS = 4
 
 MAX_EPOCHS = 100_000
@@ -55,7 +56,7 @@ class TrainSpec(KindSpec):
     component: ClassVar[str] = "components.train.component:TrainComponent"
     panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
     description: ClassVar[str] = (
-        "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt) "
+        "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt) "
         "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."
     )
 
@@ -105,9 +106,9 @@ class TrainSpec(KindSpec):
         hidden = check.number("hidden", DEFAULT_HIDDEN.get(builtin), kind=int, minimum=1, maximum=MAX_HIDDEN)
         if hidden is None and builtin is not None:
             hidden = DEFAULT_HIDDEN[builtin]
-        if builtin == "tiny-gpt" and hidden is not None and "spec.hidden" not in check.errors:
+        if builtin in TRANSFORMERS and hidden is not None and "spec.hidden" not in check.errors:
             if hidden % TINY_GPT_HEADS:
-                check.errors["spec.hidden"] = f"must be a multiple of {TINY_GPT_HEADS} for tiny-gpt"
+                check.errors["spec.hidden"] = f"must be a multiple of {TINY_GPT_HEADS} for {builtin}"
 
         options = spec.get("options", {})
         if options is None:  # reported by _not_null
@@ -221,7 +222,7 @@ class TrainSpec(KindSpec):
                     "type": ["integer", "null"],
                     "minimum": 1,
                     "maximum": MAX_HIDDEN,
-                    "description": "Model width: {}. A multiple of {} for tiny-gpt.".format(
+                    "description": "Model width: {}. A multiple of {} for tiny-gpt and moe-gpt.".format(
                         ", ".join(f"{name} {width}" for name, width in DEFAULT_HIDDEN.items()), TINY_GPT_HEADS
                     ),
                 },
@@ -257,7 +258,7 @@ class TrainSpec(KindSpec):
                 {
                     "if": {
                         "required": ["workload", "hidden"],
-                        "properties": {"workload": {"const": "tiny-gpt"}},
+                        "properties": {"workload": {"enum": list(TRANSFORMERS)}},
                     },
                     "then": {"properties": {"hidden": {"multipleOf": TINY_GPT_HEADS}}},
                 }

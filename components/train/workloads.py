@@ -584,11 +584,15 @@ class TinyGPTWorkload(TorchWorkload):
         if self.windows < 1:
             raise ValueError(f"corpus {CORPUS_PATH} is too short for a context of {self.context}")
         self.batch_size = spec["batch_size"]
-        self._config = {"vocabulary": len(VOCABULARY), "context": self.context, "width": int(spec["hidden"]),
-                        "heads": self.heads, "layers": self.layers}
+        self._config = self.architecture(spec)
         self.model = self.init_model(spec, lambda: self.from_config(self._config))
         self.optimizer = make_optimizer(self.model.parameters(), spec)
         self._starts: tuple[int, torch.Tensor] | None = None
+
+    def architecture(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The model's config for ``spec`` (what ``model.pt`` records and :meth:`from_config` builds)."""
+        return {"vocabulary": len(VOCABULARY), "context": self.context, "width": int(spec["hidden"]),
+                "heads": self.heads, "layers": self.layers}
 
     def model_config(self) -> dict[str, Any] | None:
         return getattr(self, "_config", None)
@@ -668,8 +672,114 @@ class TinyGPTWorkload(TorchWorkload):
         return decode(tokens)
 
 
+class MoEFeedForward(nn.Module):
+    """A top-1 routed mixture of feed-forward experts (Switch Transformer style).
+
+    Each token goes to the expert its router scores highest, and the expert's output is scaled by that gate
+    probability. ``aux_loss`` (after a forward) is the load-balancing loss ``experts * sum(fraction * mean prob)``;
+    ``last_choice`` the expert each token went to.
+
+    ``placement`` (None: every expert is this module's own) lets a server keep experts elsewhere:
+    ``placement.route(self, choice, probs)`` may change the choice of a token (to an expert it has at hand) and
+    ``placement.expert(self, index)`` returns the module to run for expert ``index`` (see
+    ``components.serving.emoe``). ``layer`` is this module's index among the model's MoE layers.
+    """
+
+    def __init__(self, width: int, experts: int, layer: int = 0):
+        super().__init__()
+        self.layer = layer
+        self.router = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                                     for _ in range(experts))
+        self.count = experts
+        self.placement: Any = None
+        self.aux_loss = torch.zeros(())
+        self.last_choice = torch.zeros(0, dtype=torch.long)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(self.router(flat), dim=-1)
+        gate, choice = probs.max(dim=-1)
+        if self.placement is not None:
+            choice = self.placement.route(self, choice, probs)
+            gate = probs.gather(1, choice.view(-1, 1)).view(-1)
+        out = torch.zeros_like(flat)
+        for index in torch.unique(choice).tolist():
+            rows = (choice == index).nonzero().view(-1)
+            expert = self.experts[index] if self.placement is None else self.placement.expert(self, index)
+            out.index_copy_(0, rows, expert(flat.index_select(0, rows)) * gate.index_select(0, rows).unsqueeze(1))
+        if self.training:
+            fraction = torch.bincount(choice, minlength=self.count).float() / max(1, choice.numel())
+            self.aux_loss = self.count * (fraction * probs.mean(dim=0)).sum()
+        self.last_choice = choice.detach()
+        return out.view_as(x)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, width: int, heads: int, experts: int, layer: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = CausalSelfAttention(width, heads)
+        self.norm2 = nn.LayerNorm(width)
+        self.moe = MoEFeedForward(width, experts, layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.moe(self.norm2(x))
+
+    def stages(self) -> list[nn.Module]:
+        return [Residual(self.norm1, self.attention), Residual(self.norm2, self.moe)]
+
+
+class MoEGPT(TinyGPT):
+    """:class:`TinyGPT` whose blocks' feed-forward halves are :class:`MoEFeedForward` mixtures of ``experts``."""
+
+    def __init__(self, vocabulary: int, context: int, width: int, heads: int, layers: int, experts: int):
+        super().__init__(vocabulary, context, width, heads, 0)
+        self.blocks = nn.Sequential(*(MoEBlock(width, heads, experts, layer) for layer in range(layers)))
+
+    def moe_layers(self) -> list[MoEFeedForward]:
+        return [block.moe for block in self.blocks]
+
+
+class MoEGPTWorkload(TinyGPTWorkload):
+    """:class:`TinyGPTWorkload` with a mixture-of-experts model (:class:`MoEGPT`, ``experts`` experts per layer,
+    top-1 routing): next-character prediction on the bundled corpus, plus ``aux_weight`` times the experts' load-
+    balancing loss. Its ``model.pt`` is served like tiny-gpt's, and the serving plugin can keep only the experts
+    that upcoming requests need on the device (eMoE)."""
+
+    name: ClassVar[str] = "moe-gpt"
+    experts: ClassVar[int] = 8
+    aux_weight: ClassVar[float] = 0.01
+
+    def architecture(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return {**super().architecture(spec), "experts": self.experts}
+
+    @classmethod
+    def from_config(cls, config):
+        return MoEGPT(*(int(config[key]) for key in ("vocabulary", "context", "width", "heads", "layers", "experts")))
+
+    @classmethod
+    def config_from_weights(cls, state):
+        config = super().config_from_weights(state)
+        experts = {int(key.split(".")[4]) for key in state if ".moe.experts." in key}
+        return {**config, "experts": 1 + max(experts, default=0)}
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        inputs, targets = batch
+        self.model.train()
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        aux = sum(layer.aux_loss for layer in self.model.moe_layers())
+        self.optimizer.zero_grad(set_to_none=True)
+        (loss + self.aux_weight * aux).backward()
+        self.optimizer.step()
+        accuracy = (logits.detach().argmax(dim=-1) == targets).float().mean()
+        return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets), "aux_loss": aux.detach()}
+
+
 BUILTIN_WORKLOADS: dict[str, type[Workload]] = {
-    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload)
+    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload)
 }
 
 

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--local", action="store_true", help="write to the local database instead of the API")
     create.add_argument("--user", default="admin", help="with --local: the token's user")
 
-    job_token = commands.add_parser("job-token", help="a job's access tokens (a serve job's deployment tokens)")
+    job_token = commands.add_parser("job-token", help="a job's access tokens (for the services its attempts run)")
     job_token_commands = job_token.add_subparsers(dest="job_token_command", required=True)
     job_token_create = job_token_commands.add_parser("create", help="issue a token for a job (printed once)")
     job_token_create.add_argument("job")

@@ -209,7 +209,7 @@ class Artifact(models.Model):
 
 
 class JobToken(models.Model):
-    """A job's access token: what callers of the job's own services (a serve job's gRPC endpoint, say) present.
+    """A job's access token: what callers of the job's own services (an RPC endpoint it runs, say) present.
 
     Only the SHA-256 digest is stored; the raw value is shown once, at creation. A token works while it is
     neither revoked nor expired; the job's running attempts fetch the digests of the working ones

@@ -192,7 +192,8 @@ def test_strata_infer_prints_the_reason_on_one_line(handle, monkeypatch, capsys,
 
     class FakeControlPlane:
         def get(self, path):
-            return {"id": "job", "kind": "serve", "state": "RUNNING", "endpoint": handle.address}
+            return {"id": "job", "kind": "serve", "state": "RUNNING", "endpoint": handle.address,
+                    "spec": {"auth": "none"}}  # the handle has no token gate
 
     monkeypatch.setattr(client_commands, "connect", lambda args: FakeControlPlane())
     rows = tmp_path / "rows.json"

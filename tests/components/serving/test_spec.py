@@ -6,7 +6,7 @@ import pytest
 from components.serving.spec import ServeSpec, SpecError
 
 MODEL = {"job": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}
-DEFAULTS = {"slo_ms": None, "auth": "token", "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
+DEFAULTS = {"slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
 
 
 @pytest.mark.parametrize("field", ["port", "request_timeout_s", "max_rows", "batching"])
@@ -38,3 +38,24 @@ def test_every_bad_batching_field_is_named_at_once():
     with pytest.raises(SpecError) as raised:
         ServeSpec().validate({"model": MODEL, "batching": [1]})
     assert set(raised.value.errors) == {"spec.batching"}
+
+
+def test_replicas_and_autoscale():
+    spec = ServeSpec().validate({"model": MODEL, "replicas": 2, "autoscale": {"min": 1, "max": 4}})
+    assert spec["replicas"] == 2 and spec["autoscale"] == {"min": 1, "max": 4, "target_attainment": 0.95,
+                                                         "queue_per_replica": 16.0, "period_s": 10.0}
+    assert ServeSpec.replica_spec(spec)["replicas"] == 1 and ServeSpec.replica_spec(spec)["autoscale"] is None
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "replicas": 5, "autoscale": {"min": 1, "max": 4, "period_s": None,
+                                                                           "target_attainment": None, "x": 1}})
+    assert set(raised.value.errors) == {"spec.autoscale.period_s", "spec.autoscale.target_attainment",
+                                        "spec.autoscale.x"}
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "replicas": 5, "autoscale": {"min": 1, "max": 4}})
+    assert set(raised.value.errors) == {"spec.replicas"}
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "replicas": 0, "autoscale": {"min": 3, "max": 2}})
+    assert set(raised.value.errors) == {"spec.replicas", "spec.autoscale.min"}
+    with pytest.raises(SpecError) as raised:
+        ServeSpec().validate({"model": MODEL, "autoscale": "yes"})
+    assert set(raised.value.errors) == {"spec.autoscale"}

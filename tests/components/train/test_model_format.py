@@ -14,7 +14,8 @@ from components.train.model_format import describe_model, load_model, read_model
 from components.train.spec import TrainSpec
 from components.train.workloads import BUILTIN_WORKLOADS, MLPDigits, builtin_workload
 
-SMALL = {"mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4}}
+SMALL = {"mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4},
+         "moe-gpt": {"hidden": 32, "batch_size": 4}}
 
 
 @pytest.fixture(autouse=True)

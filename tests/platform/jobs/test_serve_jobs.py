@@ -86,15 +86,16 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     response = _serve(client, user_code.pk)
     assert response.json() == {"spec.model.job": [
         f"job {user_code.pk} trained user code (my_pkg.train:main); only built-in workloads can be served: "
-        "mlp-digits, cnn-synthetic, tiny-gpt"]}
+        "cnn-synthetic, mlp-digits, moe-gpt, tiny-gpt"]}
 
     good = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
     response = _serve(client, good.pk)
     assert response.status_code == 201, response.content
     body = response.json()
-    assert body["kind"] == "serve" and body["spec"] == {"model": {"job": str(good.pk)}, "port": 0,
-                                                       "request_timeout_s": 10.0, "max_rows": 1024,
-                                                       "slo_ms": None, "auth": "token", "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
+    assert body["kind"] == "serve" and body["spec"] == {
+        "model": {"job": str(good.pk)}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, "slo_ms": None,
+        "auth": "token", "replicas": 1, "autoscale": None,
+        "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
     serve = _serve(client, body["id"])  # a serve job is not a train job
     assert serve.json() == {"spec.model.job": [f"job {body['id']} is a serve job, not a train job"]}
 

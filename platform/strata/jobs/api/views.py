@@ -172,7 +172,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["get", "post"], pagination_class=None)
     def tokens(self, request, pk=None):
         """The job's access tokens (GET), or a new one (POST; the raw token is in the answer, once). Callers of
-        the job's services present one (a serve job's gRPC endpoint takes it as ``authorization: Bearer``)."""
+        the job's services present one (an RPC endpoint takes it as ``authorization: Bearer``)."""
         job = self.get_object()
         if request.method == "GET":
             return Response(JobTokenSerializer(job.tokens.select_related("created_by"), many=True).data)
