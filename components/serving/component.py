@@ -165,7 +165,7 @@ class ServeSession(Session):
                 executor, name, self.served, host=self.host, port=self.spec["port"],
                 request_timeout_s=ServeSpec.default_deadline_s(self.spec), max_rows=self.spec["max_rows"],
                 source_job=source, advertise_host=self.advertised, priority=priority, batching=batching,
-                gate=self.gate, tls=self.tls,
+                gate=self.gate, tls=self.tls, emoe=self.spec.get("emoe"),
             )
         except BaseException:
             self._stop_gate()
@@ -267,6 +267,10 @@ class ServeSession(Session):
                      "dropped_early", "batches"):
             if stats.get(name) is not None:
                 values[name] = float(stats[name])
+        for name, value in (stats.get("emoe") or {}).items():
+            if name in ("resident_bytes", "resident_experts", "hit_rate", "loads", "perplexity", "resident_fraction"):
+                if value is not None:
+                    values[f"emoe_{name}"] = float(value)
         return values
 
 

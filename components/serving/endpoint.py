@@ -202,15 +202,28 @@ class ServedSession(InferenceSession):
     right-padded to the batch's longest and each answer cut back to its own length. Outputs are on the CPU.
     """
 
-    def __init__(self, served: ServedModel):
+    def __init__(self, served: ServedModel, placement: Any = None):
         super().__init__(served.module, sample=served.sample)
         self.served = served
+        self.placement = placement  # an emoe.ExpertPlacement: the model's experts, kept off the device
+        self.perplexity = None
+        if placement is not None:
+            from components.serving.emoe import Perplexity
+
+            self.perplexity = Perplexity()
+
+    def start(self, device) -> None:
+        super().start(device)
+        if self.placement is not None:
+            self.placement.to_device(self.device)
 
     def run(self, batch: _Batch) -> list[torch.Tensor]:
         now = time.monotonic()
         live = [call for call in batch.calls if not call.abandoned.is_set() and now < call.deadline]
         if not live:
             raise _Abandoned("the deadline passed before the request's turn")
+        if self.placement is not None:
+            self.placement.prepare()  # the predicted experts on the device before the batch
         served = self.served
         lengths = [served.length(call.inputs) for call in live]
         if len(live) == 1:
@@ -231,6 +244,9 @@ class ServedSession(InferenceSession):
             part = output[start:start + rows]
             start += rows
             answers.append(part[:, :length] if served.variable_length else part)
+        if self.perplexity is not None:
+            for call, answer in zip(live, answers, strict=True):
+                self.perplexity.add(call.inputs, answer)
         return answers
 
 
@@ -424,6 +440,7 @@ class ServingEndpoint:
         self._on_time = 0  # answered within their deadline (every success is)
         self._started = time.monotonic()
         self.batching = batching or Batching()
+        self.session: ServedSession | None = None  # start_serving's: the executor session (for eMoE's figures)
         self.dispatcher = Dispatcher(self, self.batching)
 
     # -- the contract ---------------------------------------------------------------------------------------
@@ -611,6 +628,9 @@ class ServingEndpoint:
                         if dispatcher.batches else None),
             throughput_rps=answered / max(1e-9, time.monotonic() - self._started),
         )
+        session = self.session
+        if session is not None and session.placement is not None:
+            stats["emoe"] = {**session.placement.stats(), "perplexity": session.perplexity.value}
         return stats
 
 
@@ -889,6 +909,7 @@ def start_serving(
     batching: Batching | None = None,
     gate: TokenGate | None = None,
     tls: tuple[bytes, bytes] | None = None,
+    emoe: dict[str, Any] | None = None,
 ) -> ServingHandle:
     """Register ``served`` in ``executor`` as endpoint ``name`` and serve it over gRPC on ``host:port``.
 
@@ -904,17 +925,30 @@ def start_serving(
 
     ``gate``: every call must carry one of the job's deployment tokens (``authorization: Bearer``), else
     ``UNAUTHENTICATED``. ``tls``: ``(certificate chain PEM, private key PEM)`` serves over TLS. ``batching``:
-    how queued requests are batched (:class:`Batching`; default Orloj, 8 requests).
+    how queued requests are batched (:class:`Batching`; default Orloj, 8 requests). ``emoe``: ``{"budget":
+    fraction of the experts' bytes kept on the device, "miss": "load" | "reroute"}`` for a mixture-of-experts
+    model (:class:`~components.serving.emoe.ExpertPlacement`); its figures are in ``stats()["emoe"]``.
     """
     if gate is None:  # no authentication: a loopback address only, unless the operator opted in
         check_bind_host(host, insecure=insecure_bind)
     batching = batching or Batching()
+    placement = None
+    if emoe is not None:  # before the memory is profiled: the experts leave the model for host memory
+        from components.serving.emoe import ExpertPlacement, moe_layers
+
+        layers = moe_layers(served.module)
+        total = sum(p.numel() * p.element_size() for layer in layers for p in layer.experts.parameters())
+        placement = ExpertPlacement(served.module, max(1, int(emoe["budget"] * total)), miss=emoe.get("miss", "load"))
     request = memory_request if memory_request is not None else endpoint_memory(served, max_rows)
-    admission = executor.serve(name, ServedSession(served), request, priority)
+    if placement is not None and memory_request is None:
+        request = MemoryRequest(request.persistent + placement.budget_bytes, request.ephemeral)
+    session = ServedSession(served, placement)
+    admission = executor.serve(name, session, request, priority)
     if admission.status == "rejected":
         raise AdmissionRejected(f"endpoint {name!r} cannot fit the device: {admission.reason}")
     endpoint = ServingEndpoint(executor, name, served, request_timeout_s=request_timeout_s, max_rows=max_rows,
                                source_job=source_job, batching=batching)
+    endpoint.session = session
     if max_concurrent_rpcs is None:
         max_concurrent_rpcs = batching.max_queue + RPC_HEADROOM
     if not admission.admitted:

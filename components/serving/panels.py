@@ -82,3 +82,30 @@ class ServeSloPanel(Panel):
              f"{latest['dropped']:,.0f}" if "dropped" in latest else "—"))]
         return {"figure": finite({"data": traces, "layout": layout}),
                 "table": {"columns": ["", "value"], "rows": summary}}
+
+
+class ServeExpertsPanel(Panel):
+    """eMoE on a mixture-of-experts endpoint: resident expert bytes and count over time, the hit rate, and the
+    perplexity of the requests under the served model."""
+
+    slug: ClassVar[str] = "serve-emoe"
+    title: ClassVar[str] = "eMoE: experts on the device"
+
+    def render(self, data: PanelData) -> dict[str, Any] | None:
+        resident = _series(data, "emoe_resident_bytes")
+        if not resident:
+            return None
+        start = resident[0][0]
+        rows = [("resident experts", _series(data, "emoe_resident_experts"), "y"),
+                ("resident MiB", [(m, v / 2**20) for m, v in resident], "y2"),
+                ("hit rate %", [(m, v * 100) for m, v in _series(data, "emoe_hit_rate")], "y3"),
+                ("perplexity", _series(data, "emoe_perplexity"), "y3")]
+        traces = [{"type": "scatter", "mode": "lines", "name": label, "yaxis": axis,
+                   "x": [moment - start for moment, _ in points], "y": [value for _, value in points]}
+                  for label, points, axis in rows if points]
+        layout = {"margin": {"t": 10}, "height": 360,
+                  "xaxis": {"title": {"text": "seconds since the first report"}, "anchor": "y3"},
+                  "yaxis": {"title": {"text": "experts"}, "domain": [0.7, 1.0]},
+                  "yaxis2": {"title": {"text": "MiB"}, "domain": [0.37, 0.63]},
+                  "yaxis3": {"title": {"text": "% / ppl"}, "domain": [0.0, 0.3]}}
+        return {"figure": finite({"data": traces, "layout": layout})}

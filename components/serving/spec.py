@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
 
-FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale"}
+FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale",
+          "emoe"}
+EMOE_MISS = ("load", "reroute")  # components.serving.emoe.MISS_POLICIES
 AUTOSCALE_FIELDS = {"min", "max", "target_attainment", "queue_per_replica", "period_s"}
 AUTOSCALE_DEFAULTS = {"target_attainment": 0.95, "queue_per_replica": 16.0, "period_s": 10.0}
 MAX_REPLICAS = 64
@@ -29,7 +31,8 @@ class ServeSpec(KindSpec):
     kind: ClassVar[str] = "serve"
     component: ClassVar[str] = "components.serving.component:ServeComponent"
     panels: ClassVar[tuple[str, ...]] = ("components.serving.panels:ServeEndpointPanel",
-                                         "components.serving.panels:ServeSloPanel")
+                                         "components.serving.panels:ServeSloPanel",
+                                         "components.serving.panels:ServeExpertsPanel")
     accepts_tokens: ClassVar[bool] = True  # the gRPC endpoint checks callers' deployment tokens (auth: token)
     description: ClassVar[str] = (
         "Serve the model of a finished train job over gRPC (Predict), until cancelled. On a GPU share, its "
@@ -75,11 +78,24 @@ class ServeSpec(KindSpec):
                 "max_queue": inner.number("max_queue", 128, kind=int, minimum=1, maximum=4096),
             }
             check.errors.update(inner.errors)
+        emoe = spec.get("emoe")
+        if emoe is not None:
+            if not isinstance(emoe, dict):
+                check.errors["spec.emoe"] = "must be an object {budget, miss} or null"
+                emoe = None
+            else:
+                inner = Checker(emoe, prefix="spec.emoe")
+                inner.unknown({"budget", "miss"})
+                inner.not_null("budget", "miss")
+                budget = inner.number("budget", 0.4, minimum=0.01, maximum=1.0)
+                miss = inner.string("miss", "load", choices=EMOE_MISS)
+                check.errors.update(inner.errors)
+                emoe = {"budget": float(budget if budget is not None else 0.4), "miss": miss or "load"}
         replicas = check.number("replicas", 1, kind=int, minimum=1, maximum=MAX_REPLICAS)
         autoscale = self._autoscale(spec.get("autoscale"), replicas, check)
         check.raise_if_errors()
         return {"model": {"job": str(job).lower()}, "port": port, "request_timeout_s": float(timeout),
-                "replicas": replicas, "autoscale": autoscale,
+                "replicas": replicas, "autoscale": autoscale, "emoe": emoe,
                 "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows, "auth": auth,
                 "batching": {**batching, "max_queue_delay_ms": float(batching["max_queue_delay_ms"])}}
 
@@ -164,6 +180,18 @@ class ServeSpec(KindSpec):
                         "target_attainment": {"type": "number", "minimum": 0.01, "maximum": 1.0, "default": 0.95},
                         "queue_per_replica": {"type": "number", "minimum": 0.5, "maximum": 4096, "default": 16.0},
                         "period_s": {"type": "number", "minimum": 1.0, "maximum": 3600, "default": 10.0},
+                    },
+                },
+                "emoe": {
+                    "type": ["object", "null"], "additionalProperties": False, "default": None,
+                    "description": "moe-gpt models only: keep only the experts upcoming requests are predicted to "
+                                   "need on the device (eMoE).",
+                    "properties": {
+                        "budget": {"type": "number", "minimum": 0.01, "maximum": 1.0, "default": 0.4,
+                                   "description": "Share of all experts' bytes that may be on the device."},
+                        "miss": {"type": "string", "enum": list(EMOE_MISS), "default": "load",
+                                 "description": "load: fetch a missing expert (exact outputs); reroute: send the "
+                                                "token to its best resident expert (no load, approximate)."},
                     },
                 },
                 "auth": {"type": "string", "enum": list(AUTH_MODES), "default": "token",

@@ -6,7 +6,7 @@ import pytest
 from components.serving.spec import ServeSpec, SpecError
 
 MODEL = {"job": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}
-DEFAULTS = {"slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
+DEFAULTS = {"slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
 
 
 @pytest.mark.parametrize("field", ["port", "request_timeout_s", "max_rows", "batching"])
