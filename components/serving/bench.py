@@ -576,10 +576,35 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, output: str | None = None) -> int:
-    """``strata bench serving`` entry point: run, print, optionally write JSON; 0 on success."""
-    results = run(quick)
-    write(document("serving", quick, figures(results), details=results, machine=results["machine"]), output)
+def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("sla", "emoe", "switchflow")) -> int:
+    """``strata bench serving`` entry point: the SLA part (finish rates of Orloj, FIFO and EDF batching through the
+    gRPC endpoint, and the per-request overhead; :mod:`components.serving.slabench`), the eMoE part
+    (:mod:`components.serving.emoebench`) and SwitchFlow's inference latency next to training (this module), one
+    after the other on this machine; prints each, optionally writes the common JSON; 0 on success."""
+    from components.serving import emoebench, slabench
+
+    found: list[Figure] = []
+    details: dict[str, Any] = {}
+    machine = None
+    if "sla" in parts:
+        print("== SLA serving: finish rates within the SLO (Orloj, FIFO dynamic batching, EDF) ==", flush=True)
+        details["sla"] = slabench.run(quick)
+        print(slabench.format_table(details["sla"]), flush=True)
+        found += slabench.figures(details["sla"])
+    if "emoe" in parts:
+        print("== eMoE: experts resident on the device ==", flush=True)
+        details["emoe"] = emoebench.run(quick)
+        found += emoebench.figures(details["emoe"])
+    if "switchflow" in parts:
+        print("== SwitchFlow: inference latency through gRPC next to training ==", flush=True)
+        details["switchflow"] = run(quick)
+        machine = details["switchflow"]["machine"]
+        found += figures(details["switchflow"])
+    doc = document("serving", quick, found, details=details, machine=machine)
+    from components.runtime.benchkit import figures_table
+
+    print(figures_table(doc))
+    write(doc, output)
     return 0
 
 

@@ -72,6 +72,7 @@ class ExpertPlacement:
         self._batch_counts: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()
         self.hits = self.misses = self.loads = self.prefetches = self.rerouted = 0
+        self.peak_bytes = 0  # the most ever resident at once
 
     # -- residency ---------------------------------------------------------------------------------------------
     @property
@@ -90,13 +91,16 @@ class ExpertPlacement:
             self.resident.clear()
             self._batch_counts = {}
             self.hits = self.misses = self.loads = self.prefetches = self.rerouted = 0
+            self.peak_bytes = 0
 
     def _load(self, key: tuple[int, int]) -> nn.Module:
         while self.resident and self.resident_bytes + self.expert_bytes[key] > self.budget_bytes:
             self.resident.popitem(last=False)
         module = copy.deepcopy(self.host[key]).to(self.device)
         self.resident[key] = module
-        assert self.resident_bytes <= self.budget_bytes
+        resident = self.resident_bytes
+        assert resident <= self.budget_bytes
+        self.peak_bytes = max(self.peak_bytes, resident)
         return module
 
     def predicted(self) -> list[tuple[int, int]]:
@@ -161,6 +165,7 @@ class ExpertPlacement:
             resident = sorted(self.resident)
             tokens = self.hits + self.misses
             return {"resident_bytes": self.resident_bytes, "budget_bytes": self.budget_bytes,
+                    "peak_bytes": self.peak_bytes,
                     "total_bytes": self.total_bytes, "resident_fraction": self.resident_bytes / self.total_bytes,
                     "resident_experts": len(resident), "experts": len(self.host),
                     "resident": [list(key) for key in resident],

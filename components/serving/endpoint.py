@@ -157,6 +157,9 @@ class Batching:
     max_batch: int = 8
     max_queue_delay_s: float = 0.002
     max_queue: int = DEFAULT_MAX_QUEUE
+    # What an answer needs to get back to its caller after the forward pass (reply encoding, gRPC, loopback:
+    # a few tenths of a ms on loopback): the policies plan for each request's deadline less this.
+    reply_margin_s: float = 0.0002
 
     POLICIES = ("orloj", "fifo", "edf")
 
@@ -285,8 +288,8 @@ class Dispatcher:
 
     def submit(self, call: _Call) -> None:
         """Queue ``call``; :class:`QueueFull` when ``max_queue`` requests already wait."""
-        pending = Pending(deadline=call.deadline, arrival=time.monotonic(), bucket=self.bucket(call.inputs),
-                          id=next(self._ids), payload=call)
+        pending = Pending(deadline=call.deadline - self.batching.reply_margin_s, arrival=time.monotonic(),
+                          bucket=self.bucket(call.inputs), id=next(self._ids), payload=call)
         with self._cond:
             if self._stopping:
                 raise EndpointUnavailable(f"endpoint {self.endpoint.name!r} is stopping")

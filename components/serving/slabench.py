@@ -42,12 +42,12 @@ from components.runtime.benchkit import Figure, percentile, table
 from components.serving.bench import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin
 
 POLICIES = ("orloj", "fifo", "edf")
-FULL = {"model_steps": 20, "width": 256, "requests": 600, "rate_rps": 200.0, "burst_mean": 8.0,
+FULL = {"model_steps": 20, "width": 384, "requests": 600, "rate_rps": 200.0, "burst_mean": 4.0,
         "multipliers": [1.5, 2.0, 3.0, 5.0], "static_multipliers": [1.5, 3.0], "patterns": ["poisson", "bursty"],
-        "warmup": 300, "calibration": 40, "max_batch": 8, "max_queue_delay_ms": 2.0, "long_share": 0.2,
+        "warmup": 300, "calibration": 40, "max_batch": 8, "max_queue_delay_ms": 0.1, "long_share": 0.2,
         "short_len": 8, "long_len": 64, "overhead_calls": 300}
-QUICK = {**FULL, "requests": 300, "multipliers": [1.5, 3.0], "static_multipliers": [1.5], "patterns": ["bursty"],
-         "warmup": 150, "calibration": 20, "overhead_calls": 100}
+QUICK = {**FULL, "requests": 200, "multipliers": [1.5, 3.0], "static_multipliers": [1.5], "warmup": 100,
+         "calibration": 20, "overhead_calls": 100}
 TARGET_DYNAMIC = 1.5  # Orloj against FIFO on the dynamic model at a tight SLO (the paper: 51-80 % more)
 TARGET_STATIC = 1.0  # no worse than FIFO on the static model
 OVERHEAD_BUDGET_S = 0.0005  # per-request overhead over a direct model call, p50

@@ -42,3 +42,33 @@ def test_bench_tiny_smoke():
     assert validate_document(document("serving", True, bench.figures(results), details=results)) == []
     table = "\n".join(lines)
     assert "naive p99 / SwitchFlow p99" in table and "whole_graph_fifo" in table
+
+
+def test_sla_and_emoe_parts_tiny_smoke():
+    """The SLA part's harness (server and load-generator processes, calibration, every policy, the figures) and
+    the eMoE part's, at tiny sizes: counts and shapes, not speed."""
+    from components.serving import emoebench, slabench
+
+    lines = []
+    sizes = {"requests": 12, "warmup": 6, "calibration": 3, "overhead_calls": 5, "patterns": ["poisson"],
+             "multipliers": [3.0], "static_multipliers": [3.0], "rate_rps": 50.0, "width": 32, "model_steps": 2}
+    results = slabench.run(True, say=lines.append, sizes=sizes)
+    for key in ("dynamic/poisson/3", "static/poisson/3"):
+        assert set(results["runs"][key]) == set(slabench.POLICIES)
+        for outcome in results["runs"][key].values():
+            assert outcome["requests"] == 12 and 0 <= outcome["on_time"] <= 12
+    assert set(results["calibration"]["dynamic"]) == {"short", "long"} and results["calibration"]["static"]["row"] > 0
+    assert results["overhead"]["grpc_p50_s"] > results["overhead"]["direct_p50_s"] > 0
+    keys = {figure.key for figure in slabench.figures(results)}
+    assert keys == {"finish_rate_dynamic_vs_fifo", "finish_rate_dynamic_vs_edf", "finish_rate_static_vs_fifo",
+                    "overhead_p50"}
+    assert "dynamic/poisson/3" in slabench.format_table(results)
+
+    emoe = emoebench.run(True, say=lines.append, sizes={"steps": 2, "hidden": 16, "windows": 8, "batch": 4,
+                                                         "warmup": 1, "step": 0.5})
+    assert [row["budget"] for row in emoe["budgets"]] == [0.5, 1.0]
+    assert emoe["load"]["relative"] == pytest.approx(0.0, abs=1e-6)  # misses loaded: the full model's outputs
+    assert emoe["load"]["peak_fraction"] <= emoebench.TARGET_FRACTION + 1e-9
+    figures = {figure.key: figure for figure in emoebench.figures(emoe)}
+    assert figures["emoe_resident_fraction"].met is True
+    assert validate_document(document("serving", True, [*slabench.figures(results), *emoebench.figures(emoe)])) == []
