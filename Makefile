@@ -41,18 +41,20 @@ bench: install
 	$(BIN)/strata bench control-plane
 	$(BIN)/strata bench dashboard
 
-# The real peer systems the benchmarks compare with (Ray Tune 2.60), in their own virtual environment, never in
-# make test's: .venv-peers holds the CPU torch, ray[tune] and this project; then the tuning benchmark with them.
+# The real peer systems the benchmarks compare with (Ray Tune and Ray Serve 2.60), in their own virtual environment, never in
+# make test's: .venv-peers holds the CPU torch, ray[tune,serve] and this project; then the tuning and serving
+# benchmarks with them.
 PEERS ?= .venv-peers
 $(PEERS)/.installed-stamp: pyproject.toml
 	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install -q "torch==2.13.0" || $(PEERS)/bin/python -m pip install -q "torch>=2.3"
-	$(PEERS)/bin/python -m pip install -q "ray[tune]==2.60.0"
+	$(PEERS)/bin/python -m pip install -q "ray[tune,serve]==2.60.0"
 	$(PEERS)/bin/python -m pip install -q -e ".[node]"
 	touch $(PEERS)/.installed-stamp
 
 bench-peers: install $(PEERS)/.installed-stamp
 	$(BIN)/strata bench tuning --peers --output bench-tuning.json
+	$(BIN)/strata bench serving --peers --output bench-serving.json
 
 # Saves the main pages as PNG files in docs/img (the README shows them), from the browser tests.
 screenshots: install browser

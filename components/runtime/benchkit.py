@@ -237,3 +237,18 @@ def progress(prefix: str, stream=None) -> Callable[[str], None]:
         print(f"{prefix}{line}" if line else "", file=out, flush=True)
 
     return say
+
+
+def peers_python() -> str:
+    """The interpreter with the real peer systems benchmarks compare with (``make bench-peers`` builds
+    ``.venv-peers`` beside the project, with Ray; ``STRATA_PEERS_PYTHON`` names another). Raises a one-line error
+    naming the fix when there is none."""
+    import os
+    from pathlib import Path
+
+    named = os.environ.get("STRATA_PEERS_PYTHON")
+    path = Path(named) if named else Path(__file__).resolve().parents[2] / ".venv-peers" / "bin" / "python"
+    if not path.exists():
+        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs ray[tune,serve]"
+                           "==2.60.0 beside the project) or set STRATA_PEERS_PYTHON")
+    return str(path)

@@ -71,9 +71,10 @@ class KindSpec(abc.ABC):
         Tools that need some job doing given work, such as the control-plane benchmark, use it."""
         return None
 
-    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any]) -> str | None:
+    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any], spec: dict[str, Any] | None = None
+                       ) -> str | None:
         """Why the source job (of the right kind, SUCCEEDED, with the artifact) still cannot be read from, given
-        its spec; None when it can. Checked at submit."""
+        its spec and this job's normalized ``spec``; None when it can. Checked at submit."""
         return None
 
 

@@ -576,19 +576,24 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("sla", "emoe", "switchflow")) -> int:
+def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("sla", "emoe", "switchflow"),
+         peers: bool = False) -> int:
     """``strata bench serving`` entry point: the SLA part (finish rates of Orloj, FIFO and EDF batching through the
     gRPC endpoint, and the per-request overhead; :mod:`components.serving.slabench`), the eMoE part
     (:mod:`components.serving.emoebench`) and SwitchFlow's inference latency next to training (this module), one
     after the other on this machine; prints each, optionally writes the common JSON; 0 on success."""
     from components.serving import emoebench, slabench
 
+    if peers:
+        from components.runtime.benchkit import peers_python
+
+        peers_python()  # fail in one line before anything runs
     found: list[Figure] = []
     details: dict[str, Any] = {}
     machine = None
     if "sla" in parts:
         print("== SLA serving: finish rates within the SLO (Orloj, FIFO dynamic batching, EDF) ==", flush=True)
-        details["sla"] = slabench.run(quick)
+        details["sla"] = slabench.run(quick, peers=peers)
         print(slabench.format_table(details["sla"]), flush=True)
         found += slabench.figures(details["sla"])
     if "emoe" in parts:

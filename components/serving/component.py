@@ -143,9 +143,11 @@ class ServeSession(Session):
 
     def prepare(self) -> None:
         if self.served is None:
-            from components.serving.model import load_served_model
+            from components.serving.model import load_served_model, load_user_model
 
-            self.served = load_served_model(self.ctx.source_artifact("model.pt"))
+            entrypoint = (self.spec.get("model") or {}).get("entrypoint")
+            path = self.ctx.source_artifact("model.pt")
+            self.served = load_user_model(path, entrypoint) if entrypoint else load_served_model(path)
 
     def step(self, should_yield=never) -> Progress:
         raise RuntimeError("a ServeSession serves through its executor once attached; it has no step()")

@@ -88,6 +88,61 @@ def load_served_model(path: str | Path) -> ServedModel:
     )
 
 
+class UserModule(nn.Module):
+    """A user model as a module: ``forward`` hands the batch to its ``predict`` as numpy and takes numpy back."""
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.user = model
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        import numpy as np
+
+        answer = np.asarray(self.user.predict(inputs.detach().cpu().numpy()))
+        return torch.from_numpy(np.ascontiguousarray(answer))
+
+
+def load_user_model(path: str | Path, entrypoint: str) -> ServedModel:
+    """Serve ``model.pt`` at ``path`` through user code: ``entrypoint`` (``"package.module:Name"``) names a class
+    (or factory) whose instances have ``load(path)``, ``predict(batch: numpy array) -> numpy array`` and the
+    attributes ``input_shape`` (one row, no batch dimension), ``input_dtype`` (``"float32"`` or ``"int64"``),
+    ``output_shape`` and optionally ``output_dtype`` (default ``"float32"``) and ``input_limit`` (int64 inputs
+    lie in ``[0, input_limit)``; 0: no bound). One zero row goes through ``predict`` and must come back with the
+    declared output shape. Raises ValueError naming what breaks the contract (ImportError when it cannot import).
+    """
+    import numpy as np
+
+    from components.runtime.registry import import_path
+
+    try:
+        factory = import_path(entrypoint)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(f"cannot import the model entrypoint {entrypoint!r}: {error}") from error
+    model = factory()
+    missing = [name for name in ("load", "predict", "input_shape", "input_dtype", "output_shape")
+               if not hasattr(model, name)]
+    if missing:
+        raise ValueError(f"the model entrypoint {entrypoint!r} lacks {', '.join(missing)} (the contract: load(path), "
+                         f"predict(batch), input_shape, input_dtype, output_shape)")
+    model.load(Path(path))
+    input_shape = tuple(int(size) for size in model.input_shape)
+    output_shape = tuple(int(size) for size in model.output_shape)
+    input_dtype = str(model.input_dtype)
+    output_dtype = str(getattr(model, "output_dtype", "float32"))
+    for role, dtype in (("input_dtype", input_dtype), ("output_dtype", output_dtype)):
+        if dtype not in ("float32", "int64"):
+            raise ValueError(f"the model entrypoint {entrypoint!r} has {role} {dtype!r}: use float32 or int64")
+    sample = np.zeros((SAMPLE_ROWS, *input_shape), dtype=input_dtype)
+    answer = np.asarray(model.predict(sample))
+    if answer.shape != (SAMPLE_ROWS, *output_shape):
+        raise ValueError(f"the model entrypoint {entrypoint!r} answered one row with shape {list(answer.shape)}, "
+                         f"not [1, {', '.join(map(str, output_shape))}] (its output_shape)")
+    return ServedModel(workload=entrypoint, source_spec={}, module=UserModule(model).eval(),
+                       sample=torch.from_numpy(sample), input_shape=input_shape, input_dtype=input_dtype,
+                       output_shape=output_shape, output_dtype=output_dtype,
+                       input_limit=int(getattr(model, "input_limit", 0) or 0))
+
+
 def servable_workloads() -> tuple[str, ...]:
     """The workloads whose ``model.pt`` can be served (:func:`components.train.model_format.rebuildable_workloads`)."""
     from components.train.model_format import rebuildable_workloads
@@ -95,4 +150,4 @@ def servable_workloads() -> tuple[str, ...]:
     return rebuildable_workloads()
 
 
-__all__ = ["ServedModel", "load_served_model", "servable_workloads"]
+__all__ = ["ServedModel", "UserModule", "load_served_model", "load_user_model", "servable_workloads"]

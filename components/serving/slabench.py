@@ -27,6 +27,7 @@ idle endpoint with a direct call of the same model in the server process (p50 of
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import tempfile
@@ -258,9 +259,37 @@ def _plan(kinds: list[str], moments: list[float], base: dict[str, float], multip
     return [(moment, kind, multiplier * base[kind]) for moment, kind in zip(moments, kinds, strict=True)]
 
 
+def ray_serve(model: dict[str, Any], inputs: dict[str, Any], plans: dict[str, list], warmup: list,
+              sizes: dict[str, Any], overhead_row: Any = None) -> dict[str, Any]:
+    """(e) Real Ray Serve on the same plans, in the peers' interpreter (:mod:`components.serving.peers`)."""
+    import json
+    import subprocess
+
+    from components.runtime.benchkit import peers_python
+
+    python = peers_python()
+    with tempfile.TemporaryDirectory(prefix="strata-ray-serve-") as directory:
+        plan_path, output = Path(directory) / "plan.json", Path(directory) / "result.json"
+        body = {"dtype": model["input_dtype"], "inputs": {kind: rows.tolist() for kind, rows in inputs.items()},
+                "warmup": warmup, "runs": plans}
+        if overhead_row is not None:
+            body["overhead_row"] = overhead_row.tolist()
+        plan_path.write_text(json.dumps(body))
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        done = subprocess.run([python, "-m", "components.serving.peers", "--model", model["path"], "--plan",
+                               str(plan_path), "--output", str(output), "--max-batch", str(sizes["max_batch"]),
+                               "--wait-s", str(sizes["max_queue_delay_ms"] / 1000),
+                               "--calls", str(sizes["overhead_calls"])],
+                              env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise RuntimeError(f"Ray Serve failed ({done.returncode}): {done.stderr[-2000:]}")
+        return json.loads(output.read_text())
+
+
 def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes: dict[str, Any] | None = None,
-        policies: tuple[str, ...] = POLICIES) -> dict[str, Any]:
-    """Run the SLA part; return its results (``models``, ``calibration``, ``runs``, ``overhead``)."""
+        policies: tuple[str, ...] = POLICIES, peers: bool = False) -> dict[str, Any]:
+    """Run the SLA part; return its results (``models``, ``calibration``, ``runs``, ``overhead``; with ``peers``,
+    real Ray Serve's on the same plans as policy ``ray-serve``)."""
     import multiprocessing
 
     say = say or (lambda line: print(line, flush=True))
@@ -304,6 +333,7 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                     + ", ".join(f"{kind} {seconds * 1000:.2f} ms" for kind, seconds in base.items()))
                 patterns = sizes["patterns"] if name == "dynamic" else ["poisson"]
                 multipliers = sizes["multipliers"] if name == "dynamic" else sizes["static_multipliers"]
+                plans: dict[str, list] = {}
                 for policy in policies:
                     batching = {"policy": policy, "max_batch": sizes["max_batch"],
                                 "max_queue_delay_s": sizes["max_queue_delay_ms"] / 1000, "max_queue": 4096}
@@ -323,6 +353,7 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                                 outcome = _finish(client.call(("run", address, inputs, plan),
                                                               moments[-1] + DRAIN_S + 60), plan)
                                 key = f"{name}/{pattern}/{multiplier:g}"
+                                plans[key] = plan
                                 results["runs"].setdefault(key, {})[policy] = outcome
                                 say(f"  {key:24s} {policy:6s} finish rate {outcome['finish_rate']:.3f} "
                                     f"({outcome['on_time']}/{outcome['requests']}; {outcome['statuses'] or 'all answered'})")
@@ -331,6 +362,17 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                             key: stats.get(key) for key in ("batches", "mean_batch", "batch_sizes", "dropped_early")}
                     finally:
                         server.close()
+                if peers:
+                    warm_kinds = request_kinds(kinds_available, sizes["warmup"], sizes["long_share"], 99)
+                    warm = arrivals("poisson", sizes["warmup"], sizes["rate_rps"], sizes["burst_mean"], 98)
+                    say(f"  {name}: real Ray Serve (ray 2.60, @serve.batch) on the same requests ...")
+                    ray = ray_serve(model, inputs, plans, _plan(warm_kinds, warm, base, 10.0), sizes,
+                                    overhead_row=inputs.get("row"))
+                    for key, outcome in ray["runs"].items():
+                        results["runs"][key]["ray-serve"] = outcome
+                        say(f"  {key:24s} ray-serve finish rate {outcome['finish_rate']:.3f}")
+                    if ray.get("overhead"):
+                        results["overhead"]["ray_serve"] = ray["overhead"]
         finally:
             client.close()
     results["seconds"] = time.perf_counter() - began
@@ -361,11 +403,20 @@ def figures(results: dict[str, Any]) -> list[Figure]:
         found.append(Figure("finish_rate_dynamic_vs_edf", "finish rate within the SLO, dynamic model, tightest SLO, "
                             "Orloj against EDF with a mean estimate", dynamic["orloj"], dynamic["edf"], "share",
                             lower_is_better=False))
+    if "orloj" in dynamic and "ray-serve" in dynamic:
+        found.append(Figure("finish_rate_dynamic_vs_ray_serve", "finish rate within the SLO, dynamic model, tightest "
+                            "SLO, Orloj against real Ray Serve (@serve.batch, handle calls)", dynamic["orloj"],
+                            dynamic["ray-serve"], "share", lower_is_better=False, target=TARGET_DYNAMIC))
     if "orloj" in static and "fifo" in static:
         found.append(Figure("finish_rate_static_vs_fifo", "finish rate within the SLO, static model, tightest SLO, "
                             "Orloj against FIFO dynamic batching", static["orloj"], static["fifo"], "share",
                             lower_is_better=False, target=TARGET_STATIC))
     overhead = results.get("overhead") or {}
+    ray = overhead.get("ray_serve") or {}
+    if ray.get("overhead_p50_s") is not None and overhead.get("overhead_p50_s") is not None:
+        found.append(Figure("overhead_p50_vs_ray_serve", "per-request overhead over a direct model call, p50: Strata "
+                            "through gRPC against Ray Serve through a handle", max(overhead["overhead_p50_s"], 1e-9),
+                            max(ray["overhead_p50_s"], 1e-9), "s"))
     if overhead.get("overhead_p50_s") is not None:
         found.append(Figure("overhead_p50", "per-request overhead of a gRPC call over a direct model call, p50, "
                             "against the 0.5 ms budget", max(overhead["overhead_p50_s"], 1e-9), OVERHEAD_BUDGET_S,
@@ -374,7 +425,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    policies = [policy for policy in POLICIES if any(policy in runs for runs in results["runs"].values())]
+    policies = [policy for policy in (*POLICIES, "ray-serve") if any(policy in runs for runs in results["runs"].values())]
     rows = []
     for key, by_policy in results["runs"].items():
         if key.endswith("/endpoint"):

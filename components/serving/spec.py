@@ -6,6 +6,7 @@ import re
 from typing import Any, ClassVar
 
 from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
+from components.train.spec import ENTRYPOINT_PATTERN
 
 FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale",
           "emoe"}
@@ -18,6 +19,7 @@ BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
 BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}
 SERVABLE_WORKLOADS = ("cnn-synthetic", "mlp-digits", "moe-gpt", "tiny-gpt")  # components.serving.model.servable_workloads()
+_ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
 
@@ -48,12 +50,16 @@ class ServeSpec(KindSpec):
             check.errors["spec.model"] = "required: an object {job: <id of a finished train job>}"
         else:
             inner = Checker(model, prefix="spec.model")
-            inner.unknown({"job"})
+            inner.unknown({"job", "entrypoint"})
             job = inner.string("job", None, max_length=64)
             if job is None and "spec.model.job" not in inner.errors:
                 inner.errors["spec.model.job"] = "required: the id of a finished train job"
             elif job is not None and "spec.model.job" not in inner.errors and not _UUID.match(job):
                 inner.errors["spec.model.job"] = "must be a job id (a UUID)"
+            entrypoint = inner.string("entrypoint", None, max_length=300)
+            if entrypoint is not None and "spec.model.entrypoint" not in inner.errors and not _ENTRYPOINT.match(
+                    entrypoint):
+                inner.errors["spec.model.entrypoint"] = "must be 'package.module:Name' (a class with load and predict)"
             check.errors.update(inner.errors)
         check.not_null("port", "request_timeout_s", "max_rows", "batching", "auth")  # none is nullable
         auth = check.string("auth", "token", choices=AUTH_MODES)
@@ -94,7 +100,7 @@ class ServeSpec(KindSpec):
         replicas = check.number("replicas", 1, kind=int, minimum=1, maximum=MAX_REPLICAS)
         autoscale = self._autoscale(spec.get("autoscale"), replicas, check)
         check.raise_if_errors()
-        return {"model": {"job": str(job).lower()}, "port": port, "request_timeout_s": float(timeout),
+        return {"model": {"job": str(job).lower(), "entrypoint": entrypoint}, "port": port, "request_timeout_s": float(timeout),
                 "replicas": replicas, "autoscale": autoscale, "emoe": emoe,
                 "slo_ms": None if slo_ms is None else float(slo_ms), "max_rows": max_rows, "auth": auth,
                 "batching": {**batching, "max_queue_delay_ms": float(batching["max_queue_delay_ms"])}}
@@ -142,11 +148,14 @@ class ServeSpec(KindSpec):
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
         return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind="train", artifact="model.pt")]
 
-    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any]) -> str | None:
-        if source_spec.get("entrypoint"):
-            # Its model class is user code that the serving side cannot rebuild (components.serving.model).
-            return (f"job {ref.job} trained user code ({source_spec['entrypoint']}); only built-in workloads "
-                    f"can be served: {', '.join(SERVABLE_WORKLOADS)}")
+    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any], spec: dict[str, Any] | None = None
+                       ) -> str | None:
+        if source_spec.get("entrypoint") and not ((spec or {}).get("model") or {}).get("entrypoint"):
+            # Its model class is user code that the serving side cannot rebuild (components.serving.model): the user
+            # names their own loader.
+            return (f"job {ref.job} trained user code ({source_spec['entrypoint']}); give spec.model.entrypoint, "
+                    f"a class with load(path) and predict(batch), to serve it (built-in workloads need none: "
+                    f"{', '.join(SERVABLE_WORKLOADS)})")
         return None
 
     def json_schema(self) -> dict[str, Any]:
@@ -159,7 +168,12 @@ class ServeSpec(KindSpec):
                     "type": "object", "additionalProperties": False, "required": ["job"],
                     "description": "Which trained model to serve.",
                     "properties": {"job": {"type": "string", "format": "uuid",
-                                           "description": "A SUCCEEDED train job of your team; its model.pt is served."}},
+                                           "description": "A SUCCEEDED train job of your team; its model.pt is served."},
+                                   "entrypoint": {"type": ["string", "null"], "pattern": ENTRYPOINT_PATTERN,
+                                                  "default": None,
+                                                  "description": "A user model: 'package.module:Name', a class with "
+                                                                 "load(path) and predict(batch) (see "
+                                                                 "docs/components/serving.md)."}},
                 },
                 "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0,
                          "description": "TCP port of the gRPC endpoint on the node; 0 picks a free one."},

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from components.runtime.benchkit import Figure, document, figures_table, progress, write
+from components.runtime.benchkit import Figure, document, figures_table, peers_python, progress, write
 from components.tuning.schedulers import ASHA, Action
 from components.tuning.waterfill import Bounds, grow, start_share
 
@@ -252,20 +252,6 @@ class StrataSweeps:
 
     def stop(self) -> None:
         self.stack.stop()
-
-
-def peers_python() -> str:
-    """The interpreter with Ray Tune (``make bench-peers`` builds ``.venv-peers``; ``STRATA_PEERS_PYTHON``
-    names another). Raises a one-line error naming the fix when there is none."""
-    import os
-    from pathlib import Path
-
-    named = os.environ.get("STRATA_PEERS_PYTHON")
-    path = Path(named) if named else Path(__file__).resolve().parents[2] / ".venv-peers" / "bin" / "python"
-    if not path.exists():
-        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs ray[tune]==2.60.0 "
-                           "beside the project) or set STRATA_PEERS_PYTHON")
-    return str(path)
 
 
 def ray_sweep(python: str, *, workload: str, trials: int, iterations: int, seed: int, gpus: int,

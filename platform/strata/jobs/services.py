@@ -172,7 +172,7 @@ def check_sources(team, kind: str, spec: dict) -> None:
             raise SubmitRejected(ref.field, f"job {ref.job} is {source.state}; it must have SUCCEEDED")
         if not Artifact.objects.filter(job_id=source.pk, name=ref.artifact, kind=Artifact.Kind.ARTIFACT).exists():
             raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
-        if problem := kind_spec.source_problem(ref, source.spec):
+        if problem := kind_spec.source_problem(ref, source.spec, spec):
             raise SubmitRejected(ref.field, problem)
 
 

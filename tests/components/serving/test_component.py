@@ -47,7 +47,7 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
         wait_for(lambda: ctx.endpoint is not None or errors)
         assert not errors
         assert ctx.endpoint.startswith("127.0.0.1:")
-        assert ctx.spec == {"model": {"job": SOURCE_JOB}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024,
+        assert ctx.spec == {"model": {"job": SOURCE_JOB, "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024,
                             "slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
                             "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0,
                                          "max_queue": 128}}

@@ -80,7 +80,7 @@ def test_the_controller_keeps_the_count_and_replaces_a_replica_that_ended(tmp_pa
         "deploy-1:replica:0", "deploy-1:replica:1"]
     body = ctx.child_jobs[0]["job"]
     assert body["kind"] == "serve" and body["resources"] == {"gpus": 0.25}
-    assert body["spec"]["replicas"] == 1 and body["spec"]["autoscale"] is None and body["spec"]["model"] == MODEL
+    assert body["spec"]["replicas"] == 1 and body["spec"]["autoscale"] is None and body["spec"]["model"] == {**MODEL, "entrypoint": None}
     controller.tick()
     assert len(ctx.children()) == 2  # nothing more
     ctx.set_child(children[0]["id"], state="FAILED")

@@ -18,7 +18,7 @@ def test_a_null_is_an_error_of_its_field(field):
 
 def test_the_defaults_fill_what_is_left_out():
     assert ServeSpec().validate({"model": MODEL}) == {
-        "model": MODEL, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, **DEFAULTS}
+        "model": {**MODEL, "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, **DEFAULTS}
 
 
 def test_batching_and_the_slo():

@@ -85,15 +85,23 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     Job.objects.filter(pk=user_code.pk).update(spec={"entrypoint": "my_pkg.train:main", "epochs": 1})
     response = _serve(client, user_code.pk)
     assert response.json() == {"spec.model.job": [
-        f"job {user_code.pk} trained user code (my_pkg.train:main); only built-in workloads can be served: "
-        "cnn-synthetic, mlp-digits, moe-gpt, tiny-gpt"]}
+        f"job {user_code.pk} trained user code (my_pkg.train:main); give spec.model.entrypoint, a class with "
+        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-synthetic, mlp-digits, "
+        "moe-gpt, tiny-gpt)"]}
+    # With a loader of the user's own, it is accepted.
+    accepted = client.post("/api/v1/jobs/", {"kind": "serve", "resources": {"gpus": 0.25}, "spec": {
+        "model": {"job": str(user_code.pk), "entrypoint": "components.serving.examples:LinearModel"}}}, format="json")
+    assert accepted.status_code == 201, accepted.content
+    bad = client.post("/api/v1/jobs/", {"kind": "serve", "resources": {"gpus": 0.25}, "spec": {
+        "model": {"job": str(user_code.pk), "entrypoint": "not an entrypoint"}}}, format="json")
+    assert bad.status_code == 400 and set(bad.json()) == {"spec.model.entrypoint"}
 
     good = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
     response = _serve(client, good.pk)
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["kind"] == "serve" and body["spec"] == {
-        "model": {"job": str(good.pk)}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, "slo_ms": None,
+        "model": {"job": str(good.pk), "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, "slo_ms": None,
         "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
         "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
     serve = _serve(client, body["id"])  # a serve job is not a train job
