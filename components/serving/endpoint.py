@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
+from torch import nn
 
 from components.gpushare.executor import DeviceExecutor, ExecutorClosed
 from components.gpushare.lanes import Admission, MemoryRequest
@@ -157,9 +158,13 @@ class Batching:
     max_batch: int = 8
     max_queue_delay_s: float = 0.002
     max_queue: int = DEFAULT_MAX_QUEUE
-    # What an answer needs to get back to its caller after the forward pass (reply encoding, gRPC, loopback:
-    # a few tenths of a ms on loopback): the policies plan for each request's deadline less this.
-    reply_margin_s: float = 0.0002
+    # What an answer needs to get back to its caller after the forward pass (reply encoding, gRPC): the policies
+    # plan for each request's deadline less this. 0 by default: on loopback a margin cost more requests (dropped as
+    # hopeless that would have made it) than it saved.
+    reply_margin_s: float = 0.0
+    # Orloj only (Irina's preemption): a running batch of a staged model (tiny-gpt, moe-gpt) lets requests that would
+    # miss their deadlines waiting for it run between two of its layers, when its own requests can afford it.
+    preempt: bool = True
 
     POLICIES = ("orloj", "fifo", "edf")
 
@@ -174,7 +179,7 @@ class Batching:
         spec = spec or {}
         return cls(policy=spec.get("policy", cls.policy), max_batch=int(spec.get("max_batch", cls.max_batch)),
                    max_queue_delay_s=float(spec.get("max_queue_delay_ms", cls.max_queue_delay_s * 1000)) / 1000,
-                   max_queue=int(spec.get("max_queue", cls.max_queue)))
+                   max_queue=int(spec.get("max_queue", cls.max_queue)), preempt=bool(spec.get("preempt", cls.preempt)))
 
     def make_policy(self) -> BatchPolicy:
         if self.policy == "fifo":
@@ -195,6 +200,7 @@ class _Batch:
     pending: list[Pending] = field(default_factory=list)
     ran: list[_Call] = field(default_factory=list)
     seconds: float | None = None
+    nested: bool = False  # run inside another batch (preempting it): not preempted in turn
 
 
 class ServedSession(InferenceSession):
@@ -208,6 +214,13 @@ class ServedSession(InferenceSession):
     def __init__(self, served: ServedModel, placement: Any = None):
         super().__init__(served.module, sample=served.sample)
         self.served = served
+        # Set by the endpoint's Dispatcher when it preempts (Batching.preempt): ``urgent(batch, fraction done)``
+        # gives a batch to run now between two layers, ``deliver(batch, answers)`` answers it.
+        self.urgent: Callable[[_Batch, float], _Batch | None] | None = None
+        self.deliver: Callable[[_Batch, list[torch.Tensor]], None] | None = None
+        stages = getattr(served.module, "stages", None)
+        self.stages: list[nn.Module] = list(stages()) if callable(stages) else []
+        self.preemptions = 0
         self.placement = placement  # an emoe.ExpertPlacement: the model's experts, kept off the device
         self.perplexity = None
         if placement is not None:
@@ -236,11 +249,11 @@ class ServedSession(InferenceSession):
             inputs = torch.cat([served.pad_to(call.inputs, longest) if served.variable_length else call.inputs
                                 for call in live])
         started = time.perf_counter()
+        batch.ran = live
         # Copied to the CPU here, on the execution thread: on CUDA this is the synchronization point, so the
         # unit's end on the timeline is when the answer exists.
-        output = super().run(inputs).detach().to("cpu")
-        batch.seconds = time.perf_counter() - started
-        batch.ran = live
+        output, nested = self._forward(batch, inputs)
+        batch.seconds = time.perf_counter() - started - nested
         answers, start = [], 0
         for call, length in zip(live, lengths, strict=True):
             rows = int(call.inputs.shape[0])
@@ -251,6 +264,31 @@ class ServedSession(InferenceSession):
             for call, answer in zip(live, answers, strict=True):
                 self.perplexity.add(call.inputs, answer)
         return answers
+
+
+    def _forward(self, batch: _Batch, inputs: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The batch's forward pass; ``(output on the CPU, seconds spent on preempting batches)``. A staged model is
+        run stage by stage when the dispatcher preempts, and between two stages a batch it finds urgent runs whole
+        and is answered at once."""
+        if self.urgent is None or len(self.stages) < 2 or batch.nested:
+            return super().run(inputs).detach().to("cpu"), 0.0
+        nested = 0.0
+        x = inputs.to(self.device, non_blocking=True) if isinstance(inputs, torch.Tensor) else inputs
+        with torch.inference_mode():
+            for index, stage in enumerate(self.stages):
+                x = stage(x)
+                if index + 1 < len(self.stages) and (urgent := self.urgent(batch, (index + 1) / len(self.stages))):
+                    began = time.perf_counter()
+                    urgent.nested = True
+                    try:
+                        answers = self.run(urgent)
+                    except BaseException as error:  # answered by the dispatcher; the running batch goes on
+                        self.deliver(urgent, None, error)
+                    else:
+                        self.deliver(urgent, answers, None)
+                    self.preemptions += 1
+                    nested += time.perf_counter() - began
+        return x.detach().to("cpu"), nested
 
 
 class Dispatcher:
@@ -360,25 +398,59 @@ class Dispatcher:
         """On the execution thread: answer the batch's calls, teach the policy, free the device for the next."""
         try:
             error = future.exception()
-            if error is None:
-                for call, answer in zip(item.ran, future.result(), strict=True):
-                    call.settle(answer)
-                ran = {id(call) for call in item.ran}
-                for call in item.calls:
-                    if id(call) not in ran:
-                        call.settle(None, RequestTimedOut("the deadline passed before the request's turn"))
-                if item.seconds is not None:
-                    self.policy.observe([p for p in item.pending if id(p.payload) in ran], item.seconds)
-                    self.batches += 1
-                    self.batch_sizes[len(item.ran)] += 1
-                    self.device_s += item.seconds
-            else:
-                if isinstance(error, _Abandoned):
-                    error = RequestTimedOut(str(error))
-                for call in item.calls:
-                    call.settle(None, error)
+            self.deliver(item, None if error is not None else future.result(), error)
         finally:
             self._finished()
+
+    def deliver(self, item: _Batch, answers: list[torch.Tensor] | None, error: BaseException | None) -> None:
+        """Answer a batch's calls (the answers of those that ran, in order; or everyone the error) and teach the
+        policy its measured time."""
+        if error is None:
+            for call, answer in zip(item.ran, answers, strict=True):
+                call.settle(answer)
+            ran = {id(call) for call in item.ran}
+            for call in item.calls:
+                if id(call) not in ran:
+                    call.settle(None, RequestTimedOut("the deadline passed before the request's turn"))
+            if item.seconds is not None:
+                self.policy.observe([p for p in item.pending if id(p.payload) in ran], item.seconds)
+                self.batches += 1
+                self.batch_sizes[len(item.ran)] += 1
+                self.device_s += item.seconds
+        else:
+            if isinstance(error, _Abandoned):
+                error = RequestTimedOut(str(error))
+            for call in item.calls:
+                call.settle(None, error)
+
+    def urgent(self, running: _Batch, done: float) -> _Batch | None:
+        """Irina's preemption, asked between two layers of ``running`` (``done``: the share of its layers run): the
+        queued requests that would miss their deadlines waiting for the rest of it, but are likely to make them if
+        they run now, as one batch; None when there are none, or when running them would make ``running``'s own
+        earliest request late. Orloj only (it has the batch-time distributions to judge by)."""
+        policy = self.policy
+        if not self.batching.preempt or not isinstance(policy, OrlojBatcher) or not running.pending:
+            return None
+        profile = policy.profile
+        with self._cond:
+            self._purge()
+            if not self._queue:
+                return None
+            now = time.monotonic()
+            left = (1.0 - done) * profile.mean(len(running.pending), max(p.bucket for p in running.pending))
+            waiting = sorted(p for p in self._queue
+                             if p.deadline < now + left + profile.mean(1, p.bucket)  # late if it waits
+                             and profile.cdf(1, p.bucket, p.deadline - now) >= 0.5)  # on time if it runs now
+            if not waiting:
+                return None
+            bucket = waiting[0].bucket
+            chosen = [p for p in waiting if p.bucket <= bucket][: self.batching.max_batch]
+            cost = profile.mean(len(chosen), bucket)
+            if min(p.deadline for p in running.pending) < now + left + cost:
+                return None  # the running batch cannot afford it
+            for pending in chosen:
+                self._queue.remove(pending)
+        return _Batch([pending.payload for pending in chosen], pending=chosen)
 
     def _finished(self) -> None:
         with self._cond:
@@ -634,6 +706,7 @@ class ServingEndpoint:
         session = self.session
         if session is not None and session.placement is not None:
             stats["emoe"] = {**session.placement.stats(), "perplexity": session.perplexity.value}
+        stats["preemptions"] = session.preemptions if session is not None else 0
         return stats
 
 
@@ -952,6 +1025,8 @@ def start_serving(
     endpoint = ServingEndpoint(executor, name, served, request_timeout_s=request_timeout_s, max_rows=max_rows,
                                source_job=source_job, batching=batching)
     endpoint.session = session
+    if batching.preempt and batching.policy == "orloj":
+        session.urgent, session.deliver = endpoint.dispatcher.urgent, endpoint.dispatcher.deliver
     if max_concurrent_rpcs is None:
         max_concurrent_rpcs = batching.max_queue + RPC_HEADROOM
     if not admission.admitted:

@@ -39,7 +39,7 @@ import numpy as np
 
 QUANTILES = 32  # points a distribution is kept as (equal-weight quantiles)
 MIN_SAMPLES = 8  # batch runs of one (size, bucket) before its own samples are trusted over its neighbours'
-EXACT_QUEUE = 6  # up to this many waiting requests, Orloj tries every subset as the next batch
+EXACT_QUEUE = 4  # up to this many waiting requests, Orloj tries every subset as the next batch
 REST_BATCHES = 2  # how many batches of the rest of the queue the value looks ahead
 
 
@@ -229,7 +229,7 @@ class OrlojBatcher(BatchPolicy):
 
     name = "orloj"
 
-    def __init__(self, max_batch: int, profile: ExecProfile | None = None, *, drop_below: float = 0.02):
+    def __init__(self, max_batch: int, profile: ExecProfile | None = None, *, drop_below: float = 0.1):
         super().__init__(max_batch)
         self.profile = profile or ExecProfile()
         self.drop_below = float(drop_below)

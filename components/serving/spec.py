@@ -15,9 +15,9 @@ AUTOSCALE_FIELDS = {"min", "max", "target_attainment", "queue_per_replica", "per
 AUTOSCALE_DEFAULTS = {"target_attainment": 0.95, "queue_per_replica": 16.0, "period_s": 10.0}
 MAX_REPLICAS = 64
 AUTH_MODES = ("token", "none")
-BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue"}
+BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue", "preempt"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
-BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}
+BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128, "preempt": True}
 SERVABLE_WORKLOADS = ("cnn-synthetic", "mlp-digits", "moe-gpt", "tiny-gpt")  # components.serving.model.servable_workloads()
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
@@ -82,6 +82,7 @@ class ServeSpec(KindSpec):
                 "max_batch": inner.number("max_batch", 8, kind=int, minimum=1, maximum=1024),
                 "max_queue_delay_ms": inner.number("max_queue_delay_ms", 2.0, minimum=0, maximum=10_000),
                 "max_queue": inner.number("max_queue", 128, kind=int, minimum=1, maximum=4096),
+                "preempt": inner.boolean("preempt", True),
             }
             check.errors.update(inner.errors)
         emoe = spec.get("emoe")
@@ -229,6 +230,9 @@ class ServeSpec(KindSpec):
                                                               "fuller batch."},
                         "max_queue": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 128,
                                       "description": "Most requests waiting; more are RESOURCE_EXHAUSTED."},
+                        "preempt": {"type": "boolean", "default": True,
+                                    "description": "orloj only: requests that would miss their deadlines waiting "
+                                                   "for a running batch run between two of its layers (Irina)."},
                     },
                 },
                 "max_rows": {"type": "integer", "minimum": 1, "maximum": 65536, "default": 1024,

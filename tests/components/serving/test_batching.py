@@ -169,3 +169,40 @@ def test_the_policy_learns_the_measured_batch_times(executor, digits_model):
         profile = handle.endpoint.dispatcher.policy.profile
         assert profile.runs(1, 0) == 10
         assert 0 < profile.mean(1, 0) < 5  # seconds: the measured forward passes, not the prior
+
+
+def test_orloj_preempts_a_long_batch_between_layers_for_a_request_that_cannot_wait(executor, gpt):
+    served = load_served_model(gpt)
+    rng = np.random.default_rng(1)
+    long_tokens = rng.integers(0, served.input_limit, size=(1, 64))
+    short_tokens = rng.integers(0, served.input_limit, size=(1, 8))
+    with start_serving(executor, "gpt", served, max_rows=8, batching=Batching("orloj", max_batch=4)) as handle:
+        dispatcher, session = handle.endpoint.dispatcher, handle.endpoint.session
+        profile = dispatcher.policy.profile
+        for _ in range(16):  # as if a long batch took 10 s, and a short one 10 ms
+            profile.observe(1, dispatcher.bucket(torch.as_tensor(long_tokens)), 10.0)
+            profile.observe(1, dispatcher.bucket(torch.as_tensor(short_tokens)), 0.01)
+        queued = threading.Event()
+        # Hold the long batch inside its second layer until the short request waits in the queue.
+        session.stages[1].register_forward_pre_hook(lambda *_: queued.wait(20) and None)
+        with ThreadPoolExecutor(2) as pool:
+            long_call = pool.submit(predict, handle.address, long_tokens, timeout=60)
+            wait_for(lambda: handle.stats()["in_flight"] == 1 and dispatcher.depth() == 0, 20, "the long batch to run")
+            # 5 s: too short to wait for the rest of a 10-s batch, long enough to run now on a loaded machine.
+            short_call = pool.submit(predict, handle.address, short_tokens, timeout=5)
+            wait_for(lambda: dispatcher.depth() == 1, 20, "the short request to queue")
+            queued.set()
+            short_answer = short_call.result()
+            long_answer = long_call.result()
+        np.testing.assert_allclose(short_answer, alone(served, short_tokens), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(long_answer, alone(served, long_tokens), rtol=1e-4, atol=1e-5)
+        stats = handle.stats()
+    assert stats["preemptions"] == 1 and stats["errors"] == 0 and stats["batches"] == 2
+
+
+def test_fifo_never_preempts(executor, gpt):
+    served = load_served_model(gpt)
+    with start_serving(executor, "gpt", served, max_rows=8, batching=Batching("fifo", max_batch=4)) as handle:
+        assert handle.endpoint.session.urgent is None
+        predict(handle.address, np.zeros((1, 8), np.int64))
+        assert handle.stats()["preemptions"] == 0

@@ -50,7 +50,7 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
         assert ctx.spec == {"model": {"job": SOURCE_JOB, "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024,
                             "slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
                             "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0,
-                                         "max_queue": 128}}
+                                         "max_queue": 128, "preempt": True}}
         info = describe(ctx.endpoint, token=TOKEN)
         assert (info["workload"], info["source_job"], info["max_rows"]) == ("mlp-digits", SOURCE_JOB, 1024)
         features, labels = digits_test_set

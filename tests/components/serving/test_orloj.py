@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from components.serving.orloj import (
+    EXACT_QUEUE,
     EdfBatcher,
     ExecProfile,
     FifoBatcher,
@@ -78,7 +79,7 @@ def test_the_batch_choice_matches_a_brute_force_optimum(seed):
                               for _ in range(40)] for size in (1, 2, 3) for bucket in (0, 1)}
     policy = OrlojBatcher(max_batch=3, profile=profile_with(times), drop_below=0.0)
     queue = [Pending(deadline=rng.uniform(0.002, 0.03), arrival=0.0, bucket=rng.choice([0, 1]), id=i)
-             for i in range(rng.randint(1, 6))]
+             for i in range(rng.randint(1, EXACT_QUEUE))]
     decision = policy.decide(queue, now=0.0)
     best = max(brute_force_value(policy, subset, queue, 0.0)
                for size in range(1, 4) for subset in itertools.combinations(queue, size))

@@ -6,7 +6,8 @@ import pytest
 from components.serving.spec import ServeSpec, SpecError
 
 MODEL = {"job": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}
-DEFAULTS = {"slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
+DEFAULTS = {"slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None, "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128,
+                     "preempt": True}}
 
 
 @pytest.mark.parametrize("field", ["port", "request_timeout_s", "max_rows", "batching"])
@@ -23,7 +24,8 @@ def test_the_defaults_fill_what_is_left_out():
 
 def test_batching_and_the_slo():
     spec = ServeSpec().validate({"model": MODEL, "slo_ms": 50, "batching": {"policy": "fifo", "max_batch": 16}})
-    assert spec["batching"] == {"policy": "fifo", "max_batch": 16, "max_queue_delay_ms": 2.0, "max_queue": 128}
+    assert spec["batching"] == {"policy": "fifo", "max_batch": 16, "max_queue_delay_ms": 2.0, "max_queue": 128,
+                     "preempt": True}
     assert ServeSpec.default_deadline_s(spec) == pytest.approx(0.05)
     assert ServeSpec.default_deadline_s(ServeSpec().validate({"model": MODEL, "request_timeout_s": 3})) == 3.0
 

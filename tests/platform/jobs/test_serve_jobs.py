@@ -103,7 +103,8 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     assert body["kind"] == "serve" and body["spec"] == {
         "model": {"job": str(good.pk), "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024, "slo_ms": None,
         "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
-        "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128}}
+        "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128,
+                     "preempt": True}}
     serve = _serve(client, body["id"])  # a serve job is not a train job
     assert serve.json() == {"spec.model.job": [f"job {body['id']} is a serve job, not a train job"]}
 
