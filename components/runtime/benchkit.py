@@ -249,6 +249,6 @@ def peers_python() -> str:
     named = os.environ.get("STRATA_PEERS_PYTHON")
     path = Path(named) if named else Path(__file__).resolve().parents[2] / ".venv-peers" / "bin" / "python"
     if not path.exists():
-        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs ray[tune,serve]"
-                           "==2.60.0 beside the project) or set STRATA_PEERS_PYTHON")
+        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs Ray 2.60"
+                           " beside the project) or set STRATA_PEERS_PYTHON")
     return str(path)

@@ -107,7 +107,7 @@ class CapacityIndex:
         milli = share_to_milli(share) if share > 0 else 0
         start = bisect.bisect_left(self._levels, max(milli, 1))
         for level in self._levels[start:]:
-            for device_id in self._by_free[level]:
+            for device_id in (self._whole_best_fit() if level == FULL else self._by_free[level]):
                 device = self.devices[device_id]
                 need_milli = milli or share_to_milli((memory or 0) / max(device.memory_total, 1))
                 if need_milli > device.free:
@@ -115,6 +115,14 @@ class CapacityIndex:
                 need_memory = memory if memory is not None else device.memory_total * need_milli // FULL
                 if need_memory <= device.free_memory and self._node_ok(device.node_id, selector, exclude):
                     yield device, need_milli, need_memory
+
+    def _whole_best_fit(self):
+        """The fully free devices, those of the node with the fewest fully free devices first (best fit, as
+        :meth:`wholes`; within a node by id): a whole device taken as a fraction packs like a whole one."""
+        most = max((k for k, nodes in self._nodes_by_whole.items() if nodes), default=0)
+        for available in range(1, most + 1):
+            for node_id in sorted(self._nodes_by_whole.get(available, ()), key=str):
+                yield from sorted(self._whole_free[node_id])
 
     def find_fraction(self, share: float, memory: int | None, selector=None, exclude=None):
         """Best fit for one worker needing ``share`` (<= 1) of a device: (device, milli, memory) or None."""
