@@ -37,6 +37,7 @@ training throughput in each variant's process before the requests start (alone) 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import platform
@@ -97,6 +98,21 @@ def _ratio(baseline: float | None, mechanism: float | None) -> float | None:
 
 
 _percentile = percentile  # the harness's one definition
+
+
+@contextlib.contextmanager
+def answering(conn):
+    """The body of a child process's main: a parent that went away ends it quietly; any other failure is sent
+    to the parent as ``{"error": traceback}`` (which :class:`_Child` raises there)."""
+    try:
+        yield
+    except EOFError:  # the benchmark went away
+        pass
+    except BaseException:
+        try:
+            conn.send({"error": traceback.format_exc()})
+        except OSError:
+            pass
 
 
 def _pin(core: int | None) -> None:
@@ -285,23 +301,17 @@ def _device_main(conn, role: str, core: int | None, model_path: str, options: di
     torch.set_num_threads(1)
     side = _DeviceSide(role, model_path, options)
     try:
-        side.start()
-        conn.send({"ready": True, "address": side.address, "pid": os.getpid()})
-        while True:
-            message = conn.recv()
-            if message == "stop":
-                break
-            try:
-                conn.send(side.steps() if message == "steps" else side.stats())
-            except Exception:
-                conn.send({"error": traceback.format_exc()})
-    except EOFError:  # the benchmark went away
-        pass
-    except BaseException:
-        try:
-            conn.send({"error": traceback.format_exc()})
-        except OSError:
-            pass
+        with answering(conn):
+            side.start()
+            conn.send({"ready": True, "address": side.address, "pid": os.getpid()})
+            while True:
+                message = conn.recv()
+                if message == "stop":
+                    break
+                try:
+                    conn.send(side.steps() if message == "steps" else side.stats())
+                except Exception:
+                    conn.send({"error": traceback.format_exc()})
     finally:
         side.stop()
         try:

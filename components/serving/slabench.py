@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from components.runtime.benchkit import Figure, percentile, table
-from components.serving.bench import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin
+from components.serving.bench import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
 
 POLICIES = ("orloj", "fifo", "edf")
 FULL = {"model_steps": 20, "width": 384, "requests": 600, "rate_rps": 200.0, "burst_mean": 4.0,
@@ -129,40 +129,34 @@ def _server_main(conn, core: int | None, model_path: str, batching: dict[str, An
     _pin(core)
     handle = executor = None
     try:
-        import torch
+        with answering(conn):
+            import torch
 
-        torch.set_num_threads(1)
-        from components.gpushare.executor import DeviceExecutor
-        from components.serving.endpoint import Batching, start_serving
-        from components.serving.model import load_served_model
+            torch.set_num_threads(1)
+            from components.gpushare.executor import DeviceExecutor
+            from components.serving.endpoint import Batching, start_serving
+            from components.serving.model import load_served_model
 
-        served = load_served_model(model_path)
-        executor = DeviceExecutor("cpu", 2 * 2**30, "fifo", name="bench-device")
-        handle = start_serving(executor, "bench", served, max_rows=64, request_timeout_s=30.0,
-                               batching=Batching(**batching))
-        conn.send({"address": handle.address})
-        while True:
-            message = conn.recv()
-            if message == "stop":
-                break
-            if message == "stats":
-                conn.send({"stats": handle.stats()})  # wrapped: the stats have an "error" key of their own
-            elif message[0] == "direct":
-                inputs = torch.as_tensor(message[1])
-                times = []
-                with torch.inference_mode():
-                    for _ in range(message[2]):
-                        began = time.perf_counter()
-                        served.module(inputs)
-                        times.append(time.perf_counter() - began)
-                conn.send(percentile(times, 0.5))
-    except EOFError:
-        pass
-    except BaseException:
-        try:
-            conn.send({"error": traceback.format_exc()})
-        except OSError:
-            pass
+            served = load_served_model(model_path)
+            executor = DeviceExecutor("cpu", 2 * 2**30, "fifo", name="bench-device")
+            handle = start_serving(executor, "bench", served, max_rows=64, request_timeout_s=30.0,
+                                   batching=Batching(**batching))
+            conn.send({"address": handle.address})
+            while True:
+                message = conn.recv()
+                if message == "stop":
+                    break
+                if message == "stats":
+                    conn.send({"stats": handle.stats()})  # wrapped: the stats have an "error" key of their own
+                elif message[0] == "direct":
+                    inputs = torch.as_tensor(message[1])
+                    times = []
+                    with torch.inference_mode():
+                        for _ in range(message[2]):
+                            began = time.perf_counter()
+                            served.module(inputs)
+                            times.append(time.perf_counter() - began)
+                    conn.send(percentile(times, 0.5))
     finally:
         if handle is not None:
             handle.stop(1.0)
@@ -392,25 +386,23 @@ def tight(results: dict[str, Any], name: str) -> dict[str, dict[str, float]]:
     return {policy: statistics.mean(values) for policy, values in rates.items()}
 
 
+FINISH_FIGURES = (  # (key, model, baseline policy, its description, target)
+    ("finish_rate_dynamic_vs_fifo", "dynamic", "fifo", "FIFO dynamic batching (Triton-style)", TARGET_DYNAMIC),
+    ("finish_rate_dynamic_vs_edf", "dynamic", "edf", "EDF with a mean estimate", None),
+    ("finish_rate_dynamic_vs_ray_serve", "dynamic", "ray-serve", "real Ray Serve (@serve.batch, handle calls)",
+     TARGET_DYNAMIC),
+    ("finish_rate_static_vs_fifo", "static", "fifo", "FIFO dynamic batching", TARGET_STATIC),
+)
+
+
 def figures(results: dict[str, Any]) -> list[Figure]:
     found = []
-    dynamic, static = tight(results, "dynamic"), tight(results, "static")
-    if "orloj" in dynamic and "fifo" in dynamic:
-        found.append(Figure("finish_rate_dynamic_vs_fifo", "finish rate within the SLO, dynamic model, tightest "
-                            "SLO, Orloj against FIFO dynamic batching (Triton-style)", dynamic["orloj"],
-                            dynamic["fifo"], "share", lower_is_better=False, target=TARGET_DYNAMIC))
-    if "orloj" in dynamic and "edf" in dynamic:
-        found.append(Figure("finish_rate_dynamic_vs_edf", "finish rate within the SLO, dynamic model, tightest SLO, "
-                            "Orloj against EDF with a mean estimate", dynamic["orloj"], dynamic["edf"], "share",
-                            lower_is_better=False))
-    if "orloj" in dynamic and "ray-serve" in dynamic:
-        found.append(Figure("finish_rate_dynamic_vs_ray_serve", "finish rate within the SLO, dynamic model, tightest "
-                            "SLO, Orloj against real Ray Serve (@serve.batch, handle calls)", dynamic["orloj"],
-                            dynamic["ray-serve"], "share", lower_is_better=False, target=TARGET_DYNAMIC))
-    if "orloj" in static and "fifo" in static:
-        found.append(Figure("finish_rate_static_vs_fifo", "finish rate within the SLO, static model, tightest SLO, "
-                            "Orloj against FIFO dynamic batching", static["orloj"], static["fifo"], "share",
-                            lower_is_better=False, target=TARGET_STATIC))
+    rates = {"dynamic": tight(results, "dynamic"), "static": tight(results, "static")}
+    for key, model, baseline, label, target in FINISH_FIGURES:
+        if "orloj" in rates[model] and baseline in rates[model]:
+            found.append(Figure(key, f"finish rate within the SLO, {model} model, tightest SLO, Orloj against {label}",
+                                rates[model]["orloj"], rates[model][baseline], "share", lower_is_better=False,
+                                target=target))
     overhead = results.get("overhead") or {}
     ray = overhead.get("ray_serve") or {}
     if ray.get("overhead_p50_s") is not None and overhead.get("overhead_p50_s") is not None:
