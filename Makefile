@@ -52,7 +52,20 @@ $(PEERS)/.installed-stamp: pyproject.toml
 	$(PEERS)/bin/python -m pip install -q -e ".[node]"
 	touch $(PEERS)/.installed-stamp
 
-bench-peers: install $(PEERS)/.installed-stamp
+# Real Triton (nvidia-pytriton 0.7.0 bundles the server) in a virtual environment of its own: it pins protobuf 6 and
+# numpy 1, which Ray 2.60 does not accept. The .pth file works around triton-inference-server/pytriton#51 (Triton's
+# Python-backend stub calls RLock._recursion_count, which its interpreter lacks, through Python 3.11.7's stdlib).
+TRITON ?= .venv-triton
+$(TRITON)/.installed-stamp: pyproject.toml components/serving/pytriton_fix.py
+	test -x $(TRITON)/bin/python || $(PYTHON) -m venv $(TRITON)
+	$(TRITON)/bin/python -m pip install -q "torch==2.13.0" || $(TRITON)/bin/python -m pip install -q "torch>=2.3"
+	$(TRITON)/bin/python -m pip install -q "nvidia-pytriton==0.7.0"
+	$(TRITON)/bin/python -m pip install -q --no-deps -e .
+	cp components/serving/pytriton_fix.py "$$($(TRITON)/bin/python -c 'import site; print(site.getsitepackages()[0])')/strata_pytriton_fix.py"
+	echo "import strata_pytriton_fix" > "$$($(TRITON)/bin/python -c 'import site; print(site.getsitepackages()[0])')/strata-pytriton-fix.pth"
+	touch $(TRITON)/.installed-stamp
+
+bench-peers: install $(PEERS)/.installed-stamp $(TRITON)/.installed-stamp
 	$(BIN)/strata bench tuning --peers --output bench-tuning.json
 	$(BIN)/strata bench serving --peers --output bench-serving.json
 

@@ -239,16 +239,17 @@ def progress(prefix: str, stream=None) -> Callable[[str], None]:
     return say
 
 
-def peers_python() -> str:
-    """The interpreter with the real peer systems benchmarks compare with (``make bench-peers`` builds
-    ``.venv-peers`` beside the project, with Ray; ``STRATA_PEERS_PYTHON`` names another). Raises a one-line error
-    naming the fix when there is none."""
+def peers_python(environment: str = "peers") -> str:
+    """The interpreter with the real peer systems benchmarks compare with: ``make bench-peers`` builds
+    ``.venv-<environment>`` beside the project (``peers``: Ray; ``triton``: nvidia-pytriton, whose pins clash with
+    Ray's); ``STRATA_<ENVIRONMENT>_PYTHON`` names another. Raises a one-line error naming the fix when there is
+    none."""
     import os
     from pathlib import Path
 
-    named = os.environ.get("STRATA_PEERS_PYTHON")
-    path = Path(named) if named else Path(__file__).resolve().parents[2] / ".venv-peers" / "bin" / "python"
+    named = os.environ.get(f"STRATA_{environment.upper()}_PYTHON")
+    path = Path(named) if named else Path(__file__).resolve().parents[2] / f".venv-{environment}" / "bin" / "python"
     if not path.exists():
-        raise RuntimeError(f"no peers interpreter at {path}: run `make bench-peers` (it installs Ray 2.60"
-                           " beside the project) or set STRATA_PEERS_PYTHON")
+        raise RuntimeError(f"no {environment} interpreter at {path}: run `make bench-peers` (it installs the peer "
+                           f"systems beside the project) or set STRATA_{environment.upper()}_PYTHON")
     return str(path)

@@ -598,6 +598,7 @@ def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] 
         from components.runtime.benchkit import peers_python
 
         peers_python()  # fail in one line before anything runs
+        peers_python("triton")
     found: list[Figure] = []
     details: dict[str, Any] = {}
     machine = None

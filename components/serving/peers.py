@@ -135,6 +135,143 @@ def run_ray_serve(model_path: str, plans: dict[str, Any], *, max_batch: int, wai
     return results
 
 
+def _triton_load(conn, core: int | None, url: str, model: str, inputs: dict, dtype: str, plans: dict,
+                 calls: int) -> None:
+    """The load generator for Triton, in its own process: open-loop ``async_infer`` calls, each with its SLO as the
+    gRPC deadline (``client_timeout``), like Strata's generator."""
+    import threading
+
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    if core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+    client = triton.InferenceServerClient(url)
+    arrays = {kind: np.asarray(rows, dtype=dtype) for kind, rows in inputs.items()}
+
+    def request(kind: str):
+        tensor = triton.InferInput("x", list(arrays[kind].shape), "FP32" if dtype == "float32" else "INT64")
+        tensor.set_data_from_numpy(arrays[kind])
+        return [tensor]
+
+    def run_plan(plan: list) -> list[str | None]:
+        statuses: list[str | None] = [None] * len(plan)
+        done = threading.Semaphore(0)
+
+        def finished(index, result, error):
+            statuses[index] = None if error is None else (error.status() or type(error).__name__)
+            done.release()
+
+        began = time.perf_counter()
+        for index, (moment, kind, slo) in enumerate(plan):
+            delay = began + moment - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            client.async_infer(model, request(kind), callback=lambda result, error, i=index: finished(i, result, error),
+                               client_timeout=slo)
+        for _ in plan:
+            done.acquire(timeout=60)
+        return statuses
+
+    results: dict[str, Any] = {"runs": {}}
+    for kind in arrays:  # warm up
+        for _ in range(10):
+            client.infer(model, request(kind))
+    run_plan(plans["warmup"])
+    for key, plan in plans["runs"].items():
+        statuses = run_plan(plan)
+        on_time = sum(1 for status in statuses if status is None)
+        results["runs"][key] = {"requests": len(plan), "on_time": on_time, "finish_rate": on_time / len(plan),
+                                "statuses": {s: statuses.count(s) for s in set(statuses) if s is not None}}
+    if "overhead_row" in plans:
+        row = np.asarray(plans["overhead_row"], dtype="float32")
+        arrays["overhead"] = row
+        latencies = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            client.infer(model, request("overhead"))
+            latencies.append(time.perf_counter() - began)
+        results["call_p50_s"] = sorted(latencies)[len(latencies) // 2]
+    client.close()
+    conn.send(results)
+
+
+def run_triton(model_path: str, plans: dict[str, Any], *, max_batch: int, wait_s: float, calls: int) -> dict[str, Any]:
+    """The same plans on real Triton (nvidia-pytriton 0.7.0, which bundles the Triton server): the model bound with
+    pytriton's ``@batch``, Triton's dynamic batcher with ``max_batch_size`` and ``max_queue_delay_microseconds`` the
+    benchmark's FIFO settings (as Triton's docs advise for a latency budget of milliseconds: a small delay). Triton
+    batches only requests of the same shape, so rows of different lengths go in different batches. The inference
+    function runs in this process, pinned to core 0 with one torch thread; the load generator in another process on
+    core 1, over Triton's gRPC endpoint on 127.0.0.1."""
+    import multiprocessing
+
+    import numpy as np
+    import torch
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    from components.serving.model import load_served_model
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})
+    torch.set_num_threads(1)
+    served = load_served_model(model_path)
+    dtype = np.float32 if served.input_dtype == "float32" else np.int64
+
+    @batch
+    def infer(x):
+        with torch.inference_mode():
+            return {"y": served.module(torch.as_tensor(x)).numpy()}
+
+    input_shape = (-1,) if served.variable_length else tuple(served.input_shape)
+    output_shape = (-1, *served.output_shape[1:]) if served.variable_length else tuple(served.output_shape)
+    grpc_port = _free_port()
+    config = TritonConfig(http_port=_free_port(), grpc_port=grpc_port, metrics_port=_free_port(),
+                          log_verbose=0)
+    direct = []
+    row = plans.get("overhead_row")
+    if row is not None:
+        with torch.inference_mode():
+            sample = torch.as_tensor(np.asarray(row, dtype=np.float32))
+            for _ in range(calls):
+                began = time.perf_counter()
+                served.module(sample)
+                direct.append(time.perf_counter() - began)
+    with Triton(config=config) as triton:
+        triton.bind(model_name="strata", infer_func=infer,
+                    inputs=[Tensor(name="x", dtype=dtype, shape=input_shape)],
+                    outputs=[Tensor(name="y", dtype=np.float32, shape=output_shape)],
+                    config=ModelConfig(max_batch_size=max_batch,
+                                       batcher=DynamicBatcher(max_queue_delay_microseconds=int(wait_s * 1e6))))
+        triton.run()
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        process = context.Process(target=_triton_load, args=(theirs, 1, f"127.0.0.1:{grpc_port}", "strata",
+                                                             plans["inputs"], plans["dtype"], plans, calls))
+        process.start()
+        try:
+            results = mine.recv()
+        finally:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+    if direct and "call_p50_s" in results:
+        results["overhead"] = {"call_p50_s": results["call_p50_s"], "direct_p50_s": sorted(direct)[len(direct) // 2],
+                               "overhead_p50_s": results["call_p50_s"] - sorted(direct)[len(direct) // 2]}
+    for key, outcome in results["runs"].items():
+        print(f"  triton {key:24s} finish rate {outcome['finish_rate']:.3f}", flush=True)
+    return results
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -143,10 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-s", type=float, default=0.0001)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--system", choices=["ray-serve", "triton"], default="ray-serve")
     args = parser.parse_args(argv)
     with open(args.plan) as handle:
         plans = json.load(handle)
-    result = run_ray_serve(args.model, plans, max_batch=args.max_batch, wait_s=args.wait_s, calls=args.calls)
+    run = run_ray_serve if args.system == "ray-serve" else run_triton
+    result = run(args.model, plans, max_batch=args.max_batch, wait_s=args.wait_s, calls=args.calls)
     with open(args.output, "w") as handle:
         json.dump(result, handle)
     return 0

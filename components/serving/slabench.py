@@ -253,16 +253,20 @@ def _plan(kinds: list[str], moments: list[float], base: dict[str, float], multip
     return [(moment, kind, multiplier * base[kind]) for moment, kind in zip(moments, kinds, strict=True)]
 
 
-def ray_serve(model: dict[str, Any], inputs: dict[str, Any], plans: dict[str, list], warmup: list,
-              sizes: dict[str, Any], overhead_row: Any = None) -> dict[str, Any]:
-    """(e) Real Ray Serve on the same plans, in the peers' interpreter (:mod:`components.serving.peers`)."""
+PEERS = ("triton", "ray-serve")  # (d) real Triton through nvidia-pytriton, (e) real Ray Serve
+
+
+def peer(system: str, model: dict[str, Any], inputs: dict[str, Any], plans: dict[str, list], warmup: list,
+         sizes: dict[str, Any], overhead_row: Any = None) -> dict[str, Any]:
+    """A real peer system (``triton`` or ``ray-serve``) on the same plans, in the peers' interpreter
+    (:mod:`components.serving.peers`)."""
     import json
     import subprocess
 
     from components.runtime.benchkit import peers_python
 
-    python = peers_python()
-    with tempfile.TemporaryDirectory(prefix="strata-ray-serve-") as directory:
+    python = peers_python("triton" if system == "triton" else "peers")
+    with tempfile.TemporaryDirectory(prefix=f"strata-{system}-") as directory:
         plan_path, output = Path(directory) / "plan.json", Path(directory) / "result.json"
         body = {"dtype": model["input_dtype"], "inputs": {kind: rows.tolist() for kind, rows in inputs.items()},
                 "warmup": warmup, "runs": plans}
@@ -270,20 +274,20 @@ def ray_serve(model: dict[str, Any], inputs: dict[str, Any], plans: dict[str, li
             body["overhead_row"] = overhead_row.tolist()
         plan_path.write_text(json.dumps(body))
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-        done = subprocess.run([python, "-m", "components.serving.peers", "--model", model["path"], "--plan",
+        done = subprocess.run([python, "-m", "components.serving.peers", "--system", system, "--model", model["path"], "--plan",
                                str(plan_path), "--output", str(output), "--max-batch", str(sizes["max_batch"]),
                                "--wait-s", str(sizes["max_queue_delay_ms"] / 1000),
                                "--calls", str(sizes["overhead_calls"])],
                               env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
-            raise RuntimeError(f"Ray Serve failed ({done.returncode}): {done.stderr[-2000:]}")
+            raise RuntimeError(f"{system} failed ({done.returncode}): {done.stderr[-2000:]}")
         return json.loads(output.read_text())
 
 
 def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes: dict[str, Any] | None = None,
         policies: tuple[str, ...] = POLICIES, peers: bool = False) -> dict[str, Any]:
     """Run the SLA part; return its results (``models``, ``calibration``, ``runs``, ``overhead``; with ``peers``,
-    real Ray Serve's on the same plans as policy ``ray-serve``)."""
+    real Triton's and Ray Serve's on the same plans as policies ``triton`` and ``ray-serve``)."""
     import multiprocessing
 
     say = say or (lambda line: print(line, flush=True))
@@ -356,17 +360,17 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                             key: stats.get(key) for key in ("batches", "mean_batch", "batch_sizes", "dropped_early")}
                     finally:
                         server.close()
-                if peers:
+                for system in PEERS if peers else ():
                     warm_kinds = request_kinds(kinds_available, sizes["warmup"], sizes["long_share"], 99)
                     warm = arrivals("poisson", sizes["warmup"], sizes["rate_rps"], sizes["burst_mean"], 98)
-                    say(f"  {name}: real Ray Serve (ray 2.60, @serve.batch) on the same requests ...")
-                    ray = ray_serve(model, inputs, plans, _plan(warm_kinds, warm, base, 10.0), sizes,
-                                    overhead_row=inputs.get("row"))
-                    for key, outcome in ray["runs"].items():
-                        results["runs"][key]["ray-serve"] = outcome
-                        say(f"  {key:24s} ray-serve finish rate {outcome['finish_rate']:.3f}")
-                    if ray.get("overhead"):
-                        results["overhead"]["ray_serve"] = ray["overhead"]
+                    say(f"  {name}: real {system} on the same requests ...")
+                    found = peer(system, model, inputs, plans, _plan(warm_kinds, warm, base, 10.0), sizes,
+                                 overhead_row=inputs.get("row"))
+                    for key, outcome in found["runs"].items():
+                        results["runs"][key][system] = outcome
+                        say(f"  {key:24s} {system:9s} finish rate {outcome['finish_rate']:.3f}")
+                    if found.get("overhead"):
+                        results["overhead"][system.replace("-", "_")] = found["overhead"]
         finally:
             client.close()
     results["seconds"] = time.perf_counter() - began
@@ -389,6 +393,8 @@ def tight(results: dict[str, Any], name: str) -> dict[str, dict[str, float]]:
 FINISH_FIGURES = (  # (key, model, baseline policy, its description, target)
     ("finish_rate_dynamic_vs_fifo", "dynamic", "fifo", "FIFO dynamic batching (Triton-style)", TARGET_DYNAMIC),
     ("finish_rate_dynamic_vs_edf", "dynamic", "edf", "EDF with a mean estimate", None),
+    ("finish_rate_dynamic_vs_triton", "dynamic", "triton", "real Triton (nvidia-pytriton, dynamic batcher)",
+     TARGET_DYNAMIC),
     ("finish_rate_dynamic_vs_ray_serve", "dynamic", "ray-serve", "real Ray Serve (@serve.batch, handle calls)",
      TARGET_DYNAMIC),
     ("finish_rate_static_vs_fifo", "static", "fifo", "FIFO dynamic batching", TARGET_STATIC),
@@ -404,11 +410,12 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                                 rates[model]["orloj"], rates[model][baseline], "share", lower_is_better=False,
                                 target=target))
     overhead = results.get("overhead") or {}
-    ray = overhead.get("ray_serve") or {}
-    if ray.get("overhead_p50_s") is not None and overhead.get("overhead_p50_s") is not None:
-        found.append(Figure("overhead_p50_vs_ray_serve", "per-request overhead over a direct model call, p50: Strata "
-                            "through gRPC against Ray Serve through a handle", max(overhead["overhead_p50_s"], 1e-9),
-                            max(ray["overhead_p50_s"], 1e-9), "s"))
+    for system, label in (("triton", "Triton through its gRPC endpoint"), ("ray_serve", "Ray Serve through a handle")):
+        theirs = overhead.get(system) or {}
+        if theirs.get("overhead_p50_s") is not None and overhead.get("overhead_p50_s") is not None:
+            found.append(Figure(f"overhead_p50_vs_{system}", "per-request overhead over a direct model call, p50: "
+                                f"Strata through gRPC against {label}", max(overhead["overhead_p50_s"], 1e-9),
+                                max(theirs["overhead_p50_s"], 1e-9), "s"))
     if overhead.get("overhead_p50_s") is not None:
         found.append(Figure("overhead_p50", "per-request overhead of a gRPC call over a direct model call, p50, "
                             "against the 0.5 ms budget", max(overhead["overhead_p50_s"], 1e-9), OVERHEAD_BUDGET_S,
@@ -417,7 +424,7 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    policies = [policy for policy in (*POLICIES, "ray-serve") if any(policy in runs for runs in results["runs"].values())]
+    policies = [policy for policy in (*POLICIES, *PEERS) if any(policy in runs for runs in results["runs"].values())]
     rows = []
     for key, by_policy in results["runs"].items():
         if key.endswith("/endpoint"):
