@@ -283,6 +283,7 @@ class TrainLoopSession(Session):
         if self._pending is not None:  # cancelled mid-step: drop the step's activations
             self._pending.close()
             self._pending = None
+        self.loop.close()
 
     def result(self) -> dict[str, Any] | None:
         return self.summary if not self.stopped else {"stopped_at_step": self.loop.step_count}

@@ -182,6 +182,9 @@ class NodeAgent:
         signal.signal(signal.SIGINT, self._on_signal)
         self.register()
         self.services = self.node_services()
+        # What the services tell every attempt (a node-local cache's directory, say): the worker, its attempts'
+        # child processes and the service processes inherit it.
+        os.environ.update(self.services.environment())
         self.services.start_all()
         self.start_worker()
         interval = float(self.registration.get("heartbeat_seconds", 3.0))

@@ -22,6 +22,15 @@ every value its provider refuses, as ``{"spec.data.<option>": message}``, so a b
 
 Prepared data is shared: callers must treat what :func:`prepare` returns as read-only.
 
+Two more things a provider may do:
+
+- **resolve** names at submit (:meth:`DataProvider.resolve`): the control plane hands it a ``lookup`` of the
+  submitting team's records in the plugins' collections (:mod:`components.runtime.collections`), so a job may
+  name a dataset the team registered and the stored spec carries what the name meant then;
+- serve a **stream of epochs** (:meth:`DataProvider.epochs`, read with :func:`open_epochs`): a workload whose
+  data is augmented afresh every epoch asks for each epoch's samples, and the provider decides where they
+  come from (computed now, or a cached earlier computation reused) -- the :class:`EpochSource` protocol.
+
 Light: imported by the control plane (for the option check); no torch or numpy here.
 """
 
@@ -57,11 +66,58 @@ class DataProvider:
         """Problems with this provider's options in ``data``, as ``{option: message}`` (none by default)."""
         return {}
 
+    def resolve(self, data: dict[str, Any], lookup: Callable[[str, str], dict[str, Any] | None]) -> dict[str, Any]:
+        """This provider's options of a spec being submitted, with names of the team's records replaced by what
+        they name (``lookup(collection, name)`` gives a record's body or None). Raise
+        :class:`components.runtime.spec.SpecError` ``({option: message})`` for a name that names nothing. Must
+        be idempotent: a resolved spec (a child's, a resubmit) resolves to itself. By default: unchanged."""
+        return data
+
+    def epochs(self, data: dict[str, Any], job: dict[str, Any]) -> EpochSource | None:
+        """The stream of epochs this provider serves for ``data`` (a job's options), or None. ``job`` has the
+        job's ``seed``, ``epochs`` (the planned number) and ``device``. Called in the job's process."""
+        return None
+
     def fetch(self, key: str, recipe: dict[str, Any], build: Callable[[], Any], data: dict[str, Any]) -> Any:
         """The prepared data of ``recipe`` (content hash ``key``) or None to leave it to the next source.
         ``build()`` computes it; a cache calls it on a miss. Called only for jobs whose ``data`` names one of
         :attr:`options`."""
         return None
+
+
+class EpochSource:
+    """A stream of training epochs: what a workload whose data is augmented afresh each epoch reads from.
+
+    ``classes`` and ``test()`` describe the data; ``epoch(n)`` gives the samples of epoch ``n`` as ``(inputs,
+    labels)`` tensors (the workload shuffles them); after training an epoch the workload calls
+    ``after_epoch(n, compute_seconds, evaluation)``, whose True answer ends training early (a target reached).
+    ``metrics(n)`` are numbers worth reporting about epoch ``n``'s data (where it came from, how fast);
+    ``state_dict``/``load_state_dict`` carry the source's decisions across a resume, so a resumed run reads
+    the same epochs. ``close()`` frees workers and files.
+    """
+
+    classes: int = 0
+
+    def test(self) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def epoch(self, epoch: int) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def metrics(self, epoch: int) -> dict[str, float]:
+        return {}
+
+    def after_epoch(self, epoch: int, compute_seconds: float, evaluation: dict[str, float]) -> bool:
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 -- optional
+        pass
+
+    def close(self) -> None:  # noqa: B027 -- optional
+        pass
 
 
 def recipe_key(recipe: dict[str, Any]) -> str:
@@ -108,6 +164,45 @@ def option_errors(data: Any, providers: list[DataProvider] | None = None, *,
         for option, message in problems.items():
             errors[f"{prefix}.{option}" if option else prefix] = str(message)
     return errors
+
+
+def resolve_options(data: dict[str, Any], lookup: Callable[[str, str], dict[str, Any] | None], *,
+                    providers: list[DataProvider] | None = None,
+                    prefix: str = "spec.data") -> tuple[dict[str, Any], dict[str, str]]:
+    """``(resolved data, errors)``: each opted-into provider's :meth:`DataProvider.resolve` of its options."""
+    from components.runtime.spec import SpecError
+
+    resolved = dict(data)
+    errors: dict[str, str] = {}
+    for provider in _providers() if providers is None else providers:
+        mine = {option: data[option] for option in provider.options if option in data}
+        if not mine:
+            continue
+        try:
+            answer = provider.resolve(dict(mine), lookup)
+        except SpecError as error:
+            errors.update({f"{prefix}.{option}" if option else prefix: message
+                           for option, message in error.errors.items()})
+            continue
+        except Exception as error:  # noqa: BLE001 - a broken provider refuses, it never crashes the API
+            errors.update({f"{prefix}.{option}": f"could not be resolved: {type(error).__name__}" for option in mine})
+            continue
+        resolved.update({option: value for option, value in answer.items() if option in provider.options})
+    return resolved, errors
+
+
+def open_epochs(data: dict[str, Any] | None, job: dict[str, Any], *,
+                providers: list[DataProvider] | None = None) -> EpochSource:
+    """The stream of epochs the first opted-into provider serves for ``data``; LookupError when none does."""
+    data = data or {}
+    for provider in _providers() if providers is None else providers:
+        if not any(option in data for option in provider.options):
+            continue
+        source = provider.epochs({o: data[o] for o in provider.options if o in data}, dict(job))
+        if source is not None:
+            return source
+    raise LookupError("no installed data provider serves a stream of epochs for these data options: "
+                      f"{', '.join(sorted(data)) or 'none given'}")
 
 
 class Memo:

@@ -24,6 +24,8 @@ seam               path points at                                               
 ``node_services``  a ``components.runtime.services.NodeService`` subclass         no      node agent
 ``data_providers`` a ``components.runtime.data.DataProvider`` subclass           yes     API, job process
 ``benchmarks``     ``{name: "module:main"}``; ``main(quick, output) -> int``       no      ``strata bench``
+``job_routes``     ``{name: "module:function"}``; ``function(PanelData) -> JSON``  yes     API
+``collections``    ``{name: "module:Class"}``: a ``collections.Collection``       yes     API, CLI
 =================  =============================================================  ======  =================
 
 The registry (:mod:`components.runtime.registry`) reads every manifest once, checks it, and freezes the result.
@@ -63,6 +65,8 @@ class Plugin:
     # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
     # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
     job_routes: Mapping[str, str] = field(default_factory=dict)
+    # Team-owned named records served at ``/api/v1/{name}/`` (components.runtime.collections.Collection).
+    collections: Mapping[str, str] = field(default_factory=dict)
 
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
@@ -72,6 +76,7 @@ class Plugin:
             found.append(("reports", self.reports))
         found.extend(("benchmarks", path) for path in self.benchmarks.values())
         found.extend(("job_routes", path) for path in self.job_routes.values())
+        found.extend(("collections", path) for path in self.collections.values())
         return found
 
     def problems(self) -> list[str]:
@@ -83,7 +88,7 @@ class Plugin:
             value = getattr(self, seam)
             if isinstance(value, str) or not isinstance(value, tuple | list):
                 problems.append(f"{seam} must be a tuple of 'module:attribute' paths")
-        for seam in ("benchmarks", "job_routes"):
+        for seam in ("benchmarks", "job_routes", "collections"):
             value = getattr(self, seam)
             if not isinstance(value, Mapping):
                 problems.append(f"{seam} must map a name to a 'module:function' path")

@@ -177,6 +177,9 @@ class Candidate:
     free_share: float
     free_memory: int
     memory_total: int
+    # The node's latest plugin reports, ``{plugin: payload}`` as its ReportSchema stored them (what a node
+    # service says about the node: e.g. which prepared data a node-local cache holds).
+    reports: dict[str, Any] = field(default_factory=dict)
 
 
 class PlacementScore(Policy):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -31,6 +31,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "components.serving.plugin:PLUGIN",
     "components.gpushare.plugin:PLUGIN",
     "components.tuning.plugin:PLUGIN",
+    "components.datacache.plugin:PLUGIN",
 )
 ENTRY_POINT_GROUP = "strata.plugins"
 KIND_ENTRY_POINT_GROUP = "strata.components"
@@ -65,6 +66,7 @@ class LoadedPlugin:
     commands: dict[str, type]
     job_routes: dict[str, Any]  # name -> function(data: PanelData) -> JSON
     data_providers: tuple[Any, ...] = ()  # DataProvider instances
+    collections: dict[str, Any] = field(default_factory=dict)  # name -> Collection instance
 
     @property
     def name(self) -> str:
@@ -145,9 +147,16 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         options = provider.options
         if not isinstance(options, frozenset | set) or not all(isinstance(o, str) and o for o in options):
             raise TypeError(f"{type(provider).__name__}.options must be a set of option names")
+    from components.runtime.collections import Collection
+
+    collections: dict[str, Any] = {}
+    for name, path in plugin.collections.items():
+        collection = _subclass(path, Collection)()
+        collection.name = name
+        collections[name] = collection
     return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
                         hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes,
-                        data_providers=providers)
+                        data_providers=providers, collections=collections)
 
 
 def _hook(path: str) -> Any:
@@ -191,6 +200,10 @@ RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "logs", "metrics", "resubmit",
                                  "children", "attempts"})
 
+# The core's own top-level API resources (/api/v1/<name>/): a plugin's collection may not take these names.
+RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
+                                  "quotas", "tokens", "users", "auth", "plugins", "bench", "health"})
+
 
 def _load() -> _State:
     plugins: dict[str, LoadedPlugin] = {}
@@ -198,6 +211,7 @@ def _load() -> _State:
     owners: dict[tuple[str, str], str] = {("benchmark", name): "core" for name in RESERVED_BENCHMARKS}
     owners.update({("command", name): "core" for name in RESERVED_COMMANDS})
     owners.update({("job route", name): "core" for name in RESERVED_JOB_ROUTES})
+    owners.update({("collection", name): "core" for name in RESERVED_COLLECTIONS})
     for source, manifest in _manifests():
         name = getattr(manifest, "name", None) or source
         if isinstance(manifest, Exception):
@@ -211,6 +225,7 @@ def _load() -> _State:
                      [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
                      [("command", command) for command in loaded.commands] + \
                      [("job route", route) for route in loaded.job_routes] + \
+                     [("collection", name) for name in loaded.collections] + \
                      [("data option", option) for provider in loaded.data_providers for option in provider.options]
             taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
                      if (what, value) in owners]
@@ -320,6 +335,11 @@ def node_services() -> list[tuple[str, str]]:
 def job_routes() -> dict[str, Any]:
     """Plugins' read-only job sub-resources: ``{name: function(data) -> JSON}``."""
     return {name: function for loaded in plugins().values() for name, function in loaded.job_routes.items()}
+
+
+def collections() -> dict[str, Any]:
+    """Plugins' collections of named records: ``{name: Collection}`` (served at ``/api/v1/{name}/``)."""
+    return {name: collection for loaded in plugins().values() for name, collection in loaded.collections.items()}
 
 
 def data_providers() -> list[Any]:

@@ -13,6 +13,9 @@ node agent (:mod:`components.runtime.agent`) imports each one, asks it for this 
 - :meth:`~NodeService.worker_config`: what the node's Celery worker must know to reach the service (merged
   per plugin into the worker's configuration). A service that runs attempts for the worker (a *host*, such
   as a device's sharing service) also answers :meth:`~NodeService.host_for`, in the worker process;
+- :meth:`~NodeService.environment`: variables every attempt on the node gets (merged over the plugins, set
+  in the agent's environment before the worker and the services start, so the attempts' child processes and
+  the sessions a service hosts all see them: e.g. where a node-local cache lives);
 - :meth:`~NodeService.stop` when the agent stops.
 
 A service that fails to import, to build its instances, to start, to report or to stop costs only itself: the
@@ -132,6 +135,11 @@ class NodeService(abc.ABC):
 
     def configure(self, settings: dict[str, Any]) -> None:  # noqa: B027 -- optional hook
         """Node-wide settings from the control plane: the heartbeat's answer (e.g. ``sharing_policy``)."""
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables for every attempt on this node (and the processes the agent starts after its
+        services are built). Asked once, before any service starts; names must not clash across plugins."""
+        return {}
 
     def worker_config(self) -> dict[str, Any] | None:
         """JSON the node's worker needs to reach this service (merged per plugin, see :meth:`host_for`)."""
@@ -321,6 +329,27 @@ class Supervisor:
                 entry.service.configure(settings)
             except Exception as error:  # noqa: BLE001
                 log.warning("node service %s: configure() raised %r", entry.service.label, error)
+
+    def environment(self) -> dict[str, str]:
+        """Every service's :meth:`NodeService.environment`, merged; a service that raises or answers something
+        other than string pairs costs only its own variables (logged), and the first plugin to set a name keeps
+        it."""
+        merged: dict[str, str] = {}
+        for entry in self.entries:
+            try:
+                part = entry.service.environment() or {}
+                if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in part.items()):
+                    raise TypeError("environment() must return {str: str}")
+            except Exception as error:  # noqa: BLE001
+                log.warning("node service %s: environment() failed: %r", entry.service.label, error)
+                continue
+            for name, value in part.items():
+                if name in merged and merged[name] != value:
+                    log.warning("node service %s: %s is already set by another service; kept the first",
+                                entry.service.label, name)
+                    continue
+                merged[name] = value
+        return merged
 
     def worker_config(self) -> dict[str, dict[str, Any]]:
         """``{plugin: {"classes": [paths], "config": merged worker_config}}`` for the node's worker."""

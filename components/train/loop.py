@@ -116,6 +116,7 @@ class TrainLoop:
         """Set up the workload and resume from the job's latest checkpoint, if any."""
         if self.owns_process:
             _seed_globals(self.spec["seed"])
+        self.workload.log = self.ctx.log  # the job's log, for workloads with something to say while set up
         self.workload.setup(self.spec, self.device)
         self.steps_per_epoch = int(self.workload.steps_per_epoch())
         if self.steps_per_epoch < 1:
@@ -132,6 +133,8 @@ class TrainLoop:
         if state is not None:
             self.load_state_dict(state)
             self.resumed_from = self.step_count
+            if self.workload.finished():  # it had reached its end before the checkpoint
+                self.total_steps = min(self.total_steps, self.step_count)
             self.ctx.log(
                 f"resumed {self.name} from the checkpoint at step {self.step_count}/{self.total_steps} "
                 f"(epoch {min(self.epoch + 1, self.spec['epochs'])}/{self.spec['epochs']})"
@@ -214,11 +217,16 @@ class TrainLoop:
         self._epoch.reset()
         self.last_eval = self.workload.evaluate()
         self._eval_step = self.step_count
-        if self.last_eval:
-            self.ctx.metrics(self.last_eval, self.step_count)
+        extra = self.workload.end_epoch(epoch, dict(self.last_eval))
+        if self.last_eval or extra:
+            self.ctx.metrics({**self.last_eval, **extra}, self.step_count)
         summary = ", ".join(f"{name} {value:.4f}" for name, value in {**train, **self.last_eval}.items())
         partial = "" if (epoch + 1) * self.steps_per_epoch <= self.step_count else " (partial)"
         self.ctx.log(f"epoch {epoch + 1}/{self.spec['epochs']}{partial}: {summary} ({seconds:.1f}s)")
+        if self.workload.finished() and not self.done:
+            self.ctx.log(f"{self.name} finished early after epoch {epoch + 1}: step {self.step_count} of "
+                         f"{self.total_steps} planned")
+            self.total_steps = self.step_count
 
     def checkpoint(self) -> None:
         if self._checkpoint_step == self.step_count:
@@ -304,18 +312,27 @@ class TrainLoop:
 
     def run(self) -> bool:
         """Train to the end (True) or until ``ctx.should_stop()`` (False, after a checkpoint)."""
-        if not self.started:
-            self.start()
-        while not self.done:
-            if self.ctx.should_stop():
-                self.checkpoint()
-                self.ctx.log(
-                    f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved"
-                )
-                return False
-            self.step()
-        self.finish()
-        return True
+        try:
+            if not self.started:
+                self.start()
+            while not self.done:
+                if self.ctx.should_stop():
+                    self.checkpoint()
+                    self.ctx.log(
+                        f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved"
+                    )
+                    return False
+                self.step()
+            self.finish()
+            return True
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Let the workload free what it started (loader processes...); idempotent."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.workload.close()
 
 
 def cpu_snapshot(value: Any) -> Any:

@@ -9,7 +9,9 @@ from typing import Any, ClassVar
 from components.runtime.data import option_errors
 from components.runtime.spec import Checker, KindSpec
 
-WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt")
+WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset")
+# Workloads whose data is a stream of epochs from spec.data.dataset (components.runtime.data.open_epochs).
+STREAMING = ("cnn-dataset",)
 TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
@@ -22,7 +24,7 @@ DEFAULT_EPOCHS = 3
 WORKLOAD_EPOCHS = {"tiny-gpt": 5, "moe-gpt": 5}
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}
 # "hidden" is the width of each model: MLP hidden units, CNN first-layer channels, transformer model width.
-DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64}
+DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64, "cnn-dataset": 16}
 TINY_GPT_HEADS = 4
 
 MAX_EPOCHS = 100_000
@@ -56,7 +58,8 @@ class TrainSpec(KindSpec):
     component: ClassVar[str] = "components.train.component:TrainComponent"
     panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
     description: ClassVar[str] = (
-        "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt) "
+        "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt, "
+        "cnn-dataset over a registered dataset) "
         "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."
     )
 
@@ -129,6 +132,14 @@ class TrainSpec(KindSpec):
 
         data = spec.get("data") or {}
         check.errors.update(option_errors(spec.get("data")))
+        if isinstance(data, dict) and "spec.data" not in check.errors:
+            if builtin in STREAMING and "dataset" not in data and "spec.data.dataset" not in check.errors:
+                check.errors["spec.data.dataset"] = (f"required: {builtin} trains on a dataset; name one "
+                                                     "(GET /api/v1/datasets/ lists them), e.g. shapes-jpeg")
+            elif "dataset" in data and builtin is not None and builtin not in STREAMING \
+                    and "spec.data.dataset" not in check.errors:
+                check.errors["spec.data.dataset"] = (f"only {', '.join(STREAMING)} (or an entrypoint's workload) "
+                                                     f"reads a dataset; {builtin} prepares its own data")
         check.raise_if_errors()
         return {
             "workload": workload,

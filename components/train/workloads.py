@@ -87,6 +87,19 @@ class Workload(abc.ABC):
         """Held-out metrics (e.g. ``test_loss``, ``test_accuracy``). None by default."""
         return {}
 
+    def end_epoch(self, epoch: int, evaluation: dict[str, float]) -> dict[str, float]:
+        """Called by the loop after epoch ``epoch`` (0-based) was evaluated; returns more metrics to report for
+        it (e.g. where its data came from). None by default."""
+        return {}
+
+    def finished(self) -> bool:
+        """True ends the run early, after the current epoch (e.g. a target metric was reached). False by default;
+        the answer must survive a resume (keep what decides it in :meth:`state_dict`)."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 -- optional hook
+        """Free what :meth:`setup` started (loader processes, open files); called once the run ends."""
+
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: model and optimizer state, any other mutable state."""
@@ -778,8 +791,143 @@ class MoEGPTWorkload(TinyGPTWorkload):
         return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets), "aux_loss": aux.detach()}
 
 
+class CNNDataset(ClassificationWorkload):
+    """A small CNN over a dataset the data seam streams (``spec.data.dataset``), augmented afresh each epoch.
+
+    The epochs come from :func:`components.runtime.data.open_epochs`: the data provider that owns the
+    ``dataset`` option decides where each epoch's samples come from (preprocessed now by loader workers, read
+    from a node cache, or a cached epoch reused: PerFect). Samples arrive as uint8 images and are scaled to
+    [-1, 1] per batch on the device.
+    """
+
+    name: ClassVar[str] = "cnn-dataset"
+
+    def setup(self, spec: dict[str, Any], device: torch.device) -> None:
+        from components.runtime.data import open_epochs
+
+        self.spec = spec
+        self.device = torch.device(device)
+        self.batch_size = spec["batch_size"]
+        self.log = getattr(self, "log", None)
+        self.source = open_epochs(spec.get("data"), {"seed": spec["seed"], "epochs": spec["epochs"],
+                                                     "device": str(self.device), "log": self.log})
+        x_test, y_test = self.source.test()
+        self.x_test, self.y_test = x_test.to(self.device), y_test.to(self.device)
+        classes = int(self.source.classes)
+        self._config = self.architecture(spec, x_test, classes)
+        self.model = self.init_model(spec, lambda: self.from_config(self._config))
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self._order = None
+        self._epoch_data: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._epoch_began: float | None = None
+        self._eval_began: float | None = None
+        self._waited = 0.0
+        self._finished = False
+        self._train_count = None
+
+    def _data(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._epoch_data is None or self._epoch_data[0] != epoch:
+            import time
+
+            began = time.perf_counter()
+            x, y = self.source.epoch(epoch)
+            self._epoch_data = (epoch, x.to(self.device), y.to(self.device))
+            self._waited = time.perf_counter() - began
+            self._epoch_began = time.perf_counter()
+        return self._epoch_data[1], self._epoch_data[2]
+
+    def steps_per_epoch(self) -> int:
+        if self._train_count is None:
+            x, _ = self._data(0) if self._epoch_data is None else self._epoch_data[1:]
+            self._train_count = len(x)
+        return math.ceil(self._train_count / self.batch_size)
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            order = torch.randperm(self._train_count, generator=generator(self.spec["seed"], "order", epoch))
+            self._order = (epoch, order.to(self.device))
+        return self._order[1]
+
+    @staticmethod
+    def _scale(images: torch.Tensor) -> torch.Tensor:
+        return images.float().div_(127.5).sub_(1.0)
+
+    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self._data(epoch)
+        rows = self._epoch_order(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
+        return self._scale(x[rows]), y[rows]
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        import time
+
+        self._eval_began = time.perf_counter()
+        self.model.eval()
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        for start in range(0, len(self.x_test), self.eval_batch_size):
+            inputs = self._scale(self.x_test[start : start + self.eval_batch_size])
+            targets = self.y_test[start : start + self.eval_batch_size]
+            logits = self.model(inputs)
+            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
+            correct += (logits.argmax(dim=1) == targets).sum()
+        count = len(self.x_test)
+        return {"test_loss": float(loss_sum) / count, "test_accuracy": float(correct) / count}
+
+    def end_epoch(self, epoch: int, evaluation: dict[str, float]) -> dict[str, float]:
+        import time
+
+        end = self._eval_began or time.perf_counter()
+        compute = max(end - (self._epoch_began or end), 0.0)
+        if self.source.after_epoch(epoch, compute, evaluation):
+            self._finished = True
+        return self.source.metrics(epoch)
+
+    def finished(self) -> bool:
+        return self._finished
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "source": self.source.state_dict(), "finished": self._finished}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.source.load_state_dict(state.get("source") or {})
+        self._finished = bool(state.get("finished", False))
+
+    def close(self) -> None:
+        source = getattr(self, "source", None)
+        if source is not None:
+            source.close()
+
+    def architecture(self, spec, x_train, classes):
+        return {"in_channels": int(x_train.shape[1]), "size": int(x_train.shape[-1]), "hidden": int(spec["hidden"]),
+                "classes": int(classes)}
+
+    @classmethod
+    def from_config(cls, config):
+        in_channels, channels, classes = (int(config[key]) for key in ("in_channels", "hidden", "classes"))
+
+        def block(inputs: int, outputs: int) -> list[nn.Module]:
+            return [nn.Conv2d(inputs, outputs, 3, padding=1), nn.BatchNorm2d(outputs), nn.ReLU()]
+
+        return nn.Sequential(
+            *block(in_channels, channels), *block(channels, channels), nn.MaxPool2d(2),
+            *block(channels, 2 * channels), *block(2 * channels, 2 * channels), nn.MaxPool2d(2),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * channels, classes),
+        )
+
+    @classmethod
+    def describe_io(cls, config):
+        size = int(config["size"])
+        return ({"shape": [int(config["in_channels"]), size, size], "dtype": "float32", "limit": 0},
+                {"shape": [int(config["classes"])], "dtype": "float32"})
+
+    def load_data(self, spec):  # the data comes from the stream of epochs (setup), never from here
+        raise NotImplementedError("cnn-dataset reads its data from spec.data.dataset's stream of epochs")
+
+
 BUILTIN_WORKLOADS: dict[str, type[Workload]] = {
-    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload)
+    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload, CNNDataset)
 }
 
 

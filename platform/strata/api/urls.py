@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from strata.accounts.api.views import TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
+from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import JobRouteView, JobViewSet
 from strata.quotas.api.views import QuotaViewSet
 
@@ -46,4 +47,7 @@ urlpatterns = [
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),
+    # Last: the plugins' collections (/api/v1/datasets/ ...); the core's resources above always match first.
+    path("<slug:collection>/", CollectionView.as_view(), name="collection"),
+    path("<slug:collection>/<str:name>/", CollectionItemView.as_view(), name="collection-item"),
 ]

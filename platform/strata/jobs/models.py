@@ -234,3 +234,22 @@ class JobToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class PluginRecord(models.Model):
+    """One named record of a plugin's collection (``components.runtime.collections``), owned by a team: e.g. a
+    dataset registered once and named by jobs. ``body`` is what the collection's ``validate`` returned."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    collection = models.CharField(max_length=40)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="plugin_records")
+    name = models.CharField(max_length=64)
+    body = models.JSONField(default=dict)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL,
+                                   related_name="plugin_records")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["collection", "name"]
+        constraints = [models.UniqueConstraint(fields=["collection", "team", "name"],
+                                               name="plugin_record_unique_name")]

@@ -85,6 +85,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
               nested=nested, **data)
     check_sources(team, job.kind, job.spec)
+    job.spec = resolve_data(team, job.spec)
     if not nested:
         view = ClusterView()
         # Hardware no registered node has is refused at once; labels no node carries yet only keep the job
@@ -174,6 +175,40 @@ def check_sources(team, kind: str, spec: dict) -> None:
             raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
         if problem := kind_spec.source_problem(ref, source.spec, spec):
             raise SubmitRejected(ref.field, problem)
+
+
+def record_lookup(team):
+    """``lookup(collection, name)``: the body (with ``name``) of ``team``'s record of that name in a plugin's
+    collection, or of the collection's built-in entry of that name; None when there is neither."""
+    from components.runtime import registry
+    from strata.jobs.models import PluginRecord
+
+    def lookup(collection: str, name: str) -> dict | None:
+        found = registry.collections().get(collection)
+        if found is None:
+            return None
+        builtin = next((item for item in found.builtins() if item.get("name") == name), None)
+        if builtin is not None:
+            return dict(builtin)
+        record = PluginRecord.objects.filter(collection=collection, team=team, name=name).first()
+        return {**record.body, "name": record.name} if record is not None else None
+
+    return lookup
+
+
+def resolve_data(team, spec: dict) -> dict:
+    """The spec with its ``data`` options resolved by their providers (names of the team's registered records
+    replaced by what they name, see ``DataProvider.resolve``); a name that resolves to nothing is a 400."""
+    from components.runtime.data import resolve_options
+
+    data = spec.get("data") if isinstance(spec, dict) else None
+    if not isinstance(data, dict) or not data:
+        return spec
+    resolved, errors = resolve_options(data, record_lookup(team))
+    if errors:
+        field, message = next(iter(errors.items()))
+        raise SubmitRejected(field, message)
+    return {**spec, "data": resolved}
 
 
 def job_token_create(job: Job, *, user, name: str = "", expires_in_s: int | None = None) -> tuple[JobToken, str]:

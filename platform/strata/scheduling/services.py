@@ -239,7 +239,15 @@ def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex):
 
     view = _view(team_id, item, _specs([item[2]]).get(item[2]))
 
+    reports: dict = {}  # node id -> its latest plugin reports, read once per job
+
     def choose(rank: int, options: list) -> int | None:
+        missing = {option[0][0].node_id for option in options} - set(reports)
+        if missing:
+            for node_id, stored in Node.objects.filter(pk__in=list(missing)).values_list("id", "reports"):
+                reports[node_id] = {plugin: (entry or {}).get("payload") for plugin, entry in (stored or {}).items()
+                                    if isinstance(entry, dict) and entry.get("payload") is not None}
+            reports.update({node_id: {} for node_id in missing - set(reports)})
         candidates = []
         for option in options:
             device = option[0][0]
@@ -248,7 +256,7 @@ def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex):
                 rank=rank, node_id=str(node.id), node=node.name, labels=dict(node.labels),
                 devices=tuple(slot.index for slot, _, _ in option), share=option[0][1] / FULL,
                 memory=option[0][2], free_share=device.free / FULL, free_memory=device.free_memory,
-                memory_total=device.memory_total))
+                memory_total=device.memory_total, reports=dict(reports.get(device.node_id) or {})))
         return best(view, candidates, hooks)
 
     return choose

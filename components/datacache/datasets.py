@@ -1,0 +1,180 @@
+"""Datasets and their preprocessing pipelines: what the cache keys its entries by.
+
+A **dataset** is raw samples and labels: a built-in (scikit-learn's digits, a generated set of JPEG images,
+the bundled text corpus) or one a team registered (``POST /api/v1/datasets/``: a directory of images, one
+sub-directory per class, or an ``.npz`` file, at a path on the nodes). A **pipeline** turns raw samples into
+training tensors: decode, transform (resize to ``size``), augment (random crop, flip, rotation, colour jitter,
+blur, each drawn per sample from the epoch's seed). A pipeline is identified by the content hash of its whole
+definition (:func:`pipeline_id`): change one parameter and it is another pipeline, cached apart.
+
+Light: the control plane imports this (the collection, the spec check, the placement hook).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+from components.runtime.collections import Collection, name_problem
+from components.runtime.data import recipe_key
+from components.runtime.panels import PanelData
+from components.runtime.spec import Checker, SpecError
+
+PLUGIN = "datacache"
+FORMAT_VERSION = 1
+FORMATS = ("image-folder", "npz")
+MAX_SIZE = 128
+
+# The default augmentation of image pipelines: the usual CIFAR-style recipe, CPU-heavy on purpose.
+DEFAULT_AUGMENT: dict[str, Any] = {"crop": [0.45, 1.0], "flip": True, "rotate": 20.0, "jitter": 0.4, "blur": 0.3}
+AUGMENT_FIELDS = set(DEFAULT_AUGMENT)
+
+BUILTINS: dict[str, dict[str, Any]] = {
+    "shapes-jpeg": {
+        "description": "Generated colour images of 8 shape classes on textured backgrounds, stored as 128x128 "
+                       "JPEGs (6000 train, 1000 test): decoding and augmenting them is CPU-heavy, like real "
+                       "photographs.",
+        "format": "generated-jpeg", "task": "classification", "classes": 8, "train": 6000, "test": 1000,
+        "raw_size": 128, "size": 32, "channels": 3, "augment": DEFAULT_AUGMENT,
+    },
+    "digits": {
+        "description": "scikit-learn's bundled 8x8 handwritten digits (1797 images, 20% held out), upscaled to "
+                       "16x16.",
+        "format": "sklearn-digits", "task": "classification", "classes": 10, "train": 1438, "test": 359,
+        "raw_size": 8, "size": 16, "channels": 1,
+        "augment": {"crop": [0.8, 1.0], "flip": False, "rotate": 10.0, "jitter": 0.2, "blur": 0.0},
+    },
+    "corpus": {
+        "description": "The bundled text corpus (public-domain prose), for the language-model workloads: "
+                       "their tokenized text is cached with data: {cache: true}.",
+        "format": "text", "task": "language-model",
+    },
+}
+
+
+def builtin_records() -> list[dict[str, Any]]:
+    return [{"name": name, **copy.deepcopy(body)} for name, body in BUILTINS.items()]
+
+
+def definition(record: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline definition of a dataset record: every parameter that decides the tensors it yields."""
+    keys = ("format", "source", "classes", "train", "test", "raw_size", "size", "channels", "augment",
+            "test_fraction")
+    return {"dataset": record["name"], "version": FORMAT_VERSION,
+            **{key: copy.deepcopy(record[key]) for key in keys if key in record}}
+
+
+def pipeline_id(definition: dict[str, Any]) -> str:
+    """The content hash naming a pipeline (16 hex digits): equal definitions, equal ids."""
+    return recipe_key(definition)[:16]
+
+
+def check_augment(check: Checker, name: str, default: dict[str, Any]) -> dict[str, Any] | None:
+    """An augmentation object (None turns augmentation off), every bad field named ``<prefix>.<name>.<field>``."""
+    value = check.spec.get(name, default)
+    where = check._path(name)
+    if value is None or value is False:
+        return None
+    if not isinstance(value, dict):
+        check.errors[where] = "must be an object of augmentation parameters, or null for none"
+        return None
+    inner = Checker(value, where)
+    inner.unknown(AUGMENT_FIELDS)
+    crop = value.get("crop", default.get("crop", [1.0, 1.0]))
+    if not (isinstance(crop, list) and len(crop) == 2 and all(isinstance(c, int | float) and not isinstance(c, bool)
+                                                              for c in crop) and 0.05 <= crop[0] <= crop[1] <= 1.0):
+        inner.errors[f"{where}.crop"] = "must be [smallest, largest] area fractions with 0.05 <= smallest <= largest <= 1"
+        crop = None
+    flip = inner.boolean("flip", default.get("flip", False))
+    rotate = inner.number("rotate", default.get("rotate", 0.0), minimum=0.0, maximum=180.0)
+    jitter = inner.number("jitter", default.get("jitter", 0.0), minimum=0.0, maximum=1.0)
+    blur = inner.number("blur", default.get("blur", 0.0), minimum=0.0, maximum=1.0)
+    check.errors.update(inner.errors)
+    if inner.errors:
+        return None
+    return {"crop": [float(crop[0]), float(crop[1])], "flip": bool(flip), "rotate": float(rotate),
+            "jitter": float(jitter), "blur": float(blur)}
+
+
+class Datasets(Collection):
+    """``/api/v1/datasets/``: the built-in datasets and those the team registered, with their pipelines and
+    which nodes' caches hold them."""
+
+    title: ClassVar[str] = "Datasets"
+    description: ClassVar[str] = "Datasets jobs read by name (data: {dataset: NAME}), with their pipelines."
+
+    def builtins(self) -> list[dict[str, Any]]:
+        return builtin_records()
+
+    def validate(self, body: Any) -> dict[str, Any]:
+        check = Checker(body, "")
+        check.unknown({"name", "description", "source", "format", "size", "channels", "augment",
+                       "test_fraction", "task"})
+        if body.get("task", "classification") != "classification":
+            check.errors["task"] = "must be classification (the only task a registered dataset can have)"
+        name = body.get("name")
+        if problem := name_problem(name):
+            check.errors["name"] = problem
+        description = check.string("description", "")
+        source = body.get("source")
+        if not isinstance(source, dict) or set(source) != {"path"}:
+            check.errors["source"] = "required: {path: an absolute path on the nodes}"
+        elif not isinstance(source["path"], str) or not source["path"].startswith("/") or "\0" in source["path"]:
+            check.errors["source.path"] = "must be an absolute path on the nodes"
+        fmt = check.string("format", None, choices=FORMATS)
+        if fmt is None and "format" not in check.errors:
+            check.errors["format"] = f"required: one of {', '.join(FORMATS)} (a directory with one sub-directory " \
+                                     "of images per class, or an .npz file with arrays x and y)"
+        size = check.number("size", 32, kind=int, minimum=4, maximum=MAX_SIZE)
+        channels = check.number("channels", 3, kind=int, minimum=1, maximum=3)
+        if channels == 2:
+            check.errors["channels"] = "must be 1 (grey) or 3 (colour)"
+        test_fraction = check.number("test_fraction", 0.2, minimum=0.05, maximum=0.5)
+        augment = check_augment(check, "augment", DEFAULT_AUGMENT)
+        if check.errors:
+            raise SpecError(check.errors)
+        return {"name": name, "description": description, "source": {"path": source["path"]}, "format": fmt,
+                "task": "classification", "size": size, "channels": channels, "test_fraction": test_fraction,
+                "augment": augment}
+
+    def present(self, record: dict[str, Any], data: PanelData) -> dict[str, Any]:
+        shown = dict(record)
+        if record.get("task") != "classification":
+            shown["pipelines"] = []
+            return shown
+        pipeline = pipeline_id(definition(record))
+        held = []
+        for node in data.reports(PLUGIN).get("nodes", []):
+            entries = [entry for entry in (node.get("payload") or {}).get("entries", [])
+                       if entry.get("pipeline") == pipeline]
+            if entries:
+                held.append({"node": node.get("node"), "entries": len(entries),
+                             "bytes": sum(int(entry.get("bytes", 0)) for entry in entries)})
+        shown["pipelines"] = [{"id": pipeline, "definition": definition(record), "cached_on": held}]
+        return shown
+
+
+def resolve_dataset(value: Any, lookup) -> dict[str, Any]:
+    """A spec's ``data.dataset`` resolved: a name becomes ``{"name", "definition"}``; an already-resolved
+    object is checked and kept. Raises ValueError with the message for ``spec.data.dataset``."""
+    if isinstance(value, dict) and set(value) == {"name", "definition"} and isinstance(value["definition"], dict):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must name a dataset (strata datasets lists them)")
+    record = lookup("datasets", value)
+    if record is None:
+        raise ValueError(f"no dataset named {value!r} in this team (strata datasets lists them)")
+    if record.get("task") != "classification":
+        raise ValueError(f"{value!r} is a {record.get('task')} dataset: only classification datasets stream epochs")
+    return {"name": value, "definition": definition(record)}
+
+
+def dataset_pipeline(spec: dict[str, Any]) -> str | None:
+    """The pipeline id a (normalized, resolved) job spec reads, else None: the placement hook's key."""
+    data = spec.get("data") if isinstance(spec, dict) else None
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if isinstance(dataset, dict) and isinstance(dataset.get("definition"), dict):
+        return pipeline_id(dataset["definition"])
+    if isinstance(dataset, str) and dataset in BUILTINS and BUILTINS[dataset].get("task") == "classification":
+        return pipeline_id(definition({"name": dataset, **BUILTINS[dataset]}))
+    return None

@@ -1,0 +1,271 @@
+"""The stream of epochs a job reads, and PerFect's two phases.
+
+:class:`DatasetEpochs` serves ``epoch(n)`` for a job: the training samples of that epoch, preprocessed by the
+dataset's pipeline in the job's loader workers, or read from the node's cache when any job on the node already
+computed them. Each epoch reads one **variant** of the pipeline (variant ``v``: every sample augmented with
+randomness drawn from ``(pipeline, v, sample)``).
+
+- Plain (``perfect`` off): epoch ``n`` reads variant ``n``: fresh augmentation every epoch, as a DataLoader does.
+  With ``cache: true`` every variant is cached, so the trials of a sweep (or any jobs on the node reading the
+  same pipeline) preprocess each variant once between them.
+- PerFect: phase 1 (epochs ``0 .. switch-1``) reads variant ``n // reuse``: each preprocessed variant is reused
+  ``reuse`` times, so training stops waiting on the CPU pipeline. Phase 2 (epochs ``switch ..``) fine-tunes on
+  fresh variants (variant ``n``, never reused in the job) to recover the accuracy, until the ``target`` metric
+  is reached or the epochs run out.
+
+``reuse`` and ``switch`` are chosen automatically (``"auto"``, the default) from measured throughput, after the
+first epoch: with ``rho`` = the seconds to preprocess one variant divided by the seconds to train one epoch
+(each measured alone: variant 0 is built before training starts and nothing is prefetched during epoch 0, so
+on a machine where loader workers and training share cores neither figure is inflated by the other), ``reuse = clamp(round(rho), 1, 8)`` makes
+preprocessing of the next variant hide behind the ``reuse`` epochs that reuse the current one, and the fine-tune
+phase gets ``ceil(epochs / (reuse + 1))`` epochs, which gives it as much wall time as phase 1 (a phase-2 epoch
+waits on preprocessing, ``rho`` times longer). ``rho <= 1.5`` means preprocessing keeps up: nothing is reused.
+Both can be set (``reuse: 3``, ``switch: 0.7`` as a fraction of the epochs). The decision is kept in the
+checkpoint, so a resumed job reads the same epochs.
+
+The loader work runs in ``workers`` spawned processes, one variant ahead of training (the next variant that
+is not ready yet is built while the current epoch trains).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from components.datacache import pipeline as pipelines
+from components.datacache.datasets import pipeline_id
+from components.datacache.store import CacheStore
+from components.runtime.data import EpochSource, recipe_key
+
+log = logging.getLogger("strata.datacache")
+
+MAX_REUSE = 8
+RHO_NO_REUSE = 1.5
+
+
+class Plan:
+    """Which variant each epoch reads: PerFect's reuse factor and switch epoch, once decided."""
+
+    def __init__(self, epochs: int, perfect: dict[str, Any] | None):
+        self.epochs = max(int(epochs), 1)
+        self.perfect = perfect is not None
+        perfect = perfect or {}
+        self.reuse_setting = perfect.get("reuse", "auto")
+        self.switch_setting = perfect.get("switch", "auto")
+        self.target = perfect.get("target")
+        self.metric = perfect.get("metric", "test_accuracy")
+        self.reuse = 1
+        self.switch = 0
+        self.rho: float | None = None
+        self.decided = not self.perfect
+        if self.perfect and self.reuse_setting != "auto" and self.switch_setting != "auto":
+            self.decide(None)
+
+    def decide(self, rho: float | None) -> None:
+        self.rho = rho
+        if self.reuse_setting != "auto":
+            reuse = int(self.reuse_setting)
+        elif rho is None or rho <= RHO_NO_REUSE:
+            reuse = 1
+        else:
+            reuse = max(1, min(MAX_REUSE, int(math.floor(rho + 0.5))))
+        self.reuse = reuse
+        if self.switch_setting != "auto":
+            switch = int(round(float(self.switch_setting) * self.epochs))
+        elif reuse <= 1:
+            switch = 0
+        else:
+            switch = self.epochs - max(1, math.ceil(self.epochs / (reuse + 1)))
+        self.switch = max(0, min(self.epochs, switch))
+        self.decided = True
+
+    def phase(self, epoch: int) -> int:
+        """1: training on reused cached variants; 2: fresh data (the fine-tune phase, or all of a plain run)."""
+        if not self.perfect:
+            return 2
+        if not self.decided:
+            return 1
+        return 1 if epoch < self.switch and self.reuse > 1 else 2
+
+    def variant(self, epoch: int) -> int:
+        if self.perfect and (not self.decided or (epoch < self.switch and self.reuse > 1)):
+            return epoch // self.reuse if self.decided else 0
+        return epoch
+
+    def state(self) -> dict[str, Any]:
+        return {"reuse": self.reuse, "switch": self.switch, "rho": self.rho, "decided": self.decided}
+
+    def load(self, state: dict[str, Any]) -> None:
+        if state.get("decided"):
+            self.reuse, self.switch, self.rho = int(state["reuse"]), int(state["switch"]), state.get("rho")
+            self.decided = True
+
+
+class DatasetEpochs(EpochSource):
+    """The epochs of one job reading one dataset pipeline (see the module docstring)."""
+
+    def __init__(self, definition: dict[str, Any], *, epochs: int, cache: bool, perfect: dict[str, Any] | None,
+                 workers: int, store: CacheStore | None = None, log_line=None):
+        import torch  # the stream hands tensors to the workload
+
+        self._torch = torch
+        self.definition = definition
+        self.pipeline = pipeline_id(definition)
+        self.store = (store or CacheStore()) if cache else None
+        self.workers = max(0, int(workers))
+        self.plan = Plan(epochs, perfect)
+        self.log = log_line or (lambda message: log.info("%s", message))
+        self.pool = pipelines.worker_pool(self.workers)
+        self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="datacache-build")
+        self._variants: dict[int, Future] = {}
+        self._progress: dict[int, pipelines.Progress] = {}
+        self._lock = threading.Lock()
+        self._stop = False
+        self._epoch_info: dict[int, dict[str, float]] = {}
+        self.prep_cpu_seconds = 0.0  # loader CPU seconds this job spent (cache hits cost none)
+        self.cache_hits = 0
+        self.builds = 0
+        self.raw = pipelines.load_raw(definition, self._cached if self.store is not None else None, self.pool)
+        self.classes = int(self.raw.classes)
+        test = self._get(pipelines.TEST_VARIANT, "test")["arrays"]
+        self._test = (torch.from_numpy(np.asarray(test["x"])), torch.from_numpy(np.asarray(test["y"])))
+
+    # -- building and caching variants --------------------------------------------------------------------
+    def _key(self, part: str) -> str:
+        return recipe_key({"pipeline": self.definition, "part": part})
+
+    def _cached(self, part: str, build) -> dict[str, np.ndarray]:
+        arrays, hit = self.store.get(self._key(part), build, {"dataset": self.definition["dataset"],
+                                                              "pipeline": self.pipeline, "part": part})
+        return arrays
+
+    def _get(self, variant: int, part: str | None = None) -> dict[str, Any]:
+        """Variant ``variant``'s arrays, from the cache or built now, with how they were obtained."""
+        part = part or f"variant-{variant}"
+        progress = self._progress.setdefault(variant, pipelines.Progress(1))
+        began = time.perf_counter()
+
+        def build() -> dict[str, np.ndarray]:
+            progress.started = time.perf_counter()
+            return pipelines.build_variant(self.raw, self.definition, variant, self.pool, self.workers, progress)
+
+        if self.store is not None:
+            arrays, hit = self.store.get(self._key(part), build, {"dataset": self.definition["dataset"],
+                                                                  "pipeline": self.pipeline, "part": part})
+        else:
+            arrays, hit = build(), False
+        seconds = time.perf_counter() - began
+        if hit:
+            self.cache_hits += 1
+            meta = self.store.meta(self._key(part)) or {}
+            build_seconds = float(meta.get("build_seconds") or 0.0)  # what computing it cost whoever did
+        else:
+            self.builds += 1
+            self.prep_cpu_seconds += float(np.asarray(arrays["cpu"]).reshape(-1)[0])
+            build_seconds = seconds
+        progress.done = progress.chunks
+        return {"arrays": arrays, "hit": hit, "seconds": seconds, "build_seconds": build_seconds,
+                "samples": int(len(arrays["y"]))}
+
+    def _request(self, variant: int) -> Future:
+        with self._lock:
+            future = self._variants.get(variant)
+            if future is None:
+                future = self._builder.submit(self._get, variant)
+                self._variants[variant] = future
+            return future
+
+    def _prefetch_after(self, epoch: int) -> None:
+        """Start the next variant a later epoch needs that is not built or being built (one at a time)."""
+        with self._lock:
+            if any(not f.done() for f in self._variants.values()):
+                return
+        if not self.plan.decided:
+            return  # epoch 0 trains alone: its time is half of what the decision measures
+        for later in range(epoch + 1, self.plan.epochs):
+            if self.plan.variant(later) not in self._variants:
+                self._request(self.plan.variant(later))
+                return
+
+    def _forget_before(self, epoch: int) -> None:
+        keep = {self.plan.variant(later) for later in range(epoch, min(epoch + 2 * MAX_REUSE, self.plan.epochs))}
+        with self._lock:
+            for variant in [v for v, f in self._variants.items() if v not in keep and f.done()]:
+                del self._variants[variant]
+
+    # -- the EpochSource protocol -------------------------------------------------------------------------
+    def test(self):
+        return self._test
+
+    def epoch(self, epoch: int):
+        variant = self.plan.variant(epoch)
+        began = time.perf_counter()
+        got = self._request(variant).result()
+        waited = time.perf_counter() - began
+        self._forget_before(epoch)
+        self._prefetch_after(epoch)
+        arrays = got["arrays"]
+        info = self._epoch_info.setdefault(epoch, {})
+        info.update({"data_phase": float(self.plan.phase(epoch)), "data_variant": float(variant),
+                     "data_reuse": float(self.plan.reuse), "data_wait_s": round(waited, 4),
+                     "data_cache_hit": 1.0 if got["hit"] else 0.0})
+        if got["build_seconds"] > 0:
+            info["data_samples_per_s"] = round(got["samples"] / got["build_seconds"], 2)
+        torch = self._torch
+        return torch.from_numpy(np.asarray(arrays["x"])), torch.from_numpy(np.asarray(arrays["y"]))
+
+    def metrics(self, epoch: int) -> dict[str, float]:
+        return {**self._epoch_info.get(epoch, {}), "data_prep_cpu_s": round(self.prep_cpu_seconds, 3)}
+
+    def after_epoch(self, epoch: int, compute_seconds: float, evaluation: dict[str, float]) -> bool:
+        info = self._epoch_info.setdefault(epoch, {})
+        samples = len(self.raw.train)
+        if compute_seconds > 0:
+            info["compute_samples_per_s"] = round(samples / compute_seconds, 2)
+        if not self.plan.decided:
+            self.plan.decide(self._measured_rho(compute_seconds))
+            rho = "unknown" if self.plan.rho is None else f"{self.plan.rho:.2f}"
+            if self.plan.reuse > 1:
+                self.log(f"PerFect: preprocessing one epoch takes {rho}x the time of training one: reusing each "
+                         f"preprocessed epoch {self.plan.reuse} times for epochs 1-{self.plan.switch}, then fresh "
+                         f"data for epochs {self.plan.switch + 1}-{self.plan.epochs}")
+            else:
+                self.log(f"PerFect: preprocessing keeps up with training (rho {rho}): fresh data every epoch, "
+                         "nothing reused")
+        target = self.plan.target
+        if target is not None and evaluation.get(self.plan.metric) is not None \
+                and evaluation[self.plan.metric] >= float(target):
+            self.log(f"PerFect: {self.plan.metric} {evaluation[self.plan.metric]:.4f} reached the target {target} "
+                     f"after epoch {epoch + 1}: done")
+            self._stop = True
+        self._prefetch_after(epoch)
+        return self._stop
+
+    def _measured_rho(self, compute_seconds: float) -> float | None:
+        """Seconds to preprocess one variant over seconds to train one epoch, each measured alone: variant 0 was
+        built before training started (or, when a peer had cached it, what building it cost that peer) and
+        nothing was prefetched during epoch 0, so neither figure is inflated by the other competing for the
+        same cores."""
+        first = self._variants.get(0)
+        if compute_seconds <= 0 or first is None or not first.done() or first.exception():
+            return None
+        return first.result()["build_seconds"] / compute_seconds
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.state(), "stop": self._stop}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.plan.load(state.get("plan") or {})
+        self._stop = bool(state.get("stop", False))
+
+    def close(self) -> None:
+        self._builder.shutdown(wait=False, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None

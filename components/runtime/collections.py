@@ -1,0 +1,62 @@
+"""Collections: named, team-owned records a plugin keeps on the control plane (the ``collections`` seam).
+
+Some plugins need users to register things once and name them later: a dataset at a path on the nodes, say,
+that every job then reads by name. A plugin declares such a collection in its manifest
+(``collections={"datasets": "pkg.module:Datasets"}``) and the control plane serves it under the API root:
+
+- ``GET /api/v1/{collection}/``: the plugin's built-in entries and the records of the viewer's teams, each
+  passed through :meth:`Collection.present` (which may add live facts, e.g. what each node's cache holds);
+- ``POST /api/v1/{collection}/``: register one (``team`` picks the team as for jobs); the body is checked by
+  :meth:`Collection.validate`, a 400 naming every bad field at once; a name the team (or a built-in) already
+  has is a 409;
+- ``GET`` and ``DELETE /api/v1/{collection}/{name}/``: one record; another team's record is a 404, and
+  built-ins cannot be deleted.
+
+A record is plain JSON with a ``name``; jobs refer to records by name and the control plane resolves the name at
+submit (see :meth:`components.runtime.data.DataProvider.resolve`), so a node never has to look one up.
+
+Light: imported by the control plane; no torch, no Django.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from components.runtime.panels import PanelData
+
+RECORD_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+"""Record names: lower case letters, digits, dots, dashes and underscores, starting with a letter or digit."""
+
+
+class Collection:
+    """One plugin's collection of named records. Instantiated once per process with no arguments.
+
+    Subclasses set :attr:`title` and override :meth:`validate`; :meth:`builtins` and :meth:`present` are
+    optional. The manifest's key is the collection's name (its URL), set on the instance as :attr:`name`.
+    """
+
+    name: str = ""
+    title: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def validate(self, body: Any) -> dict[str, Any]:
+        """The normalized record (with ``name``), or raise :class:`components.runtime.spec.SpecError` naming
+        every bad field at once. Runs on the control plane at registration: pure and cheap."""
+        raise NotImplementedError
+
+    def builtins(self) -> list[dict[str, Any]]:
+        """Entries every team sees and no one may delete or shadow (none by default)."""
+        return []
+
+    def present(self, record: dict[str, Any], data: PanelData) -> dict[str, Any]:
+        """What the API shows of one record (a built-in or a team's), given the viewer's cluster-wide
+        :class:`PanelData` (``reports`` reads what the plugin's node services report). By default the record."""
+        return record
+
+
+def name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a record, or None."""
+    if not isinstance(name, str) or not RECORD_NAME_RE.match(name):
+        return f"must match {RECORD_NAME_RE.pattern} (lower case, at most 64 characters)"
+    return None

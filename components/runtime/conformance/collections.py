@@ -1,0 +1,71 @@
+"""Conformance suite for collections (:mod:`components.runtime.collections`).
+
+Subclass it, point it at your collection, and give bodies it accepts and some it refuses::
+
+    class TestDatasets(CollectionConformance):
+        collection_path = "my_plugin.datasets:Datasets"
+        good = ({"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"},)
+        bad = ({"name": "Not A Name!", "format": "nope"},)
+
+It checks that the collection is light, that ``validate`` returns a JSON record with a valid ``name`` and is
+idempotent (a record validates to itself), that a refusal is a ``SpecError`` naming fields, that built-ins are
+named, JSON and unique, and that ``present`` answers JSON from a static PanelData.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import pytest
+
+from components.runtime.collections import Collection, name_problem
+from components.runtime.conformance.kinds import light_import_problem
+from components.runtime.conformance.panels import StaticPanelData
+from components.runtime.registry import import_path
+from components.runtime.spec import SpecError
+
+
+class CollectionConformance:
+    collection_path: ClassVar[str] = ""
+    good: ClassVar[tuple[dict[str, Any], ...]] = ()
+    bad: ClassVar[tuple[Any, ...]] = ()
+
+    def collection(self) -> Collection:
+        value = import_path(self.collection_path)
+        assert isinstance(value, type) and issubclass(value, Collection), f"{self.collection_path}: no Collection"
+        return value()
+
+    def test_it_is_light(self):
+        assert light_import_problem(self.collection_path.split(":")[0]) is None
+
+    def test_good_bodies_give_named_json_records_and_validation_is_idempotent(self):
+        assert self.good, "give at least one body the collection accepts"
+        collection = self.collection()
+        for body in self.good:
+            record = collection.validate(dict(body))
+            assert name_problem(record.get("name")) is None, record
+            assert json.loads(json.dumps(record, allow_nan=False)) == record
+            assert collection.validate(dict(record)) == record
+
+    def test_bad_bodies_are_refused_naming_fields(self):
+        collection = self.collection()
+        for body in (*self.bad, None, [], "x"):
+            with pytest.raises(SpecError) as refused:
+                collection.validate(body)
+            assert refused.value.errors and all(isinstance(m, str) and m for m in refused.value.errors.values())
+
+    def test_builtins_are_named_json_and_unique(self):
+        builtins = self.collection().builtins()
+        names = [item.get("name") for item in builtins]
+        assert all(name_problem(name) is None for name in names), names
+        assert len(set(names)) == len(names)
+        json.dumps(builtins, allow_nan=False)
+
+    def test_present_answers_json(self):
+        collection = self.collection()
+        items = [*collection.builtins(), *(collection.validate(dict(body)) for body in self.good)]
+        for item in items:
+            shown = collection.present(dict(item), StaticPanelData())
+            assert isinstance(shown, dict) and shown.get("name") == item["name"]
+            json.dumps(shown, allow_nan=False)
