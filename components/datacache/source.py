@@ -212,8 +212,7 @@ class DatasetEpochs(EpochSource):
         self._prefetch_after(epoch)
         arrays = got["arrays"]
         info = self._epoch_info.setdefault(epoch, {})
-        info.update({"data_phase": float(self.plan.phase(epoch)), "data_variant": float(variant),
-                     "data_reuse": float(self.plan.reuse), "data_wait_s": round(waited, 4),
+        info.update({"data_variant": float(variant), "data_wait_s": round(waited, 4),
                      "data_cache_hit": 1.0 if got["hit"] else 0.0})
         if got["build_seconds"] > 0:
             info["data_samples_per_s"] = round(got["samples"] / got["build_seconds"], 2)
@@ -221,7 +220,9 @@ class DatasetEpochs(EpochSource):
         return torch.from_numpy(np.asarray(arrays["x"])), torch.from_numpy(np.asarray(arrays["y"]))
 
     def metrics(self, epoch: int) -> dict[str, float]:
-        return {**self._epoch_info.get(epoch, {}), "data_prep_cpu_s": round(self.prep_cpu_seconds, 3)}
+        """What epoch ``epoch`` read, reported once it is trained (so the phase and reuse are the decided ones)."""
+        return {**self._epoch_info.get(epoch, {}), "data_phase": float(self.plan.phase(epoch)),
+                "data_reuse": float(self.plan.reuse), "data_prep_cpu_s": round(self.prep_cpu_seconds, 3)}
 
     def after_epoch(self, epoch: int, compute_seconds: float, evaluation: dict[str, float]) -> bool:
         info = self._epoch_info.setdefault(epoch, {})

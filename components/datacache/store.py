@@ -114,10 +114,10 @@ def read_entry(path: Path, expected: str) -> dict[str, np.ndarray]:
         start = -(-(len(MAGIC) + 8 + length) // ALIGN) * ALIGN
         if start + int(header["payload"]) != size:
             raise CorruptEntry(f"{path.name}: {size} bytes, the header says {start + header['payload']}")
-        view = memoryview(mapped)[start:]
-        if checksum(view) != expected:
+        with memoryview(mapped) as whole, whole[start:] as view:
+            matches = checksum(view) == expected
+        if not matches:
             raise CorruptEntry(f"{path.name}: checksum mismatch")
-        view.release()
         arrays = {}
         for item in header["arrays"]:
             dtype = np.dtype(item["dtype"])
@@ -309,5 +309,10 @@ class CacheStore:
 
     def disk_bytes(self) -> int:
         """Bytes of the entry files actually on disk (tests check the budget with it)."""
-        folder = self.root / "entries"
-        return sum(p.stat().st_size for p in folder.glob("*.npc")) if folder.is_dir() else 0
+        total = 0
+        for path in (self.root / "entries").glob("*.npc"):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:  # evicted while we looked
+                continue
+        return total

@@ -63,7 +63,8 @@ class DataProvider:
     options: ClassVar[frozenset[str]] = frozenset()
 
     def validate(self, data: dict[str, Any]) -> dict[str, str]:
-        """Problems with this provider's options in ``data``, as ``{option: message}`` (none by default)."""
+        """Problems with this provider's options in ``data``, as ``{option: message}`` or, for a field inside an
+        option, ``{"option.field": message}`` (none by default)."""
         return {}
 
     def resolve(self, data: dict[str, Any], lookup: Callable[[str, str], dict[str, Any] | None]) -> dict[str, Any]:

@@ -107,6 +107,10 @@ class NodeServiceConformance:
             config = service.worker_config()
             assert config is None or isinstance(config, dict)
             json.dumps(config)
+            environment = service.environment()
+            assert isinstance(environment, dict), environment
+            assert all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                       for k, v in environment.items()), environment
         if payloads:
             merged = type(services[0]).merge(payloads)
             json.dumps(merged)

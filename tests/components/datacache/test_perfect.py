@@ -1,0 +1,155 @@
+"""PerFect through the train loop: phases as configured, chosen automatically on a constructed slow pipeline,
+kept across a resume, stopped at the target, and a cache directory removed mid-job costing only recomputation."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from components.datacache import pipeline as pipelines
+from components.datacache.source import Plan
+from components.datacache.store import CacheStore
+from components.runtime.context import LocalContext
+from components.train.component import TrainComponent
+from components.train.spec import TrainSpec
+
+
+def run_job(workdir: Path, definition, *, epochs: int = 6, **data):
+    spec = TrainSpec().validate({"workload": "cnn-dataset", "epochs": epochs, "batch_size": 32, "hidden": 4,
+                                 "log_every": 1000, "checkpoint_every": 1000,
+                                 "data": {"dataset": {"name": "small", "definition": definition}, "workers": 0,
+                                          **data}})
+    ctx = LocalContext(job_id="job", attempt_id="a" * 32, spec=spec, workdir=workdir)
+    TrainComponent().run(ctx)
+    return ctx
+
+
+def series(ctx: LocalContext, name: str) -> list[float]:
+    return [value for metric, value, _ in ctx.metric_points if metric == name]
+
+
+def test_plan_reuses_then_switches_as_configured():
+    plan = Plan(10, {"reuse": 3, "switch": 0.6})
+    assert plan.decided and (plan.reuse, plan.switch) == (3, 6)
+    assert [plan.variant(e) for e in range(10)] == [0, 0, 0, 1, 1, 1, 6, 7, 8, 9]
+    assert [plan.phase(e) for e in range(10)] == [1] * 6 + [2] * 4
+
+
+def test_plan_decides_from_measured_throughput():
+    slow = Plan(12, {})
+    assert not slow.decided and slow.variant(0) == 0
+    slow.decide(3.2)  # preprocessing an epoch takes 3.2x training one
+    assert (slow.reuse, slow.switch) == (3, 9)  # the fine-tune phase gets ceil(12 / 4) = 3 epochs
+    fast = Plan(12, {})
+    fast.decide(1.1)
+    assert (fast.reuse, fast.switch) == (1, 0) and [fast.phase(e) for e in range(12)] == [2] * 12
+    capped = Plan(12, {"switch": 0.5})
+    capped.decide(40.0)
+    assert (capped.reuse, capped.switch) == (8, 6)
+
+
+def test_a_job_switches_phases_as_configured(tmp_path, npz_dataset, definition_of):
+    ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=6, cache=True, perfect={"reuse": 2, "switch": 0.5})
+    assert series(ctx, "data_phase") == [1, 1, 1, 2, 2, 2]
+    assert series(ctx, "data_variant") == [0, 0, 1, 3, 4, 5]
+    assert series(ctx, "data_cache_hit")[:3] == [0, 0, 0]  # built here; reuse is in memory, not a cache hit
+    assert "model.pt" in ctx.artifacts
+
+
+def test_the_phases_are_chosen_automatically_on_a_slow_pipeline(tmp_path, npz_dataset, monkeypatch, definition_of):
+    original = pipelines.preprocess
+
+    def slow(sample, definition, variant, index):
+        time.sleep(0.01)  # 10 ms a sample: preprocessing is far slower than training this tiny model
+        return original(sample, definition, variant, index)
+
+    monkeypatch.setattr(pipelines, "preprocess", slow)
+    ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=9, perfect={})
+    phases = series(ctx, "data_phase")
+    reuse = series(ctx, "data_reuse")[-1]
+    assert reuse > 1, f"a slow pipeline must be reused, got {reuse}"
+    assert phases[0] == 1 and phases[-1] == 2 and phases == sorted(phases), phases
+    assert any("PerFect: preprocessing one epoch takes" in message for _, _, message in ctx.logs)
+
+
+def test_a_fast_pipeline_is_not_reused(tmp_path, npz_dataset, monkeypatch, definition_of):
+    from components.train import workloads
+
+    original = workloads.CNNDataset.train_step
+
+    def slow_step(self, batch):
+        time.sleep(0.05)  # training is far slower than preprocessing
+        return original(self, batch)
+
+    monkeypatch.setattr(workloads.CNNDataset, "train_step", slow_step)
+    ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=4, perfect={})
+    assert series(ctx, "data_reuse")[-1] == 1 and series(ctx, "data_variant") == [0, 1, 2, 3]
+    assert any("keeps up with training" in message for _, _, message in ctx.logs)
+
+
+def test_the_decision_survives_a_resume(tmp_path, npz_dataset, definition_of):
+    class StopAfter(LocalContext):
+        def should_stop(self):
+            return len([m for m in self.metric_points if m[0] == "data_phase"]) >= 3
+
+    definition = definition_of(npz_dataset)
+    spec = TrainSpec().validate({"workload": "cnn-dataset", "epochs": 6, "batch_size": 32, "hidden": 4,
+                                 "checkpoint_every": 4, "data": {"dataset": {"name": "small",
+                                                                             "definition": definition},
+                                                                 "workers": 0, "perfect": {"reuse": 2}}})
+    first = StopAfter(job_id="job", attempt_id="a" * 32, spec=spec, workdir=tmp_path)
+    TrainComponent().run(first)
+    decided = series(first, "data_reuse")[0]
+    second = LocalContext(job_id="job", attempt_id="b" * 32, spec=spec, workdir=tmp_path)
+    TrainComponent().run(second)
+    assert "model.pt" in second.artifacts
+    assert set(series(second, "data_reuse")) == {decided}
+    assert series(first, "data_variant") + series(second, "data_variant") == [0, 0, 1, 1, 4, 5]
+
+
+def test_phase_two_stops_at_the_target(tmp_path, npz_dataset, definition_of):
+    ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=8, perfect={"reuse": 2, "switch": 0.25, "target": 0.0})
+    assert len(series(ctx, "data_phase")) == 1, "a target of 0 is reached after the first epoch"
+    assert any("reached the target" in message for _, _, message in ctx.logs)
+
+
+def test_a_cache_directory_removed_while_a_job_runs_costs_recomputation(tmp_path, npz_dataset, cache_dir,
+                                                                       monkeypatch, definition_of):
+    from components.train import workloads
+
+    original = workloads.CNNDataset.end_epoch
+
+    def remove_after_first(self, epoch, evaluation):
+        if epoch == 0:
+            shutil.rmtree(cache_dir)
+        return original(self, epoch, evaluation)
+
+    monkeypatch.setattr(workloads.CNNDataset, "end_epoch", remove_after_first)
+    ctx = run_job(tmp_path / "job", definition_of(npz_dataset), epochs=3, cache=True)
+    assert "model.pt" in ctx.artifacts and len(series(ctx, "data_variant")) == 3
+    assert CacheStore(cache_dir).stats()["entries"] >= 1  # recreated, and filled again
+
+
+def test_two_jobs_on_one_pipeline_share_its_variants(tmp_path, npz_dataset, cache_dir, definition_of):
+    first = run_job(tmp_path / "one", definition_of(npz_dataset), epochs=2, cache=True)
+    second = run_job(tmp_path / "two", definition_of(npz_dataset), epochs=2, cache=True)
+    assert series(first, "data_cache_hit") == [0, 0]
+    assert series(second, "data_cache_hit") == [1, 1]
+    assert series(second, "data_prep_cpu_s")[-1] == 0.0, "the second job preprocessed nothing"
+    stats = CacheStore(cache_dir).stats()
+    assert stats["misses"] == 3 and stats["hits"] >= 3  # test set + 2 variants, computed once
+
+
+@pytest.mark.timeout(300)
+def test_loader_worker_processes_build_the_same_bytes(tmp_path, npz_dataset, cache_dir, definition_of):
+    spec = definition_of(npz_dataset)
+    raw = pipelines.load_raw(spec)
+    pool = pipelines.worker_pool(2)
+    try:
+        parallel = pipelines.build_variant(raw, spec, 2, pool, 2)
+    finally:
+        pool.shutdown()
+    assert parallel["x"].tobytes() == pipelines.build_variant(raw, spec, 2, None, 0)["x"].tobytes()
