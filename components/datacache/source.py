@@ -137,8 +137,13 @@ class DatasetEpochs(EpochSource):
         self._test = (torch.from_numpy(np.asarray(test["x"])), torch.from_numpy(np.asarray(test["y"])))
 
     # -- building and caching variants --------------------------------------------------------------------
+    @staticmethod
+    def _key_of(definition: dict[str, Any], part: str) -> str:
+        """The cache key of one part (``raw``, ``test``, ``variant-N``) of a pipeline."""
+        return recipe_key({"pipeline": definition, "part": part})
+
     def _key(self, part: str) -> str:
-        return recipe_key({"pipeline": self.definition, "part": part})
+        return self._key_of(self.definition, part)
 
     def _cached(self, part: str, build) -> dict[str, np.ndarray]:
         arrays, hit = self.store.get(self._key(part), build, {"dataset": self.definition["dataset"],

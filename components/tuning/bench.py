@@ -228,13 +228,15 @@ class StrataSweeps:
             self.stack.stop()
             raise
 
-    def run(self, way: str, *, workload: str, trials: int, iterations: int, seed: int) -> dict[str, Any]:
+    def run(self, way: str, *, workload: str, trials: int, iterations: int, seed: int,
+            body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One sweep, ``way`` (fluid or fifo) as :func:`sweep_body` builds it, or the tune job ``body`` given."""
         from datetime import datetime
 
         client = self.client
-        job = client.post("jobs/", sweep_body(f"bench-{way}-{workload}-{seed}", fluid=way == "fluid",
-                                              gpus=self.gpus, trials=trials, iterations=iterations, seed=seed,
-                                              workload=workload))
+        job = client.post("jobs/", body or sweep_body(f"bench-{way}-{workload}-{seed}", fluid=way == "fluid",
+                                                      gpus=self.gpus, trials=trials, iterations=iterations,
+                                                      seed=seed, workload=workload))
         deadline = time.monotonic() + 1800
         while job["state"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
             if time.monotonic() > deadline:
