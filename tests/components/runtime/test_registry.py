@@ -46,7 +46,9 @@ def test_import_path_needs_module_and_attribute():
 
 from typing import ClassVar  # noqa: E402
 
+from components.runtime.collections import Collection  # noqa: E402
 from components.runtime.plugins import Command, Plugin, ReportError, ReportSchema  # noqa: E402
+from components.runtime.spec import SpecError  # noqa: E402
 
 
 class HelloSpec(TrainSpec):
@@ -120,7 +122,7 @@ def test_a_broken_plugin_costs_its_own_parts(install_plugins):
     assert "is not a components.runtime.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
     assert "cannot import the manifest: ModuleNotFoundError" in problems["no.such.module:PLUGIN"]
     # The platform and the healthy plugins are untouched.
-    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "hello"}
+    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "hello"}
     assert isinstance(registry.get_kind("train"), TrainSpec)
     assert registry.commands()["hello"] is HelloCommand and "submit" not in registry.commands()
 
@@ -151,3 +153,30 @@ def test_the_cli_offers_plugin_commands_and_benchmarks(install_plugins, capsys):
     assert main(["plugins"]) == 0
     listing = capsys.readouterr().out
     assert "hello" in listing and "commands: hello" in listing and "gpushare" in listing
+
+
+class Notes(Collection):
+    title = "Notes"
+
+    def validate(self, body):
+        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+            raise SpecError({"text": "required: a string"})
+        return {"name": body.get("name"), "text": body["text"]}
+
+
+NOTES = Plugin(name="notes", collections={"notes": f"{__name__}:Notes"})
+NOTES_AS_JOBS = Plugin(name="notes-as-jobs", collections={"jobs": f"{__name__}:Notes"})
+SECOND_DATASETS = Plugin(name="second-datasets", collections={"datasets": f"{__name__}:Notes"})
+NOT_A_COLLECTION = Plugin(name="not-a-collection", collections={"things": f"{__name__}:HelloSpec"})
+
+
+def test_collections_are_registered_and_their_names_are_unique(install_plugins):
+    install_plugins(f"{__name__}:NOTES", f"{__name__}:NOTES_AS_JOBS", f"{__name__}:SECOND_DATASETS",
+                    f"{__name__}:NOT_A_COLLECTION")
+    collections = registry.collections()
+    assert isinstance(collections["notes"], Notes) and collections["notes"].name == "notes"
+    assert type(collections["datasets"]).__module__ == "components.datacache.datasets"
+    problems = registry.problems()
+    assert "collection 'jobs' (already core's)" in problems["notes-as-jobs"]
+    assert "collection 'datasets' (already datacache's)" in problems["second-datasets"]
+    assert "is not a Collection subclass" in problems["not-a-collection"]

@@ -335,3 +335,26 @@ def test_a_refused_plugin_report_costs_only_that_plugin(tmp_path):
     retry = agent.client.bodies[1]
     assert set(retry["reports"]) == {"other"}  # the healthy plugin's report still goes through
     assert set(retry) == {"node", "session", "samples", "attempts", "reports"}
+
+
+class Environ(Memory):
+    def environment(self):
+        return {"STRATA_MEMORY_DIR": f"/tmp/memory-{self.index}", "SHARED": "memory"}
+
+
+class OtherEnviron(Memory):
+    def environment(self):
+        return {"SHARED": "other", "STRATA_OTHER": "1"}
+
+
+class BadEnviron(Memory):
+    def environment(self):
+        return {"STRATA_BAD": 7}
+
+
+def test_the_services_environment_is_merged_and_a_bad_one_costs_only_itself(tmp_path):
+    supervisor = Supervisor(node(tmp_path), [("memory", f"{__name__}:Environ"), ("other", f"{__name__}:OtherEnviron"),
+                                             ("bad", f"{__name__}:BadEnviron")])
+    environment = supervisor.environment()
+    # The first instance and the first plugin keep a name; a service answering non-strings gives nothing.
+    assert environment == {"STRATA_MEMORY_DIR": "/tmp/memory-0", "SHARED": "memory", "STRATA_OTHER": "1"}

@@ -54,7 +54,7 @@ def test_route_table_is_what_this_walk_expects():
         "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
         "job-metrics", "job-resubmit", "job-route", "job-tokens", "job-revoke-token", "node-list", "node-detail", "device-list", "device-detail", "team-list",
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
-        "pool-detail"}
+        "pool-detail", "collection", "collection-item"}
 
 
 @pytest.fixture
@@ -74,6 +74,10 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
     artifact = artifact_store(attempt, "alpha-secret.bin", io.BytesIO(b"alpha-secret-bytes"))
     token_a = make_token(alice, team_a)
     from strata.accounts.models import ApiToken
+    from strata.jobs.models import PluginRecord
+
+    PluginRecord.objects.create(collection="datasets", team=team_a, name="alpha-secret-data", created_by=alice,
+                                body={"source": {"path": "/srv/alpha-secret"}, "format": "npz"})
 
     return {
         "team_a": team_a, "team_b": team_b, "job": job, "attempt": attempt, "node": node, "artifact": artifact,
@@ -81,7 +85,7 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "a": api(token_a), "b": api(make_token(bob, team_b)), "node_client": api(node_token),
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
                    "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin",
-                   "route": "trials", "token_id": str(job.pk)},
+                   "route": "trials", "token_id": str(job.pk), "collection": "datasets"},
     }
 
 
@@ -119,6 +123,8 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
             values["pk"] = str(world["node"].devices.first().pk)
         if name == "pool-detail":
             values["name"] = "default"
+        if name == "collection-item":
+            values["name"] = "alpha-secret-data"
         url = _fill(text, values)
         for method in methods:
             response = _call(b, method, url)
@@ -136,8 +142,10 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
             elif name == "pool-detail":
                 # Pools are cluster-wide (no team data); changing a policy is for cluster admins only.
                 assert response.status_code == 403, (name, method, response.status_code)
-            elif name == "job-list" and method == "post":
+            elif name in {"job-list", "collection"} and method == "post":
                 assert response.status_code == 400
+            elif name == "collection-item":
+                assert response.status_code == 404, (name, method, response.status_code)
             else:
                 assert response.status_code < 400, (name, method, response.status_code)
     assert ("job-download", "get") in seen and ("job-resubmit", "post") in seen

@@ -142,7 +142,7 @@ class CollectionItemView(APIView):
         else:
             record = self._record(request, collection, name)
             if record is None:
-                raise Http404(f"no {collection} entry named {name!r}")
+                raise Http404(f"no such entry in {collection} (built in or your team's)")
             item = _shown(record)
         return Response(_present(found, [item], visible_team_ids(request))[0])
 
@@ -157,7 +157,7 @@ class CollectionItemView(APIView):
             raise serializers.ValidationError({"name": [f"{name!r} is built in: it cannot be deleted"]})
         record = self._record(request, collection, name)
         if record is None:
-            raise Http404(f"no {collection} entry named {name!r}")
+            raise Http404(f"no such entry in {collection} (built in or your team's)")
         record.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
