@@ -281,6 +281,11 @@ class ClassificationWorkload(TorchWorkload):
         rows = self._epoch_order(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
         return self.x_train[rows], self.y_train[rows]
 
+    def model_inputs(self, stored: torch.Tensor) -> torch.Tensor:
+        """What the model takes for stored samples (by default the samples themselves; e.g. images kept as
+        uint8 are scaled to floats here, per batch)."""
+        return stored
+
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
         inputs, targets = batch
         self.model.train()
@@ -298,7 +303,7 @@ class ClassificationWorkload(TorchWorkload):
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
         for start in range(0, len(self.x_test), self.eval_batch_size):
-            inputs = self.x_test[start : start + self.eval_batch_size]
+            inputs = self.model_inputs(self.x_test[start : start + self.eval_batch_size])
             targets = self.y_test[start : start + self.eval_batch_size]
             logits = self.model(inputs)
             loss_sum += F.cross_entropy(logits, targets, reduction="sum")
@@ -832,6 +837,7 @@ class CNNDataset(ClassificationWorkload):
             began = time.perf_counter()
             x, y = self.source.epoch(epoch)
             self._epoch_data = (epoch, x.to(self.device), y.to(self.device))
+            self._train_count = len(x)
             self._waited = time.perf_counter() - began
             self._epoch_began = time.perf_counter()
         return self._epoch_data[1], self._epoch_data[2]
@@ -848,31 +854,19 @@ class CNNDataset(ClassificationWorkload):
             self._order = (epoch, order.to(self.device))
         return self._order[1]
 
-    @staticmethod
-    def _scale(images: torch.Tensor) -> torch.Tensor:
-        return images.float().div_(127.5).sub_(1.0)
+    def model_inputs(self, stored: torch.Tensor) -> torch.Tensor:
+        return stored.float().div_(127.5).sub_(1.0)  # uint8 images to [-1, 1]
 
     def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self._data(epoch)
         rows = self._epoch_order(epoch)[index * self.batch_size : (index + 1) * self.batch_size]
-        return self._scale(x[rows]), y[rows]
+        return self.model_inputs(x[rows]), y[rows]
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         import time
 
-        self._eval_began = time.perf_counter()
-        self.model.eval()
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device)
-        for start in range(0, len(self.x_test), self.eval_batch_size):
-            inputs = self._scale(self.x_test[start : start + self.eval_batch_size])
-            targets = self.y_test[start : start + self.eval_batch_size]
-            logits = self.model(inputs)
-            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
-            correct += (logits.argmax(dim=1) == targets).sum()
-        count = len(self.x_test)
-        return {"test_loss": float(loss_sum) / count, "test_accuracy": float(correct) / count}
+        self._eval_began = time.perf_counter()  # the epoch's compute ends here
+        return super().evaluate()
 
     def end_epoch(self, epoch: int, evaluation: dict[str, float]) -> dict[str, float]:
         import time

@@ -14,7 +14,7 @@ from components.train.model_format import describe_model, load_model, read_model
 from components.train.spec import TrainSpec
 from components.train.workloads import BUILTIN_WORKLOADS, MLPDigits, builtin_workload
 
-SMALL = {"mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4},
+SMALL = {"cnn-dataset": {"hidden": 4, "data": {"dataset": "digits", "workers": 0}}, "mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4},
          "moe-gpt": {"hidden": 32, "batch_size": 4}}
 
 
@@ -75,7 +75,11 @@ def test_a_round_trip_gives_the_same_outputs(tmp_path, name):
         assert torch.equal(load_model(io.BytesIO(data))[0](rows), expected)
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_WORKLOADS))
+# Workloads that existed before model.pt recorded its config (format 2): only they can have older files.
+LEGACY_WORKLOADS = sorted(set(BUILTIN_WORKLOADS) - {"cnn-dataset"})
+
+
+@pytest.mark.parametrize("name", LEGACY_WORKLOADS)
 def test_older_unversioned_files_still_load(tmp_path, name):
     workload, spec = trained(name)
     torch.save({"workload": name, "spec": spec, "state_dict": workload.model_state()}, tmp_path / "old.pt")

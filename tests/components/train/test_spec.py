@@ -191,8 +191,9 @@ def test_data_options_belong_to_an_installed_provider():
     """``spec.data`` opts a job into a plugin's prepared-data provider; with none installed that takes an
     option, every unknown option is named at once, beside the spec's other errors."""
     assert SPEC.validate({"workload": "mlp-digits", "data": {}})["data"] == {}
-    errors = errors_of({"workload": "mlp-digits", "data": {"cache": True, "speed": 2}, "batch_size": 0})
-    assert {"spec.data.cache", "spec.data.speed", "spec.batch_size"} <= set(errors)
-    assert "no installed plugin takes this data option" in errors["spec.data.cache"]
+    errors = errors_of({"workload": "mlp-digits", "data": {"shard": True, "speed": 2}, "batch_size": 0})
+    assert {"spec.data.shard", "spec.data.speed", "spec.batch_size"} <= set(errors)
+    assert "no installed plugin takes this data option" in errors["spec.data.shard"]
+    assert SPEC.validate({"workload": "mlp-digits", "data": {"cache": True}})["data"] == {"cache": True}
     assert set(errors_of({"workload": "mlp-digits", "data": [1]})) == {"spec.data"}
     assert set(errors_of({"workload": "mlp-digits", "data": {"x": float("nan")}})) == {"spec.data"}

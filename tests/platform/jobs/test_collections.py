@@ -109,3 +109,17 @@ def test_a_builtin_dataset_resolves_and_bad_data_options_are_all_named(callers, 
     wrong = alice.post("/api/v1/jobs/", job_body(spec={"workload": "mlp-digits", "data": {"dataset": "digits"}}),
                        format="json")
     assert wrong.status_code == 400 and "spec.data.dataset" in wrong.json()
+
+
+@pytest.mark.parametrize("example", ["perfect-shapes.yaml", "sweep-cached.yaml"])
+def test_the_example_jobs_are_accepted(callers, example):
+    from pathlib import Path
+
+    import yaml
+
+    alice, _ = callers
+    body = yaml.safe_load((Path(__file__).parents[3] / "examples/jobs" / example).read_text())
+    response = alice.post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 201, response.content
+    data = Job.objects.get(pk=response.json()["id"]).spec["data"]
+    assert isinstance(data["dataset"], dict) and data["cache"] is True

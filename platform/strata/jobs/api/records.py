@@ -30,8 +30,8 @@ def _collection(name: str):
     from components.runtime import registry
 
     collection = registry.collections().get(name)
-    if collection is None:
-        raise Http404(f"no collection {name!r}: strata plugins lists the collections plugins add")
+    if collection is None:  # answered like any URL that matches no route
+        raise Http404()
     return collection
 
 
