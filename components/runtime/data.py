@@ -27,7 +27,7 @@ Two more things a provider may do:
 - **resolve** names at submit (:meth:`DataProvider.resolve`): the control plane hands it a ``lookup`` of the
   submitting team's records in the plugins' collections (:mod:`components.runtime.collections`), so a job may
   name a dataset the team registered and the stored spec carries what the name meant then;
-- serve a **stream of epochs** (:meth:`DataProvider.epochs`, read with :func:`open_epochs`): a workload whose
+- provide a **stream of epochs** (:meth:`DataProvider.epochs`, read with :func:`open_epochs`): a workload whose
   data is augmented afresh every epoch asks for each epoch's samples, and the provider decides where they
   come from (computed now, or a cached earlier computation reused) -- the :class:`EpochSource` protocol.
 

@@ -19,14 +19,14 @@ from components.runtime.plugins import Plugin
 class DiskCache(DataProvider):
     """A provider for the tests: serves from a dict, filling it from ``build()`` on a miss."""
 
-    options: ClassVar[frozenset[str]] = frozenset({"cache"})
+    options: ClassVar[frozenset[str]] = frozenset({"stash"})
     store: ClassVar[dict] = {}
 
     def validate(self, data):
-        return {} if isinstance(data.get("cache"), bool) else {"cache": "must be true or false"}
+        return {} if isinstance(data.get("stash"), bool) else {"stash": "must be true or false"}
 
     def fetch(self, key, recipe, build, data):
-        if not data.get("cache"):
+        if not data.get("stash"):
             return None
         if key not in self.store:
             self.store[key] = build()
@@ -46,8 +46,8 @@ SAME_OPTION = Plugin(name="other-cache", data_providers=(f"{__name__}:DiskCache"
 
 class TestDiskCacheConforms(DataProviderConformance):
     provider_path = f"{__name__}:DiskCache"
-    good = ({"cache": True}, {"cache": False})
-    bad = ({"cache": "yes"},)
+    good = ({"stash": True}, {"stash": False})
+    bad = ({"stash": "yes"},)
 
 
 def test_equal_recipes_have_equal_keys():
@@ -106,39 +106,39 @@ def test_prepare_asks_the_opted_into_provider_then_the_memo():
     recipe = {"dataset": "digits", "seed": 0}
     providers = [DiskCache()]
     # Opted in: the provider serves it (and keeps it), the memo is not used.
-    assert prepare(recipe, build, {"cache": True}, providers=providers, memo=memo) == [1]
-    assert prepare(recipe, build, {"cache": True}, providers=providers, memo=memo) == [1]
+    assert prepare(recipe, build, {"stash": True}, providers=providers, memo=memo) == [1]
+    assert prepare(recipe, build, {"stash": True}, providers=providers, memo=memo) == [1]
     assert recipe_key(recipe) in DiskCache.store and memo.builds == 0
     # Not opted in (or the provider passes): the memo, one build per recipe.
     assert prepare(recipe, build, {}, providers=providers, memo=memo) == [2]
-    assert prepare(recipe, build, {"cache": False}, providers=providers, memo=memo) == [2]
+    assert prepare(recipe, build, {"stash": False}, providers=providers, memo=memo) == [2]
     assert prepare({"dataset": "digits", "seed": 1}, build, None, providers=providers, memo=memo) == [3]
     # No recipe: nothing to share, built every time.
-    assert prepare(None, build, {"cache": True}, providers=providers, memo=memo) == [4]
-    assert prepare(None, build, {"cache": True}, providers=providers, memo=memo) == [5]
+    assert prepare(None, build, {"stash": True}, providers=providers, memo=memo) == [4]
+    assert prepare(None, build, {"stash": True}, providers=providers, memo=memo) == [5]
 
 
 def test_every_bad_option_is_named():
     providers = [DiskCache(), Broken()]
     assert option_errors(None, providers) == {} and option_errors({}, providers) == {}
-    assert option_errors({"cache": True}, providers) == {}
-    errors = option_errors({"cache": "yes", "speed": 1, "broken": 1}, providers)
-    assert errors == {"spec.data.cache": "must be true or false",
-                      "spec.data.speed": "no installed plugin takes this data option (known: broken, cache)",
+    assert option_errors({"stash": True}, providers) == {}
+    errors = option_errors({"stash": "yes", "speed": 1, "broken": 1}, providers)
+    assert errors == {"spec.data.stash": "must be true or false",
+                      "spec.data.speed": "no installed plugin takes this data option (known: broken, stash)",
                       "spec.data.broken": "could not be checked: RuntimeError"}
-    assert set(option_errors("cache", providers)) == {"spec.data"}
-    assert set(option_errors({"cache": True}, [], prefix="spec.x")) == {"spec.x.cache"}
+    assert set(option_errors("stash", providers)) == {"spec.data"}
+    assert set(option_errors({"stash": True}, [], prefix="spec.x")) == {"spec.x.stash"}
 
 
 def test_plugins_contribute_data_providers_and_an_option_has_one_owner(install_plugins):
     install_plugins(f"{__name__}:CACHE", f"{__name__}:SAME_OPTION")
-    assert [type(p) for p in registry.data_providers()] == [DiskCache]
-    assert "data option 'cache' (already disk-cache's)" in registry.problems()["other-cache"]
+    assert [type(p).__name__ for p in registry.data_providers()] == ["DataCacheProvider", "DiskCache"]
+    assert "data option 'stash' (already disk-cache's)" in registry.problems()["other-cache"]
     # The train kind's spec takes the installed provider's option, and names a bad value.
     from components.runtime.spec import SpecError
     from components.train.spec import TrainSpec
 
-    assert TrainSpec().validate({"workload": "mlp-digits", "data": {"cache": True}})["data"] == {"cache": True}
+    assert TrainSpec().validate({"workload": "mlp-digits", "data": {"stash": True}})["data"] == {"stash": True}
     with pytest.raises(SpecError) as caught:
-        TrainSpec().validate({"workload": "mlp-digits", "data": {"cache": 3}})
-    assert caught.value.errors == {"spec.data.cache": "must be true or false"}
+        TrainSpec().validate({"workload": "mlp-digits", "data": {"stash": 3}})
+    assert caught.value.errors == {"spec.data.stash": "must be true or false"}
