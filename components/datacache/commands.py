@@ -47,6 +47,11 @@ class DatasetsCommand(Command):
                                    for p in pipelines for c in p.get("cached_on", [])) or "-"
                 print(f"{item['name']:<20} {item.get('team') or 'built-in':<12} {item.get('format', '-'):<15} "
                       f"{pipeline:<17} {cached}")
+            for cache in (answer.get("summary") or {}).get("caches", []):
+                rate = "-" if cache["hit_rate"] is None else f"{cache['hit_rate'] * 100:.0f}%"
+                print(f"cache on {cache['node']}: {_size(cache['bytes'])} of {_size(cache['budget'])}, "
+                      f"{cache['entries']} entries, hit rate {rate} ({cache['hits']} hits, {cache['misses']} misses), "
+                      f"{cache['evictions']} evictions, {cache['corrupt']} corrupt dropped")
             return 0
         if args.action == "show":
             print(json.dumps(client.get(f"datasets/{args.name}/", params=params), indent=2))

@@ -137,6 +137,21 @@ class Datasets(Collection):
                 "task": "classification", "size": size, "channels": channels, "test_fraction": test_fraction,
                 "augment": augment}
 
+    def summary(self, data: PanelData) -> dict[str, Any]:
+        """Each node's cache: size against budget, entries, hits, misses, hit rate, evictions, corrupt entries."""
+        caches = []
+        for node in data.reports(PLUGIN).get("nodes", []):
+            stats = node.get("payload") or {}
+            if not stats:
+                continue
+            lookups = int(stats.get("hits", 0)) + int(stats.get("misses", 0))
+            caches.append({"node": node.get("node"), "time": node.get("time"),
+                           **{name: stats.get(name, 0) for name in ("bytes", "budget", "hits", "misses", "evictions",
+                                                                    "corrupt", "uncached")},
+                           "entries": len(stats.get("entries", [])),
+                           "hit_rate": (int(stats.get("hits", 0)) / lookups) if lookups else None})
+        return {"caches": sorted(caches, key=lambda cache: str(cache["node"]))}
+
     def present(self, record: dict[str, Any], data: PanelData) -> dict[str, Any]:
         shown = dict(record)
         if record.get("task") != "classification":

@@ -5,7 +5,8 @@ that every job then reads by name. A plugin declares such a collection in its ma
 (``collections={"datasets": "pkg.module:Datasets"}``) and the control plane serves it under the API root:
 
 - ``GET /api/v1/{collection}/``: the plugin's built-in entries and the records of the viewer's teams, each
-  passed through :meth:`Collection.present` (which may add live facts, e.g. what each node's cache holds);
+  passed through :meth:`Collection.present` (which may add live facts, e.g. what each node's cache holds), and
+  the collection's :meth:`Collection.summary`;
 - ``POST /api/v1/{collection}/``: register one (``team`` picks the team as for jobs); the body is checked by
   :meth:`Collection.validate`, a 400 naming every bad field at once; a name the team (or a built-in) already
   has is a 409;
@@ -48,6 +49,11 @@ class Collection:
     def builtins(self) -> list[dict[str, Any]]:
         """Entries every team sees and no one may delete or shadow (none by default)."""
         return []
+
+    def summary(self, data: PanelData) -> dict[str, Any] | None:
+        """Facts about the whole collection, answered beside the list as ``summary`` (e.g. each node's cache
+        size and hit rate), from the viewer's cluster-wide PanelData; None (the default) answers none."""
+        return None
 
     def present(self, record: dict[str, Any], data: PanelData) -> dict[str, Any]:
         """What the API shows of one record (a built-in or a team's), given the viewer's cluster-wide

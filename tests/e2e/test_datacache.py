@@ -65,6 +65,10 @@ def test_jobs_share_the_node_cache_and_perfect_switches_phases(cluster, tmp_path
     while not (cached := node_report()) and time.monotonic() < deadline:
         time.sleep(1)
     assert cached and cached[0]["entries"] == 5, cached  # the test set and variants 0-3, once each
+    caches = cluster.get("datasets/")["summary"]["caches"]
+    assert len(caches) == 1 and caches[0]["misses"] == 5 and caches[0]["hits"] >= 4 and caches[0]["bytes"] > 0
+    listed = cluster.cli("datasets")
+    assert "cache on local" in listed.stdout and "5 misses" in listed.stdout, listed.stdout
 
     perfect = cluster.submit(job("perfect", cache=True, perfect={"reuse": 2, "switch": 0.5}))
     done = cluster.wait_state(perfect["id"], {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=300)

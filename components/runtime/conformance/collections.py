@@ -62,6 +62,11 @@ class CollectionConformance:
         assert len(set(names)) == len(names)
         json.dumps(builtins, allow_nan=False)
 
+    def test_summary_answers_json_or_none(self):
+        summary = self.collection().summary(StaticPanelData())
+        assert summary is None or isinstance(summary, dict)
+        json.dumps(summary, allow_nan=False)
+
     def test_present_answers_json(self):
         collection = self.collection()
         items = [*collection.builtins(), *(collection.validate(dict(body)) for body in self.good)]

@@ -151,7 +151,9 @@ def plugins(args) -> int:
                               ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
                               ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
                               ("benchmarks", sorted(loaded.plugin.benchmarks)),
-                              ("job routes", [f"/jobs/{{id}}/{route}/" for route in sorted(loaded.job_routes)])):
+                              ("job routes", [f"/jobs/{{id}}/{route}/" for route in sorted(loaded.job_routes)]),
+                              ("data options", sorted(o for p in loaded.data_providers for o in p.options)),
+                              ("collections", [f"/{name}/" for name in sorted(loaded.collections)])):
             if values:
                 parts.append(f"{label}: {', '.join(value.rpartition(':')[2] for value in values)}")
         print(f"{name:12} {'; '.join(parts) or '(nothing)'}")

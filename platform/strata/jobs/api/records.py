@@ -72,7 +72,16 @@ class CollectionView(APIView):
         items = [{**item, "team": None, "builtin": True} for item in found.builtins()]
         records = PluginRecord.objects.filter(collection=collection, team_id__in=team_ids)
         items += [_shown(record) for record in records.select_related("team", "created_by")]
-        return Response({"collection": collection, "title": found.title, "results": _present(found, items, team_ids)})
+        answer = {"collection": collection, "title": found.title, "results": _present(found, items, team_ids)}
+        try:
+            from strata.jobs.panel_data import DatabasePanelData
+
+            summary = found.summary(DatabasePanelData(team_ids))
+            if summary is not None:
+                answer["summary"] = json.loads(json.dumps(summary, allow_nan=False, default=str))
+        except Exception:
+            log.exception("collection %s: summary() failed", collection)
+        return Response(answer)
 
     @extend_schema(operation_id="collection_create", parameters=[COLLECTION], request=OpenApiTypes.OBJECT,
                    responses={201: OpenApiTypes.OBJECT, 400: error_response(400, "Bad fields, each named."),
