@@ -153,19 +153,21 @@ def way_dataloader(definition: dict[str, Any], epochs: int, *, echo: int = 1) ->
             x = pipelines.preprocess(samples[row], definition, epoch, row)
             return torch.from_numpy(x), int(labels[row])
 
-    class EpochSampler(torch.utils.data.Sampler):
+    class EpochBatches(torch.utils.data.Sampler):
+        """Batches of ``(epoch, index)``, epoch by epoch (a batch never straddles two epochs), shuffled per epoch."""
+
         def __init__(self, fresh_epochs: int):
             self.fresh_epochs = fresh_epochs
 
         def __len__(self):
-            return self.fresh_epochs * len(train_rows)
+            return self.fresh_epochs * -(-len(train_rows) // BATCH)
 
         def __iter__(self):
             for epoch in range(self.fresh_epochs):
                 order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(
-                    derive_seed(0, "order", epoch)))
-                for index in order.tolist():
-                    yield epoch, index
+                    derive_seed(0, "order", epoch))).tolist()
+                for start in range(0, len(order), BATCH):
+                    yield [(epoch, index) for index in order[start:start + BATCH]]
 
     began = time.perf_counter()
     raw = pipelines.Raw(samples, labels, train_rows, test_rows, int(definition["classes"]))
@@ -182,8 +184,8 @@ def way_dataloader(definition: dict[str, Any], epochs: int, *, echo: int = 1) ->
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     steps_per_epoch = -(-len(train_rows) // BATCH)
     fresh_epochs = -(-epochs // echo)
-    loader = torch.utils.data.DataLoader(Augmented(), batch_size=BATCH, sampler=EpochSampler(fresh_epochs),
-                                         num_workers=WORKERS, persistent_workers=True, drop_last=False)
+    loader = torch.utils.data.DataLoader(Augmented(), batch_sampler=EpochBatches(fresh_epochs),
+                                         num_workers=WORKERS, persistent_workers=True)
     curve, steps = [], 0
 
     @torch.no_grad()
@@ -248,6 +250,12 @@ def _result(process: subprocess.Popen, way: str) -> dict[str, Any]:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"bench way {way} failed (exit {process.returncode}): {err.strip()[-2000:]}")
+
+
+def final_accuracy(curve: list[list[float]], last: int = 3) -> float | None:
+    """The mean of the last ``last`` evaluations of a run (None for a run with none)."""
+    tail = [accuracy for _, accuracy in curve[-last:]]
+    return sum(tail) / len(tail) if tail else None
 
 
 def time_to(curve: list[list[float]], target: float) -> float | None:
@@ -361,7 +369,9 @@ def figures(results: dict[str, Any]) -> list[Figure]:
     if accuracy:
         target, runs = accuracy["target"], accuracy["runs"]
         times = {way: [time_to(run["curve"], target) for run in runs[way]] for way in runs}
-        finals = {way: [run["curve"][-1][1] if run["curve"] else None for run in runs[way]] for way in runs}
+        # One evaluation swings by several points from epoch to epoch here (Adam at a constant rate): the final
+        # accuracy is the mean of the last three, every way.
+        finals = {way: [final_accuracy(run["curve"]) for run in runs[way]] for way in runs}
         reuse = [run["reuse"] for run in runs["perfect"]]
         for way, text in (("dataloader", f"torch DataLoader, {WORKERS} workers, fresh every epoch"),
                           ("echo", "data echoing (batch echoing after augmentation, e = PerFect's reuse)")):
@@ -379,8 +389,8 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                                                                                 finals["dataloader"], strict=True)]
         median_gap = _median(gap)
         found.append(Figure(
-            "final_accuracy_gap", "final test accuracy, PerFect minus the DataLoader (points; target: no worse "
-            "than -0.5)", _median(finals["perfect"]), _median(finals["dataloader"]), "accuracy",
+            "final_accuracy_gap", "final test accuracy (mean of the last 3 epochs' evaluations), PerFect against the "
+            "DataLoader (target: no worse than 0.5 point below)", _median(finals["perfect"]), _median(finals["dataloader"]), "accuracy",
             lower_is_better=False, target=None,
             extra={"gap_points": median_gap, "gap_runs": gap,
                    "met": None if median_gap is None else median_gap >= -0.5}))
