@@ -23,8 +23,8 @@ waits on preprocessing, ``rho`` times longer). ``rho <= 1.5`` means preprocessin
 Both can be set (``reuse: 3``, ``switch: 0.7`` as a fraction of the epochs). The decision is kept in the
 checkpoint, so a resumed job reads the same epochs.
 
-The loader work runs in ``workers`` spawned processes, one variant ahead of training (the next variant that
-is not ready yet is built while the current epoch trains).
+The loader work runs in ``workers`` spawned processes, one variant ahead of training and never more (the next
+variant after the one being read is built while the current epochs train).
 """
 
 from __future__ import annotations
@@ -187,16 +187,22 @@ class DatasetEpochs(EpochSource):
             return future
 
     def _prefetch_after(self, epoch: int) -> None:
-        """Start the next variant a later epoch needs that is not built or being built (one at a time)."""
+        """Start building the next variant after the one ``epoch`` reads, if it is not built or being built:
+        double buffering, one variant ahead and never more, so loader work does not run ahead into the epochs
+        that reuse the current variant (on shared cores it would only slow them down)."""
         with self._lock:
             if any(not f.done() for f in self._variants.values()):
                 return
         if not self.plan.decided:
             return  # epoch 0 trains alone: its time is half of what the decision measures
+        current = self.plan.variant(epoch)
         for later in range(epoch + 1, self.plan.epochs):
-            if self.plan.variant(later) not in self._variants:
-                self._request(self.plan.variant(later))
-                return
+            variant = self.plan.variant(later)
+            if variant == current:
+                continue
+            if variant not in self._variants:
+                self._request(variant)
+            return
 
     def _forget_before(self, epoch: int) -> None:
         keep = {self.plan.variant(later) for later in range(epoch, min(epoch + 2 * MAX_REUSE, self.plan.epochs))}
