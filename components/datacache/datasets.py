@@ -45,8 +45,8 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "augment": {"crop": [0.8, 1.0], "flip": False, "rotate": 10.0, "jitter": 0.2, "blur": 0.0},
     },
     "corpus": {
-        "description": "The bundled text corpus (public-domain prose), for the language-model workloads: "
-                       "their tokenized text is cached with data: {cache: true}.",
+        "description": "The bundled text corpus (public-domain prose) the language-model workloads read; "
+                       "listed for reference: it has no image pipeline to stream or cache.",
         "format": "text", "task": "language-model",
     },
 }
