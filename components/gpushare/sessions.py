@@ -236,7 +236,7 @@ class TrainLoopSession(Session):
 
     def step(self, should_yield=never) -> Progress:
         if self._pending is None:
-            if self.loop.ctx.should_stop():
+            if self.loop.stop_requested():
                 self.loop.checkpoint()
                 self.stopped = True
                 self.loop.ctx.log(f"stopping {self.loop.name} at step {self.loop.step_count}/"

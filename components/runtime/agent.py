@@ -79,6 +79,7 @@ class NodeAgent:
         path = self.state_dir / "worker.json"
         config = {"server": self.options.server, "node_token": self.options.token,
                   "node": self.registration["node"], "state_dir": str(self.state_dir),
+                  "address": self.options.address,
                   "broker_url": self.options.broker_url or self.registration["broker_url"],
                   "broker_prefix": self.registration.get("broker_prefix"),
                   "services": self.services.worker_config() if self.services is not None else {}}

@@ -91,6 +91,20 @@ class Context(abc.ABC):
         (:class:`components.runtime.tokens.TokenGate`). None issued: an empty list."""
         return []
 
+    # -- rendezvous: the ranks of one attempt find each other (components.runtime.distributed.init_gang) ---------
+    def node_address(self) -> str | None:
+        """The address this rank's node registered with the control plane (where its listeners should bind)."""
+        return None
+
+    def rendezvous_publish(self, port: int) -> str:
+        """Rank 0: announce that this attempt's store listens on ``port`` of this node; returns ``host:port``
+        as the other ranks will read it (the host is the address rank 0's node registered)."""
+        raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
+
+    def rendezvous_address(self, timeout: float = 300.0) -> str:
+        """Every other rank: wait for rank 0's ``host:port``; TimeoutError after ``timeout`` seconds."""
+        raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
+
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def _save_checkpoint_bytes(self, data: bytes) -> None: ...
@@ -228,6 +242,33 @@ class LocalContext(Context):
     def token_digests(self) -> list[str]:
         return list(self.tokens)
 
+    # Rendezvous through a file in ``workdir``: the ranks of a local run share one workdir.
+    def node_address(self) -> str | None:
+        return "127.0.0.1"
+
+    def _rendezvous_path(self) -> Path:
+        return self.workdir / "rendezvous.json"
+
+    def rendezvous_publish(self, port: int) -> str:
+        address = f"127.0.0.1:{int(port)}"
+        temporary = self._rendezvous_path().with_suffix(f".{self.rank}.tmp")
+        temporary.write_text(json.dumps({"attempt": self.attempt_id, "address": address}))
+        temporary.replace(self._rendezvous_path())
+        return address
+
+    def rendezvous_address(self, timeout: float = 300.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = json.loads(self._rendezvous_path().read_text())
+                if found.get("attempt") == self.attempt_id:
+                    return str(found["address"])
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
+            time.sleep(0.05)
+
     def _checkpoint_path(self) -> Path:
         return self.workdir / "checkpoint.pt"
 
@@ -321,7 +362,8 @@ def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, loca
     from components.runtime.remote import RemoteContext
 
     client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
-    context = RemoteContext(**common, client=client, node_id=payload["node"], token=payload["fencing_token"])
+    context = RemoteContext(**common, client=client, node_id=payload["node"], token=payload["fencing_token"],
+                            address=payload.get("node_address") or "")
     if start:
         context.start()
     return context

@@ -61,6 +61,9 @@ class Plugin:
     node_services: tuple[str, ...] = ()
     # Sources of prepared (preprocessed) training data that jobs opt into with their spec's ``data`` options.
     data_providers: tuple[str, ...] = ()
+    # Ways to fit one model on the workers of a gang, named by a spec's ``distributed.strategy``
+    # (components.runtime.distributed.Strategy subclasses).
+    strategies: tuple[str, ...] = ()
     benchmarks: Mapping[str, str] = field(default_factory=dict)
     # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
     # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
@@ -71,7 +74,7 @@ class Plugin:
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
         found = [(seam, path) for seam in ("kinds", "panels", "hooks", "subscribers", "commands",
-                                           "node_services", "data_providers") for path in getattr(self, seam)]
+                                           "node_services", "data_providers", "strategies") for path in getattr(self, seam)]
         if self.reports:
             found.append(("reports", self.reports))
         found.extend(("benchmarks", path) for path in self.benchmarks.values())
@@ -84,7 +87,8 @@ class Plugin:
         problems = []
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             problems.append(f"name {self.name!r} must match {NAME_RE.pattern}")
-        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services", "data_providers"):
+        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services", "data_providers",
+                     "strategies"):
             value = getattr(self, seam)
             if isinstance(value, str) or not isinstance(value, tuple | list):
                 problems.append(f"{seam} must be a tuple of 'module:attribute' paths")

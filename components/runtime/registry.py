@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from components.runtime.plugins import Command, Plugin, ReportSchema
+from components.runtime.plugins import NAME_RE, Command, Plugin, ReportSchema
 from components.runtime.spec import KindSpec
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class LoadedPlugin:
     job_routes: dict[str, Any]  # name -> function(data: PanelData) -> JSON
     data_providers: tuple[Any, ...] = ()  # DataProvider instances
     collections: dict[str, Any] = field(default_factory=dict)  # name -> Collection instance
+    strategies: dict[str, Any] = field(default_factory=dict)  # name -> distributed.Strategy instance
 
     @property
     def name(self) -> str:
@@ -154,9 +155,21 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         collection = _subclass(path, Collection)()
         collection.name = name
         collections[name] = collection
+    from components.runtime.distributed import Strategy
+
+    strategies: dict[str, Any] = {}
+    for path in plugin.strategies:
+        strategy = _subclass(path, Strategy)()
+        if not isinstance(strategy.name, str) or not NAME_RE.match(strategy.name):
+            raise ValueError(f"{path}: a strategy needs a name matching {NAME_RE.pattern}")
+        if not isinstance(strategy.runtime, str) or ":" not in strategy.runtime:
+            raise ValueError(f"{path}: runtime must be the 'module:Class' of a StrategyRuntime")
+        if strategy.name in strategies:
+            raise ValueError(f"{path}: strategy {strategy.name!r} is named twice")
+        strategies[strategy.name] = strategy
     return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
                         hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes,
-                        data_providers=providers, collections=collections)
+                        data_providers=providers, collections=collections, strategies=strategies)
 
 
 def _hook(path: str) -> Any:
@@ -226,6 +239,7 @@ def _load() -> _State:
                      [("command", command) for command in loaded.commands] + \
                      [("job route", route) for route in loaded.job_routes] + \
                      [("collection", name) for name in loaded.collections] + \
+                     [("strategy", name) for name in loaded.strategies] + \
                      [("data option", option) for provider in loaded.data_providers for option in provider.options]
             taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
                      if (what, value) in owners]
@@ -345,6 +359,11 @@ def collections() -> dict[str, Any]:
 def data_providers() -> list[Any]:
     """Every plugin's prepared-data providers (:class:`components.runtime.data.DataProvider` instances)."""
     return [provider for loaded in plugins().values() for provider in loaded.data_providers]
+
+
+def strategies() -> dict[str, Any]:
+    """Plugins' distributed-training strategies: ``{name: components.runtime.distributed.Strategy}``."""
+    return {name: strategy for loaded in plugins().values() for name, strategy in loaded.strategies.items()}
 
 
 def benchmarks() -> dict[str, str]:

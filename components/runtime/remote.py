@@ -11,6 +11,7 @@ import logging
 import math
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ class RemoteContext(Context):
     client: ControlPlaneClient | None = None
     node_id: str = ""
     token: str = ""
+    address: str = ""  # the address this node registered (where a rank's listeners bind)
     flush_seconds: float = 0.5
     _logs: list = field(default_factory=list, repr=False)
     _metrics: list = field(default_factory=list, repr=False)
@@ -48,6 +50,8 @@ class RemoteContext(Context):
         return {"node": self.node_id, "token": self.token}
 
     def log(self, message: str, level: str = "info") -> None:
+        if self.world_size > 1:
+            message = f"[rank {self.rank}] {message}"
         with self._lock:
             self._logs.append({"level": storable_text(str(level))[:16], "message": storable_text(str(message))})
 
@@ -127,6 +131,30 @@ class RemoteContext(Context):
     def token_digests(self) -> list[str]:
         answer = self.client.request("GET", self._path("tokens/"), params=self._auth(), timeout=30)
         return [str(digest) for digest in answer.get("digests", [])]
+
+    def node_address(self) -> str | None:
+        return self.address or None
+
+    def rendezvous_publish(self, port: int) -> str:
+        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port)})
+        return str(answer["address"])
+
+    def rendezvous_address(self, timeout: float = 300.0) -> str:
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while True:
+            try:
+                answer = self.client.request("GET", self._path("rendezvous/"), params=self._auth(), timeout=30)
+            except ApiError as error:
+                if error.status in (404, 409):  # the attempt ended: its ranks stop waiting
+                    raise RuntimeError(f"no rendezvous: {error}") from error
+                answer = {}
+            if answer.get("address"):
+                return str(answer["address"])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
 
     def artifact(self, path: str | Path, name: str | None = None, kind: str = "artifact") -> None:
         source = Path(path)

@@ -75,6 +75,7 @@ class AttemptRunner:
         self.token = token
         self.client = ControlPlaneClient(config["server"], config["node_token"], retries=5)
         self.children: list[tuple[dict, subprocess.Popen]] = []
+        self.ranks: list[int] = []  # the rank of each child
         self.tail: deque[str] = deque(maxlen=20)
         self.pending_logs: list[dict] = []
         self.logs_lock = threading.Lock()
@@ -238,15 +239,16 @@ class AttemptRunner:
             device = devices[0] if devices else None
             env = dict(os.environ)
             env.pop("STRATA_NODE_CONFIG", None)
-            env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(20000 + int(self.attempt_id[:4], 16) % 20000)})
+            # Where the ranks meet is not known here: rank 0 publishes it through the control plane
+            # (components.runtime.distributed.init_gang).
+            env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1"})
             cuda = [str(d["index"]) for d in devices if d["kind"] == "cuda"]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda) if cuda else ""
             # ``device``: the rank's first device (what single-device code reads); ``devices``: all of them (a
             # rank given several whole GPUs sees every one, in the order CUDA_VISIBLE_DEVICES lists them).
             payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
                        "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device,
-                       "devices": devices}
+                       "devices": devices, "node_address": self.config.get("address", "")}
             child = subprocess.Popen([sys.executable, "-m", "components.runtime.child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      preexec_fn=_set_parent_death_signal)
@@ -254,6 +256,7 @@ class AttemptRunner:
             child.stdin.close()
             threading.Thread(target=self._pump, args=(child.stdout, rank), daemon=True).start()
             self.children.append((device, child))
+            self.ranks.append(rank)
         self.running_file.parent.mkdir(parents=True, exist_ok=True)
         pids: dict[str, list[int]] = {}
         for device, child in self.children:
@@ -303,8 +306,21 @@ class AttemptRunner:
         stop_sent_at = None
         stop_reason = ""
         next_poll = 0.0
+        first_failure: tuple[int, int] | None = None  # (rank, exit code) of the first rank to fail
         while any(child.poll() is None for _, child in self.children):
             now = time.monotonic()
+            if first_failure is None:
+                for (_, child), rank in zip(self.children, self.ranks, strict=True):
+                    if child.returncode not in (None, 0):
+                        first_failure = (rank, child.returncode)
+                        break
+                if first_failure is not None and stop_sent_at is None and len(self.children) > 1:
+                    # One rank of a gang died: the others would wait for it in their next collective. Stop
+                    # them now, so the attempt ends (and is retried from its checkpoint) instead of hanging.
+                    self._note(f"rank {first_failure[0]} exited with code {first_failure[1]}; stopping the "
+                               "attempt's other ranks")
+                    self._signal_all(signal.SIGTERM)
+                    stop_sent_at = now
             if stop_sent_at is None:
                 stop_reason, next_poll = self._stop_due(now - started, time_limit, next_poll)
                 if stop_reason:
@@ -318,11 +334,14 @@ class AttemptRunner:
         if stop_reason or all(code == 0 for code in codes):
             outcome, reason = finish_for(End.SUCCEEDED, stop_reason=stop_reason, time_limit=time_limit)
             return outcome.name, reason
-        bad = next(code for code in codes if code != 0)
+        if first_failure is None:
+            first_failure = next((rank, code) for rank, code in zip(self.ranks, codes, strict=True) if code != 0)
+        rank, bad = first_failure
+        who = f"rank {rank} " if len(self.children) > 1 else ""
         detail = next((line for line in reversed(self.tail) if line.strip()), "")
         if bad < 0:
-            return protocol.FAILED.name, f"killed by signal {-bad}. {detail}"[:500]
-        return protocol.FAILED.name, f"exit code {bad}: {detail}"[:500]
+            return protocol.FAILED.name, f"{who}killed by signal {-bad}. {detail}"[:500]
+        return protocol.FAILED.name, f"{who}exit code {bad}: {detail}"[:500]
 
     def finish(self, outcome: str, reason: str) -> None:
         try:

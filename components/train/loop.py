@@ -80,6 +80,10 @@ class TrainLoop:
         self._prefetched: tuple[dict[str, Any] | None] | None = None
         self.host_io: HostIO | None = None
         self._in_step = False  # a step_stages() generator is suspended mid-step
+        # Distributed training (spec.distributed): this rank's gang and strategy runtime, set up by start().
+        self.gang: Any = None
+        self.parallel: Any = None
+        self._synchronized_at: int | None = None
 
     # -- host work off the device thread -----------------------------------------------------------------
     def use_host_io(self) -> HostIO:
@@ -103,6 +107,15 @@ class TrainLoop:
         return self.spec.get("workload") or self.spec.get("entrypoint") or self.workload.name
 
     @property
+    def rank(self) -> int:
+        return self.gang.rank if self.gang is not None else 0
+
+    @property
+    def lead(self) -> bool:
+        """True on the rank that evaluates, checkpoints, uploads and logs the job's progress (rank 0)."""
+        return self.rank == 0
+
+    @property
     def done(self) -> bool:
         return self.started and self.step_count >= self.total_steps
 
@@ -121,6 +134,12 @@ class TrainLoop:
         self.steps_per_epoch = int(self.workload.steps_per_epoch())
         if self.steps_per_epoch < 1:
             raise ValueError(f"workload {self.name} has no steps per epoch")
+        if self.spec.get("distributed"):
+            from components.runtime.distributed import init_gang, open_runtime
+
+            self.gang = init_gang(self.ctx, self.spec["distributed"])
+            self.parallel = open_runtime(self.ctx, self.spec["distributed"], self.gang)
+            self.steps_per_epoch = int(self.parallel.steps_per_epoch(self.steps_per_epoch))
         self.total_steps = self.spec["epochs"] * self.steps_per_epoch
         if self.spec.get("max_steps"):
             self.total_steps = min(self.total_steps, self.spec["max_steps"])
@@ -132,6 +151,11 @@ class TrainLoop:
             state = self.ctx.restore()
         if state is not None:
             self.load_state_dict(state)
+        if self.parallel is not None:
+            self.parallel.setup(self.workload)
+            if state is not None:
+                self.parallel.load_state_dict(state.get("parallel") or {})
+        if state is not None:
             self.resumed_from = self.step_count
             if self.workload.finished():  # it had reached its end before the checkpoint
                 self.total_steps = min(self.total_steps, self.step_count)
@@ -139,10 +163,12 @@ class TrainLoop:
                 f"resumed {self.name} from the checkpoint at step {self.step_count}/{self.total_steps} "
                 f"(epoch {min(self.epoch + 1, self.spec['epochs'])}/{self.spec['epochs']})"
             )
-        else:
+        elif self.lead:
+            gang = (f" on {self.gang.world_size} workers ({self.spec['distributed']['strategy']}, "
+                    f"{self.gang.backend}; batch {self.spec['batch_size']} per worker)" if self.gang else "")
             self.ctx.log(
-                f"training {self.name} on {self.device}: {self.spec['epochs']} epochs x {self.steps_per_epoch} "
-                f"steps, {self.total_steps} steps in all; batch {self.spec['batch_size']}, "
+                f"training {self.name} on {self.device}{gang}: {self.spec['epochs']} epochs x "
+                f"{self.steps_per_epoch} steps, {self.total_steps} steps in all; batch {self.spec['batch_size']}, "
                 f"{self.spec['optimizer']} lr {self.spec['lr']}, seed {self.spec['seed']}"
             )
         self._window.reset()
@@ -152,7 +178,11 @@ class TrainLoop:
     def step(self) -> dict[str, float] | None:
         """Run one optimizer step; returns the metrics it reported, if this was a reporting step."""
         epoch, index = self._position_of_next_step()
-        values = dict(self.workload.train_step(self.workload.batch(epoch, index)))
+        if self.parallel is not None:
+            batch = self.parallel.batch(self.workload, epoch, index)
+            values = dict(self.parallel.train_step(self.workload, batch))
+        else:
+            values = dict(self.workload.train_step(self.workload.batch(epoch, index)))
         return self._after_step(values, epoch, index)
 
     def step_stages(
@@ -171,8 +201,15 @@ class TrainLoop:
         epoch, index = self._position_of_next_step()
         self._in_step = True
         try:
-            batch = self.workload.batch(epoch, index)
-            if train_step is None:
+            if self.parallel is not None:  # a gang's step is its strategy's, never split into stages
+                values = dict(self.parallel.train_step(self.workload,
+                                                       self.parallel.batch(self.workload, epoch, index)))
+                batch = None
+            else:
+                batch = self.workload.batch(epoch, index)
+            if batch is None:
+                pass
+            elif train_step is None:
                 values = dict(self.workload.train_step(batch))
             else:
                 values = dict((yield from train_step(batch)))
@@ -202,7 +239,10 @@ class TrainLoop:
             reported = self._window.means()  # reading the values synchronises the device: only here
             reported["samples_per_s"] = self._window.samples / max(self._window.seconds, 1e-9)
             self._last_train = {name: value for name, value in reported.items() if name != "samples_per_s"}
-            self.ctx.metrics(reported, self.step_count)
+            if self.lead:
+                self.ctx.metrics(reported, self.step_count)
+            if self.parallel is not None:
+                self._report_ranks(reported)
         if end_of_epoch or self.done:
             self._end_epoch(epoch)
         if self.step_count % self.spec["checkpoint_every"] == 0 or self.done:
@@ -211,10 +251,35 @@ class TrainLoop:
             self._window.reset()  # after evaluation and checkpoint: they do not count against throughput
         return reported
 
+    def _report_ranks(self, reported: dict[str, float]) -> None:
+        """Every rank's own metrics, tagged ``rank<r>.<name>``; rank 0's report for the strategy's plugin."""
+        own = {"loss": reported["loss"]} if "loss" in reported else {}
+        own.update(self.parallel.rank_metrics())
+        self.ctx.metrics({f"rank{self.rank}.{name}": value for name, value in own.items()}, self.step_count)
+        if self.lead and self.parallel.plugin:
+            payload = self.parallel.report()
+            if payload is not None:
+                self.ctx.report(self.parallel.plugin, payload)
+
+    def synchronize(self) -> None:
+        """Distributed: make rank 0's workload hold the gang's whole model (collective; once per step)."""
+        if self.parallel is not None and self._synchronized_at != self.step_count:
+            self.parallel.synchronize(self.workload)
+            self._synchronized_at = self.step_count
+
+    def stop_requested(self) -> bool:
+        """``ctx.should_stop()``; in a gang, true on every rank as soon as it is on one (a collective), so the
+        ranks checkpoint and stop at the same step."""
+        stop = self.ctx.should_stop()
+        return self.gang.any(stop) if self.gang is not None else stop
+
     def _end_epoch(self, epoch: int) -> None:
         train = self._epoch.means()
         seconds = self._epoch.seconds
         self._epoch.reset()
+        self.synchronize()
+        if not self.lead:  # rank 0 evaluates and logs for the gang
+            return
         self.last_eval = self.workload.evaluate()
         self._eval_step = self.step_count
         extra = self.workload.end_epoch(epoch, dict(self.last_eval))
@@ -230,6 +295,10 @@ class TrainLoop:
 
     def checkpoint(self) -> None:
         if self._checkpoint_step == self.step_count:
+            return
+        self.synchronize()
+        if not self.lead:  # rank 0 checkpoints the gang's model
+            self._checkpoint_step = self.step_count
             return
         if self.host_io is not None:
             # A consistent CPU copy now (training goes on); serialization and upload on the host thread.
@@ -249,6 +318,8 @@ class TrainLoop:
         }
         if self.owns_process:
             state["rng"] = _global_rng_state()
+        if self.parallel is not None:
+            state["parallel"] = self.parallel.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -265,6 +336,9 @@ class TrainLoop:
 
     def finish(self) -> dict[str, Any]:
         """Evaluate if needed, upload ``model.pt`` and ``metrics.json``; returns the summary."""
+        self.synchronize()
+        if not self.lead:
+            return {"workload": self.name, "steps": self.step_count, "rank": self.rank}
         if self._eval_step != self.step_count:
             self.last_eval = self.workload.evaluate()
             self._eval_step = self.step_count
@@ -285,6 +359,9 @@ class TrainLoop:
             "train": self._last_train,
             "eval": self.last_eval,
         }
+        if self.gang is not None:
+            summary["distributed"] = {"strategy": self.spec["distributed"]["strategy"],
+                                      "world_size": self.gang.world_size, "backend": self.gang.backend}
         weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
         # The description is plain values copied now, on the device thread: the upload may come later.
         description = describe_model(self.workload, name=self.name, spec=self.spec)
@@ -316,7 +393,7 @@ class TrainLoop:
             if not self.started:
                 self.start()
             while not self.done:
-                if self.ctx.should_stop():
+                if self.stop_requested():
                     self.checkpoint()
                     self.ctx.log(
                         f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved"
@@ -333,6 +410,10 @@ class TrainLoop:
         if not getattr(self, "_closed", False):
             self._closed = True
             self.workload.close()
+            if self.parallel is not None:
+                self.parallel.close()
+            if self.gang is not None:
+                self.gang.close()
 
 
 def cpu_snapshot(value: Any) -> Any:

@@ -6,4 +6,5 @@ PLUGIN = Plugin(
     name="train",
     description="Training jobs: built-in workloads or a user entrypoint, checkpointed and resumable.",
     kinds=("components.train.spec:TrainSpec",),
+    strategies=("components.train.strategies:DDP", "components.train.strategies:PostLocalSGD"),
 )

@@ -7,9 +7,10 @@ import re
 from typing import Any, ClassVar
 
 from components.runtime.data import option_errors
+from components.runtime.distributed import distributed_errors, normalize
 from components.runtime.spec import Checker, KindSpec
 
-WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset")
+WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc")
 # Workloads whose data is a stream of epochs from spec.data.dataset (components.runtime.data.open_epochs).
 STREAMING = ("cnn-dataset",)
 TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
@@ -24,7 +25,7 @@ DEFAULT_EPOCHS = 3
 WORKLOAD_EPOCHS = {"tiny-gpt": 5, "moe-gpt": 5}
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}
 # "hidden" is the width of each model: MLP hidden units, CNN first-layer channels, transformer model width.
-DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64, "cnn-dataset": 16}
+DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64, "cnn-dataset": 16, "cnn-fc": 16}
 TINY_GPT_HEADS = 4
 
 MAX_EPOCHS = 100_000
@@ -48,6 +49,7 @@ FIELDS = {
     "hidden",
     "options",
     "data",
+    "distributed",
 }
 
 
@@ -140,8 +142,14 @@ class TrainSpec(KindSpec):
                     and "spec.data.dataset" not in check.errors:
                 check.errors["spec.data.dataset"] = (f"only {', '.join(STREAMING)} (or an entrypoint's workload) "
                                                      f"reads a dataset; {builtin} prepares its own data")
+        distributed = spec.get("distributed")
+        check.errors.update(distributed_errors(distributed))
+        if distributed is not None and builtin in STREAMING and "spec.distributed" not in check.errors:
+            check.errors["spec.distributed"] = (f"{builtin} streams its epochs from one node's cache; train it on "
+                                                "one worker (a gang reads batches by index: mlp-digits, "
+                                                "cnn-synthetic, cnn-fc, tiny-gpt, moe-gpt)")
         check.raise_if_errors()
-        return {
+        normalized = {
             "workload": workload,
             "entrypoint": entrypoint,
             "epochs": epochs,
@@ -156,6 +164,9 @@ class TrainSpec(KindSpec):
             "options": options,
             "data": data if isinstance(data, dict) else {},
         }
+        if distributed is not None:  # only a gang's spec carries it
+            normalized["distributed"] = normalize(distributed)
+        return normalized
 
     def entrypoint_spec(self, entrypoint: str) -> dict[str, Any]:
         return self.validate({"entrypoint": entrypoint})
@@ -241,6 +252,16 @@ class TrainSpec(KindSpec):
                     "type": "object",
                     "default": {},
                     "description": "Free-form settings for entrypoint code (ctx.spec['options']).",
+                },
+                "distributed": {
+                    "type": ["object", "null"],
+                    "default": None,
+                    "description": (
+                        "Train one model on all of resources.workers: {strategy: ddp | <a plugin's strategy>, "
+                        "backend: auto | gloo | nccl, timeout_s, slow: {ranks: [1] | random: p, factor, duration, "
+                        "mode: sleep | cpu} (fault injection), bandwidth_mbit (an emulated link)}, plus the "
+                        "strategy's own options (docs/plugins.md, strategies)."
+                    ),
                 },
                 "data": {
                     "type": "object",

@@ -286,16 +286,32 @@ class ClassificationWorkload(TorchWorkload):
         uint8 are scaled to floats here, per batch)."""
         return stored
 
-    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
-        inputs, targets = batch
+    def train_step(self, batch: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+        values = self.backward(batch)
+        self.apply_gradients()
+        return values
+
+    def backward(self, batch: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+        """The first half of :meth:`train_step`: forward and backward on ``batch``, leaving the gradients in the
+        parameters (a distributed strategy exchanges them before :meth:`apply_gradients`). ``batch`` is
+        ``(inputs, targets)`` or ``(inputs, targets, weights)``: with per-sample weights the loss is the weighted
+        mean, so a batch reduced to representatives weighted by what each stands for estimates the full batch."""
+        inputs, targets, *rest = batch
         self.model.train()
         logits = self.model(inputs)
-        loss = F.cross_entropy(logits, targets)
+        if rest:
+            weights = rest[0].to(logits.dtype)
+            loss = (F.cross_entropy(logits, targets, reduction="none") * weights).sum() / weights.sum()
+        else:
+            loss = F.cross_entropy(logits, targets)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        self.optimizer.step()
         accuracy = (logits.detach().argmax(dim=1) == targets).float().mean()
         return {"loss": loss.detach(), "accuracy": accuracy, "samples": len(targets)}
+
+    def apply_gradients(self) -> None:
+        """The second half of :meth:`train_step`: the optimizer step."""
+        self.optimizer.step()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -452,6 +468,46 @@ class CNNSynthetic(ClassificationWorkload):
         classes, _ = _weight_shape(state, "7.weight", 2)
         # The image size leaves no unambiguous trace in the weights; it is fixed by the workload.
         return {"in_channels": in_channels, "size": cls.image_size, "hidden": channels, "classes": classes}
+
+
+class CNNWideFC(CNNSynthetic):
+    """cnn-synthetic's data and convolutions under large fully connected layers (VGG/AlexNet-like: most
+    parameters, and so most gradient traffic, sit in the FC layers, most computation in the convolutions).
+    ``options``-free: ``hidden`` sets the first conv's channels; the FC layers are ``fc_width`` wide."""
+
+    name: ClassVar[str] = "cnn-fc"
+    fc_width: ClassVar[int] = 512
+
+    def architecture(self, spec, x_train, classes):
+        return {**super().architecture(spec, x_train, classes), "fc": self.fc_width}
+
+    @classmethod
+    def from_config(cls, config):
+        in_channels, size, channels, classes, width = (
+            int(config[key]) for key in ("in_channels", "size", "hidden", "classes", "fc")
+        )
+        return nn.Sequential(
+            nn.Conv2d(in_channels, channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(2 * channels * (size // 4) ** 2, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, classes),
+        )
+
+    @classmethod
+    def config_from_weights(cls, state):
+        channels, in_channels, _, _ = _weight_shape(state, "0.weight", 4)
+        width, _ = _weight_shape(state, "7.weight", 2)
+        classes, _ = _weight_shape(state, "11.weight", 2)
+        return {"in_channels": in_channels, "size": cls.image_size, "hidden": channels, "classes": classes,
+                "fc": width}
 
 
 # Characters of the tiny-gpt vocabulary: newline and printable ASCII. Anything else maps to "?".
@@ -921,7 +977,8 @@ class CNNDataset(ClassificationWorkload):
 
 
 BUILTIN_WORKLOADS: dict[str, type[Workload]] = {
-    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload, CNNDataset)
+    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload, CNNDataset,
+                                           CNNWideFC)
 }
 
 

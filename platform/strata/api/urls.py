@@ -31,6 +31,7 @@ urlpatterns = [
     path(f"{ATTEMPT}/sources/<str:name>/", cluster.AttemptSourceView.as_view(), name="attempt-source"),
     path(f"{ATTEMPT}/checkpoint/", cluster.AttemptCheckpointView.as_view(), name="attempt-checkpoint"),
     path(f"{ATTEMPT}/tokens/", cluster.AttemptTokensView.as_view(), name="attempt-tokens"),
+    path(f"{ATTEMPT}/rendezvous/", cluster.AttemptRendezvousView.as_view(), name="attempt-rendezvous"),
     path(f"{ATTEMPT}/children/", cluster.AttemptChildrenView.as_view(), name="attempt-children"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/cancel/", cluster.AttemptChildCancelView.as_view(),
          name="attempt-child-cancel"),

@@ -118,6 +118,9 @@ class Attempt(models.Model):
     # Where the attempt serves requests ("host:port"), for kinds that answer requests; null otherwise. Nullable
     # for the same reason as ``reports``.
     endpoint = models.CharField(max_length=255, null=True, blank=True)
+    # Where the ranks of a multi-worker attempt meet ("host:port" of rank 0's store): the port rank 0 published
+    # on the address its node registered. Null until published (and for the same reason as ``reports``).
+    rendezvous = models.CharField(max_length=300, null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]

@@ -405,7 +405,9 @@ def attempt_for_node(attempt_id, fencing_token: str, node=None, *, lock: bool = 
     attempt = queryset.filter(pk=attempt_id).first()
     if attempt is None or attempt.fencing_token != fencing_token:
         raise StaleAttempt("unknown attempt or fencing token mismatch")
-    if node is not None and attempt.node_id != node.pk:
+    if node is not None and attempt.node_id != node.pk \
+            and not attempt.allocations.filter(device__node_id=node.pk).exists():
+        # A gang spans nodes: every node holding one of the attempt's allocations runs its own ranks.
         raise StaleAttempt("attempt belongs to another node")
     if attempt.ended_at is not None:
         raise StaleAttempt(f"attempt already ended ({attempt.outcome})")
@@ -431,6 +433,31 @@ def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
         fields = {} if attempt.job.started_at else {"started_at": attempt.started_at}
         transition(attempt.job, S.SCHEDULED, S.RUNNING, f"attempt {attempt.number} started on {node.name}", **fields)
     return attempt
+
+
+def attempt_rendezvous_publish(attempt: Attempt, node, port: int) -> str:
+    """Rank 0 of an attempt announces the port its store listens on; the address is the one its node registered
+    (never one the caller names). Only the node holding rank 0 may publish; republishing replaces the address.
+    Returns ``host:port``."""
+    if not attempt.allocations.filter(rank=0, device__node=node).exists():
+        raise StaleAttempt("only the node running rank 0 publishes the rendezvous")
+    host = node.address or "127.0.0.1"
+    address = f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+    if address != attempt.rendezvous:
+        Attempt.objects.filter(pk=attempt.pk).update(rendezvous=address)
+        attempt.rendezvous = address
+        job_event(attempt.job_id, "rendezvous", f"rank 0 listens on {address}", attempt=attempt, address=address)
+    return address
+
+
+def attempt_rendezvous(attempt: Attempt) -> dict:
+    """What a rank needs to join: rank 0's address (None until published), the world size, and each rank's
+    node name."""
+    nodes = {}
+    for rank, name in attempt.allocations.order_by("rank").values_list("rank", "device__node__name"):
+        nodes.setdefault(rank, name)
+    return {"address": attempt.rendezvous or None, "world_size": int(attempt.job.resources.get("workers", 1)),
+            "nodes": [nodes[rank] for rank in sorted(nodes)]}
 
 
 def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | None = None,

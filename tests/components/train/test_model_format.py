@@ -15,7 +15,7 @@ from components.train.spec import TrainSpec
 from components.train.workloads import BUILTIN_WORKLOADS, MLPDigits, builtin_workload
 
 SMALL = {"cnn-dataset": {"hidden": 4, "data": {"dataset": "digits", "workers": 0}}, "mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4},
-         "moe-gpt": {"hidden": 32, "batch_size": 4}}
+         "moe-gpt": {"hidden": 32, "batch_size": 4}, "cnn-fc": {"hidden": 4}}
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,8 @@ PREFIX = "/api/v1/"
 NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
-               "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens"}
+               "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
+               "attempt-rendezvous"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 

@@ -237,6 +237,31 @@ class AttemptTokensView(NodeAPIView):
                          "refresh_s": TOKEN_REFRESH_S})
 
 
+class RendezvousPublishSerializer(s.AttemptCallSerializer):
+    port = serializers.IntegerField(min_value=1, max_value=65535, help_text="The port rank 0's store listens on.")
+
+
+class AttemptRendezvousView(NodeAPIView):
+    """Where the ranks of a multi-worker attempt meet. Rank 0's node POSTs the port its store listens on; the
+    address is the one that node registered. Every rank GETs it (``address`` is null until published)."""
+
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        return Response(job_services.attempt_rendezvous(attempt))
+
+    @extend_schema(request=RendezvousPublishSerializer,
+                   responses={200: OpenApiTypes.OBJECT, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        serializer = RendezvousPublishSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        node = _node(data)
+        attempt = job_services.attempt_for_node(attempt_id, data["token"], node)
+        address = job_services.attempt_rendezvous_publish(attempt, node, data["port"])
+        return Response({**job_services.attempt_rendezvous(attempt), "address": address})
+
+
 # --- child jobs: a running job submits, lists and cancels jobs of its team ---------------------------------
 
 class ChildSubmitSerializer(s.AttemptCallSerializer):
