@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--state-dir")
     node.add_argument("--slots", type=int, help="concurrent attempts (default: 4 per device, at least 2)")
     node.add_argument("--broker", help="broker URL (default: the one the control plane announces)")
+    node.add_argument("--address", default="127.0.0.1",
+                      help="this node's address as other nodes reach it: where a gang's ranks meet and "
+                           "listen (default 127.0.0.1: one machine)")
 
     token = commands.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
     create = token.add_parser("create", help="create a token (printed once)")

@@ -85,7 +85,7 @@ def node(args) -> int:
         labels[key] = value
     options = NodeOptions(server=args.server, token=token, virtual_gpus=args.virtual_gpus,
                           virtual_gpu_memory=parse_bytes(args.virtual_gpu_memory), labels=labels,
-                          slots=args.slots, broker_url=args.broker)
+                          slots=args.slots, broker_url=args.broker, address=args.address)
     if args.name:
         options.name = args.name
     if args.state_dir:
