@@ -32,6 +32,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "components.gpushare.plugin:PLUGIN",
     "components.tuning.plugin:PLUGIN",
     "components.datacache.plugin:PLUGIN",
+    "components.straggler.plugin:PLUGIN",
 )
 ENTRY_POINT_GROUP = "strata.plugins"
 KIND_ENTRY_POINT_GROUP = "strata.components"
