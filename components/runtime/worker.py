@@ -307,7 +307,9 @@ class AttemptRunner:
         stop_reason = ""
         next_poll = 0.0
         first_failure: tuple[int, int] | None = None  # (rank, exit code) of the first rank to fail
-        while any(child.poll() is None for _, child in self.children):
+        # Poll every child (a list, not a short-circuiting generator): a rank that died behind a running one
+        # must be seen at once, so that its siblings are stopped.
+        while any([child.poll() is None for _, child in self.children]):  # noqa: C419
             now = time.monotonic()
             if first_failure is None:
                 for (_, child), rank in zip(self.children, self.ranks, strict=True):

@@ -103,7 +103,9 @@ def _worker(rank: int, world: int, workdir: str, spec: dict[str, Any]) -> None:
     runtime = loop.parallel
     payload = ctx.reports.get(runtime.plugin) if runtime is not None and runtime.plugin else None
     steps = max(loop.step_count, 1)
-    step_ms = [value for name, value, _ in ctx.metric_points if name == "rank0.step_ms"]
+    # Wall time per step (Stanza's own step_ms leaves out the waiting; its wall_ms is the step's wall time).
+    wall = "rank0.wall_ms" if any(name == "rank0.wall_ms" for name, _, _ in ctx.metric_points) else "rank0.step_ms"
+    step_ms = [value for name, value, _ in ctx.metric_points if name == wall]
     result = {
         "seconds": ended - began, "steps": loop.step_count,
         "evaluations": [(moment - began, step, accuracy) for moment, step, accuracy in evaluations],

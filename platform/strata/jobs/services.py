@@ -541,6 +541,14 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
         attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
         job = attempt.job
         job.refresh_from_db()
+        if _secondary_end(attempt, job, node, outcome):
+            # A gang spanning nodes: the other ranks return while rank 0 still evaluates, uploads the model or
+            # saves the checkpoint of a stop; the attempt ends when rank 0's node (the attempt's) says so. A
+            # failure or a time limit on any node ends it at once (rank 0's node then stops its ranks).
+            job_event(job.pk, "attempt", f"the ranks on {node.name} ended ({outcome}"
+                      + (f": {reason}" if reason else "") + "); the attempt ends with rank 0's node",
+                      attempt=attempt, node=node.name, outcome=outcome)
+            return job
         final = False
         if job.state == S.CANCELLED:
             outcome = Attempt.Outcome.CANCELLED
@@ -553,6 +561,14 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
     transaction.on_commit(request_pass)
     job.refresh_from_db()
     return job
+
+
+def _secondary_end(attempt: Attempt, job: Job, node, outcome: str) -> bool:
+    """True when ``node`` is not the attempt's own node (rank 0's) and its ranks ended without a failure of their
+    own: they succeeded, or stopped because the job was cancelled or preempted."""
+    if node is None or attempt.node_id is None or node.pk == attempt.node_id:
+        return False
+    return outcome == Attempt.Outcome.SUCCEEDED or job.state in {S.CANCELLED, S.PREEMPTED}
 
 
 def _service_lost(job: Job, attempt: Attempt, detail: str) -> tuple[str, str, bool]:

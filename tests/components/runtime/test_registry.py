@@ -122,7 +122,7 @@ def test_a_broken_plugin_costs_its_own_parts(install_plugins):
     assert "is not a components.runtime.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
     assert "cannot import the manifest: ModuleNotFoundError" in problems["no.such.module:PLUGIN"]
     # The platform and the healthy plugins are untouched.
-    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "hello"}
+    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "straggler", "hello"}
     assert isinstance(registry.get_kind("train"), TrainSpec)
     assert registry.commands()["hello"] is HelloCommand and "submit" not in registry.commands()
 
@@ -180,3 +180,69 @@ def test_collections_are_registered_and_their_names_are_unique(install_plugins):
     assert "collection 'jobs' (already core's)" in problems["notes-as-jobs"]
     assert "collection 'datasets' (already datacache's)" in problems["second-datasets"]
     assert "is not a Collection subclass" in problems["not-a-collection"]
+
+
+# -- distributed-training strategies --------------------------------------------------------------------------------
+from components.runtime.distributed import Strategy  # noqa: E402
+
+
+class Gossip(Strategy):
+    name: ClassVar[str] = "gossip"
+    runtime: ClassVar[str] = "gossip.runtime:GossipRuntime"  # a node-side path: never imported by the registry
+
+
+class BadlyNamed(Gossip):
+    name: ClassVar[str] = "Gossip Strategy"
+
+
+class Unnamed(Gossip):
+    name: ClassVar[str] = ""
+
+
+class NoRuntime(Gossip):
+    name: ClassVar[str] = "no-runtime"
+    runtime: ClassVar[str] = "gossip.runtime"
+
+
+class SecondDDP(Gossip):
+    name: ClassVar[str] = "ddp"
+
+
+GOSSIP = Plugin(name="gossip", strategies=(f"{__name__}:Gossip",))
+GOSSIP_TWICE = Plugin(name="gossip-twice", strategies=(f"{__name__}:Gossip",))
+SAME_NAME_TWICE = Plugin(name="same-name-twice", strategies=(f"{__name__}:Gossip", f"{__name__}:Gossip"))
+BADLY_NAMED = Plugin(name="badly-named", strategies=(f"{__name__}:BadlyNamed",))
+UNNAMED = Plugin(name="unnamed", strategies=(f"{__name__}:Unnamed",))
+NO_RUNTIME = Plugin(name="no-runtime", strategies=(f"{__name__}:NoRuntime",))
+SECOND_DDP = Plugin(name="second-ddp", strategies=(f"{__name__}:SecondDDP",))
+NOT_A_STRATEGY = Plugin(name="not-a-strategy", strategies=(f"{__name__}:Notes",))
+STRATEGY_STRING = Plugin(name="strategy-string", strategies=f"{__name__}:Gossip")
+
+
+def test_the_built_in_strategies_are_registered():
+    found = registry.strategies()
+    assert {"ddp", "post-local-sgd"} <= set(found)
+    assert all(isinstance(strategy, Strategy) for strategy in found.values())
+    assert registry.plugins()["train"].strategies.keys() == {"ddp", "post-local-sgd"}
+    assert ("strategies", "components.train.strategies:DDP") in registry.plugins()["train"].plugin.paths()
+
+
+def test_strategies_are_checked_and_their_names_are_unique(install_plugins):
+    install_plugins(f"{__name__}:GOSSIP", f"{__name__}:GOSSIP_TWICE", f"{__name__}:SAME_NAME_TWICE",
+                    f"{__name__}:BADLY_NAMED", f"{__name__}:UNNAMED", f"{__name__}:NO_RUNTIME",
+                    f"{__name__}:SECOND_DDP", f"{__name__}:NOT_A_STRATEGY", f"{__name__}:STRATEGY_STRING")
+    found = registry.strategies()
+    assert isinstance(found["gossip"], Gossip) and {"ddp", "post-local-sgd"} <= set(found)
+    assert type(found["ddp"]).__module__ == "components.train.strategies"  # the first owner keeps its name
+    problems = registry.problems()
+    assert "strategy 'gossip' (already gossip's)" in problems["gossip-twice"]
+    assert "strategy 'ddp' (already train's)" in problems["second-ddp"]
+    assert "strategy 'gossip' is named twice" in problems["same-name-twice"]
+    assert "a strategy needs a name matching" in problems["badly-named"]
+    assert "a strategy needs a name matching" in problems["unnamed"]
+    assert "runtime must be the 'module:Class' of a StrategyRuntime" in problems["no-runtime"]
+    assert "is not a Strategy subclass" in problems["not-a-strategy"]
+    assert "strategies must be a tuple" in problems["strategy-string"]
+    # Left out whole: none of their parts is registered.
+    assert set(registry.plugins()) & set(problems) == set()
+    assert not {"Gossip Strategy", "", "no-runtime"} & set(found)

@@ -1,7 +1,10 @@
 """The remote context's report buffer: logs, metrics and plugins' attempt reports go out with one flush; a
-failed flush keeps them (a plugin's newer report wins), a refused one drops them without stopping the attempt."""
+failed flush keeps them (a plugin's newer report wins), a refused one drops them without stopping the attempt.
+And the ranks of a gang meeting through the control plane's rendezvous route."""
 
 from __future__ import annotations
+
+import pytest
 
 from components.runtime.client import ApiError
 from components.runtime.remote import RemoteContext
@@ -47,3 +50,66 @@ def test_a_refused_report_is_dropped_and_the_attempt_goes_on():
     ctx.flush()
     ctx.flush()
     assert "reports" not in client.bodies[-1] and not ctx.should_stop()
+
+
+# -- rendezvous through the control plane (components.runtime.distributed.init_gang) ---------------------------------
+class Rendezvous:
+    """The control plane's rendezvous route: ``answers`` are what successive GETs return (an int: that error)."""
+
+    def __init__(self, answers: list):
+        self.answers = list(answers)
+        self.calls: list[tuple[str, str, dict]] = []
+
+    def post(self, path, body):
+        self.calls.append(("POST", path, dict(body)))
+        return {"address": f"10.0.0.1:{body['port']}", "world_size": 2, "nodes": ["n1", "n2"]}
+
+    def request(self, method, path, params=None, timeout=None):
+        self.calls.append((method, path, dict(params or {})))
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, int):
+            raise ApiError(answer, "no")
+        return answer
+
+
+def rank(client, rank: int = 1, address: str = "") -> RemoteContext:
+    return RemoteContext(job_id="j", attempt_id="a", spec={}, client=client, node_id="n", token="t", rank=rank,
+                         world_size=2, address=address)
+
+
+def test_rank_0_publishes_its_port_and_gets_its_nodes_address():
+    client = Rendezvous([])
+    ctx = rank(client, 0, address="10.0.0.1")
+    assert ctx.node_address() == "10.0.0.1"
+    assert ctx.rendezvous_publish(29500) == "10.0.0.1:29500"
+    assert client.calls == [("POST", "node/attempts/a/rendezvous/", {"node": "n", "token": "t", "port": 29500})]
+    assert rank(client, 0).node_address() is None  # a node that registered no address
+
+
+def test_the_other_ranks_wait_for_the_address(monkeypatch):
+    from components.runtime import remote
+
+    monkeypatch.setattr(remote.time, "sleep", lambda seconds: None)
+    client = Rendezvous([{"address": None}, 503, {"address": None}, {"address": "10.0.0.1:29500"}])
+    assert rank(client).rendezvous_address(timeout=60) == "10.0.0.1:29500"
+    assert [call[:2] for call in client.calls] == [("GET", "node/attempts/a/rendezvous/")] * 4
+    assert client.calls[0][2] == {"node": "n", "token": "t"}
+
+
+def test_a_rank_stops_waiting_when_its_attempt_ended_or_in_time():
+    with pytest.raises(RuntimeError, match="no rendezvous"):
+        rank(Rendezvous([{"address": None}, 409])).rendezvous_address(timeout=60)
+    with pytest.raises(TimeoutError, match="did not publish"):
+        rank(Rendezvous([{"address": None}])).rendezvous_address(timeout=0.3)
+
+
+def test_a_ranks_log_lines_name_it():
+    client = Client(fail=[])
+    ctx = rank(client, 1)
+    ctx.log("joined")
+    ctx.flush()
+    assert [line["message"] for line in client.bodies[-1]["logs"]] == ["[rank 1] joined"]
+    single = context(client)
+    single.log("alone")
+    single.flush()
+    assert [line["message"] for line in client.bodies[-1]["logs"]] == ["alone"]

@@ -197,3 +197,30 @@ def test_data_options_belong_to_an_installed_provider():
     assert SPEC.validate({"workload": "mlp-digits", "data": {"cache": True}})["data"] == {"cache": True}
     assert set(errors_of({"workload": "mlp-digits", "data": [1]})) == {"spec.data"}
     assert set(errors_of({"workload": "mlp-digits", "data": {"x": float("nan")}})) == {"spec.data"}
+
+
+def test_distributed_is_checked_with_the_rest_and_stored_normalized():
+    """``spec.distributed`` (a gang's strategy, components.runtime.distributed): every bad option is named beside
+    the spec's other errors; a good one is stored with its defaults, and only when given."""
+    assert "distributed" not in SPEC.validate({"workload": "mlp-digits"})
+    errors = errors_of({"workload": "mlp-digits", "epochs": 0,
+                        "distributed": {"strategy": "nope", "slow": {"factor": 0}}})
+    assert {"spec.epochs", "spec.distributed.strategy", "spec.distributed.slow",
+            "spec.distributed.slow.factor"} <= set(errors)
+    assert set(errors_of({"workload": "mlp-digits", "distributed": {"strategy": "ddp", "bucket_mb": 0}})) == {
+        "spec.distributed.bucket_mb"}
+    spec = SPEC.validate({"workload": "mlp-digits", "distributed": {"strategy": "post-local-sgd", "period": 8,
+                                                                    "slow": {"ranks": [1], "factor": 2}}})
+    assert spec["distributed"] == {"strategy": "post-local-sgd", "backend": "auto", "timeout_s": 120.0,
+                                   "period": 8, "warmup": 0, "slow": {"ranks": [1], "factor": 2}}
+    assert SPEC.validate(spec) == spec  # the node validates the stored spec again
+    assert SPEC.validate({"workload": "mlp-digits", "distributed": None}).get("distributed") is None
+
+
+def test_a_streaming_workload_cannot_be_trained_by_a_gang():
+    errors = errors_of({"workload": "cnn-dataset", "distributed": {"strategy": "ddp"}})
+    assert "one worker" in errors["spec.distributed"]
+    errors = errors_of({"workload": "cnn-dataset", "distributed": {"strategy": "nope"}})
+    assert {"spec.distributed.strategy", "spec.data.dataset"} <= set(errors)
+    for workload in ("mlp-digits", "cnn-synthetic", "cnn-fc", "tiny-gpt", "moe-gpt"):
+        assert SPEC.validate({"workload": workload, "distributed": {}})["distributed"]["strategy"] == "ddp"

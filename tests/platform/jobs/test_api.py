@@ -195,3 +195,26 @@ def test_cancel_and_resubmit_via_api(alice, job_body):
     assert again.json()["id"] != job_id and again.json()["state"] == JobState.QUEUED
     events = alice.get(f"{JOBS}{job_id}/events/").json()
     assert [e["data"].get("state") for e in events if e["kind"] == "state"] == ["PENDING", "QUEUED", "CANCELLED"]
+
+
+def test_a_bad_distributed_value_names_each_field(alice, job_body):
+    spec = {"workload": "mlp-digits", "distributed": {"strategy": "nope", "slow": {"factor": 0}, "period": 2}}
+    response = alice.post(JOBS, job_body(spec=spec, resources={"workers": 2}), format="json")
+    assert response.status_code == 400, response.content
+    errors = response.json()
+    assert {"spec.distributed.strategy", "spec.distributed.slow", "spec.distributed.slow.factor",
+            "spec.distributed.period"} <= set(errors)
+    assert "ddp" in " ".join(errors["spec.distributed.strategy"])
+    assert Job.objects.count() == 0
+
+
+def test_a_good_distributed_value_is_stored_normalized(alice, job_body):
+    spec = {"workload": "mlp-digits", "distributed": {"strategy": "post-local-sgd", "period": 8,
+                                                      "bandwidth_mbit": 100}}
+    response = alice.post(JOBS, job_body(spec=spec, resources={"workers": 2}), format="json")
+    assert response.status_code == 201, response.content
+    stored = Job.objects.get(pk=response.json()["id"])
+    assert stored.spec["distributed"] == {"strategy": "post-local-sgd", "backend": "auto", "timeout_s": 120.0,
+                                          "period": 8, "warmup": 0, "bandwidth_mbit": 100.0}
+    assert response.json()["spec"]["distributed"] == stored.spec["distributed"]
+    assert stored.resources["workers"] == 2

@@ -86,7 +86,7 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     response = _serve(client, user_code.pk)
     assert response.json() == {"spec.model.job": [
         f"job {user_code.pk} trained user code (my_pkg.train:main); give spec.model.entrypoint, a class with "
-        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-dataset, cnn-synthetic, mlp-digits, "
+        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-dataset, cnn-fc, cnn-synthetic, mlp-digits, "
         "moe-gpt, tiny-gpt)"]}
     # With a loader of the user's own, it is accepted.
     accepted = client.post("/api/v1/jobs/", {"kind": "serve", "resources": {"gpus": 0.25}, "spec": {

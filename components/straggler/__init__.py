@@ -1,0 +1,1 @@
+"""The ``straggler`` plugin: data-parallel training that shrugs off stragglers (SAS placement, SMS, Stanza)."""
