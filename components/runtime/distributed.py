@@ -72,6 +72,10 @@ class Strategy:
         """The options with defaults filled in (what the stored spec carries)."""
         return dict(options)
 
+    def check_workers(self, options: dict[str, Any], workers: int) -> str | None:
+        """A problem with running on ``workers`` ranks given these (normalized) options, or None."""
+        return None
+
 
 def strategies() -> dict[str, Strategy]:
     """The installed strategies by name (from the plugin registry)."""
@@ -131,6 +135,21 @@ def normalize(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value.get("slow") is not None:
         out["slow"] = dict(value["slow"])
     return out
+
+
+def workers_problems(value: dict[str, Any] | None, workers: int, prefix: str = "spec.distributed") -> dict[str, str]:
+    """Whether a normalized ``distributed`` value can run on ``workers`` ranks: the strategy's
+    :attr:`Strategy.min_workers` and :meth:`Strategy.check_workers`, as ``{"resources.workers": message}``."""
+    if not value:
+        return {}
+    strategy = strategies().get(value.get("strategy", DEFAULT_STRATEGY))
+    if strategy is None:
+        return {}
+    if workers < strategy.min_workers:
+        return {"resources.workers": f"{strategy.name} needs at least {strategy.min_workers} workers; ask for "
+                                     f"resources: {{workers: {strategy.min_workers}}} or more"}
+    problem = strategy.check_workers({k: v for k, v in value.items() if k in strategy.options}, workers)
+    return {"resources.workers": problem} if problem else {}
 
 
 def slow_errors(value: Any, prefix: str) -> dict[str, str]:

@@ -61,6 +61,12 @@ class KindSpec(abc.ABC):
     def json_schema(self) -> dict[str, Any]:
         """A JSON Schema of the spec, used for docs and generated forms."""
 
+    def resource_problems(self, spec: dict[str, Any], resources: dict[str, Any]) -> dict[str, str]:
+        """What is wrong with the normalized ``resources`` (gpus, gpu_memory, workers, node_labels) for this
+        normalized ``spec``, as ``{"resources.<field>" or "spec.<field>": message}`` (nothing by default). Checked
+        at submit after both are valid, so a job that could never start is a 400."""
+        return {}
+
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
         """Other jobs a normalized ``spec`` reads artifacts from (none by default)."""
         return []

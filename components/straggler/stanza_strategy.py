@@ -37,6 +37,13 @@ class StanzaStrategy(Strategy):
     def defaults(self, options: dict[str, Any]) -> dict[str, Any]:
         return {**options, "fc_workers": options.get("fc_workers", DEFAULT_FC_WORKERS)}
 
+    def check_workers(self, options: dict[str, Any], workers: int) -> str | None:
+        fc = int(options.get("fc_workers", DEFAULT_FC_WORKERS))
+        if workers - fc < fc:
+            return (f"stanza with fc_workers {fc} needs at least {2 * fc} workers (at least as many convolutional "
+                    f"workers as FC workers); this job asks for {workers}")
+        return None
+
 
 def roles(world_size: int, fc_workers: int) -> tuple[list[int], list[int], dict[int, int]]:
     """``(conv ranks, FC ranks, {conv rank: the FC rank serving it})`` of a gang: ranks ``0 .. W - fc_workers - 1``

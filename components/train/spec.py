@@ -7,7 +7,7 @@ import re
 from typing import Any, ClassVar
 
 from components.runtime.data import option_errors
-from components.runtime.distributed import distributed_errors, normalize
+from components.runtime.distributed import distributed_errors, normalize, workers_problems
 from components.runtime.spec import Checker, KindSpec
 
 WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc")
@@ -167,6 +167,9 @@ class TrainSpec(KindSpec):
         if distributed is not None:  # only a gang's spec carries it
             normalized["distributed"] = normalize(distributed)
         return normalized
+
+    def resource_problems(self, spec: dict[str, Any], resources: dict[str, Any]) -> dict[str, str]:
+        return workers_problems(spec.get("distributed"), int(resources.get("workers", 1)))
 
     def entrypoint_spec(self, entrypoint: str) -> dict[str, Any]:
         return self.validate({"entrypoint": entrypoint})

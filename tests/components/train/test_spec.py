@@ -224,3 +224,16 @@ def test_a_streaming_workload_cannot_be_trained_by_a_gang():
     assert {"spec.distributed.strategy", "spec.data.dataset"} <= set(errors)
     for workload in ("mlp-digits", "cnn-synthetic", "cnn-fc", "tiny-gpt", "moe-gpt"):
         assert SPEC.validate({"workload": workload, "distributed": {}})["distributed"]["strategy"] == "ddp"
+
+
+def test_a_gang_too_small_for_its_strategy_is_named_on_resources_workers():
+    from components.train.spec import TrainSpec
+
+    spec = TrainSpec().validate({"workload": "mlp-digits", "distributed": {"strategy": "post-local-sgd"}})
+    problems = TrainSpec().resource_problems(spec, {"gpus": 1, "workers": 1})
+    assert "at least 2 workers" in problems["resources.workers"]
+    assert TrainSpec().resource_problems(spec, {"gpus": 1, "workers": 2}) == {}
+    stanza = TrainSpec().validate({"workload": "cnn-fc", "distributed": {"strategy": "stanza", "fc_workers": 2}})
+    assert "at least 4 workers" in TrainSpec().resource_problems(stanza, {"gpus": 1, "workers": 3})["resources.workers"]
+    single = TrainSpec().validate({"workload": "mlp-digits"})
+    assert TrainSpec().resource_problems(single, {"gpus": 1, "workers": 1}) == {}

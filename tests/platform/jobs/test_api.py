@@ -218,3 +218,11 @@ def test_a_good_distributed_value_is_stored_normalized(alice, job_body):
                                           "period": 8, "warmup": 0, "bandwidth_mbit": 100.0}
     assert response.json()["spec"]["distributed"] == stored.spec["distributed"]
     assert stored.resources["workers"] == 2
+
+
+def test_a_gang_smaller_than_its_strategy_needs_is_a_400_on_resources_workers(alice, job_body):
+    spec = {"workload": "mlp-digits", "distributed": {"strategy": "post-local-sgd"}}
+    response = alice.post(JOBS, job_body(spec=spec, resources={"workers": 1}), format="json")
+    assert response.status_code == 400, response.content
+    assert "at least 2 workers" in " ".join(response.json()["resources.workers"])
+    assert Job.objects.count() == 0

@@ -99,6 +99,10 @@ class JobSubmitSerializer(serializers.Serializer):
                 spec = get_kind(data["kind"]).validate(data.get("spec") or {})
             except SpecError as error:
                 errors.update({field: [message] for field, message in error.errors.items()})
+        if spec is not None and "resources" not in errors and not any(key.startswith("resources.") for key in errors):
+            # What the normalized spec needs of the resources (a gang of at least N workers, say).
+            problems = get_kind(data["kind"]).resource_problems(spec, resources)
+            errors.update({field: [message] for field, message in problems.items()})
         if errors:
             raise serializers.ValidationError(errors)
         return {**attrs, "resources": resources, "spec": spec}
