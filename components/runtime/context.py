@@ -105,6 +105,10 @@ class Context(abc.ABC):
         """Every other rank: wait for rank 0's ``host:port``; TimeoutError after ``timeout`` seconds."""
         raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
 
+    def gang_nodes(self) -> list[str]:
+        """The name of the node running each rank (index = rank), when known; empty otherwise."""
+        return []
+
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
     def _save_checkpoint_bytes(self, data: bytes) -> None: ...

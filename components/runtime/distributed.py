@@ -268,7 +268,9 @@ def init_gang(ctx: Any, options: Mapping[str, Any] | None = None) -> Gang:
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
     ctx.log(f"rank {ctx.rank}/{ctx.world_size} joined the {backend} group at {address}")
-    return Gang(rank=ctx.rank, world_size=ctx.world_size, backend=backend, device=device, address=address)
+    nodes = ctx.gang_nodes() if ctx.rank == 0 else []  # rank 0 reports for the gang
+    return Gang(rank=ctx.rank, world_size=ctx.world_size, backend=backend, device=device, address=address,
+                nodes=nodes)
 
 
 class StrategyRuntime:

@@ -139,6 +139,13 @@ class RemoteContext(Context):
         answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port)})
         return str(answer["address"])
 
+    def gang_nodes(self) -> list[str]:
+        try:
+            answer = self.client.request("GET", self._path("rendezvous/"), params=self._auth(), timeout=30)
+        except ApiError:
+            return []
+        return [str(name) for name in answer.get("nodes") or []]
+
     def rendezvous_address(self, timeout: float = 300.0) -> str:
         deadline = time.monotonic() + timeout
         delay = 0.1
