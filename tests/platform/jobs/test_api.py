@@ -226,3 +226,17 @@ def test_a_gang_smaller_than_its_strategy_needs_is_a_400_on_resources_workers(al
     assert response.status_code == 400, response.content
     assert "at least 2 workers" in " ".join(response.json()["resources.workers"])
     assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("example", ["ddp-digits.yaml", "sms-straggler.yaml", "stanza-cnn.yaml"])
+def test_the_distributed_example_jobs_are_accepted(alice, example):
+    from pathlib import Path
+
+    import yaml
+
+    body = yaml.safe_load((Path(__file__).parents[3] / "examples/jobs" / example).read_text())
+    response = alice.post(JOBS, body, format="json")
+    assert response.status_code == 201, response.content
+    stored = Job.objects.get(pk=response.json()["id"])
+    assert stored.spec["distributed"]["strategy"] == body["spec"]["distributed"]["strategy"]
+    assert stored.resources["workers"] == body["resources"]["workers"]
