@@ -239,6 +239,7 @@ class TrainLoopSession(Session):
             if self.loop.stop_requested():
                 self.loop.checkpoint()
                 self.stopped = True
+                self.loop.stopped_together = True  # a gang's ranks all agreed to stop at this step
                 self.loop.ctx.log(f"stopping {self.loop.name} at step {self.loop.step_count}/"
                                   f"{self.loop.total_steps}: checkpoint saved")
                 return Progress.DONE

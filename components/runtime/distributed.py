@@ -208,10 +208,20 @@ class Gang:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 
-    def close(self) -> None:
+    def close(self, wait: bool = False) -> None:
+        """Leave the group. ``wait`` (a run that ended normally): first wait for every rank to get here, so no
+        rank tears its connections down while another still uses them (gloo then aborts the late process)."""
+        import datetime
+
         import torch.distributed as dist
 
         if dist.is_initialized():
+            if wait:
+                with contextlib.suppress(Exception):
+                    if self.backend == "gloo":
+                        dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+                    else:
+                        dist.barrier()
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 

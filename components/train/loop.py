@@ -32,6 +32,8 @@ from components.train.model_format import describe_model, save_model
 from components.train.workloads import Workload, derive_seed
 
 CHECKPOINT_FORMAT = 1
+# A gang agrees on stopping (one small all-reduce) every this many steps, not every step.
+GANG_STOP_EVERY = 8
 
 
 class TrainLoop:
@@ -84,6 +86,7 @@ class TrainLoop:
         self.gang: Any = None
         self.parallel: Any = None
         self._synchronized_at: int | None = None
+        self.stopped_together = False  # the run stopped early at a step every rank agreed on
 
     # -- host work off the device thread -----------------------------------------------------------------
     def use_host_io(self) -> HostIO:
@@ -268,10 +271,14 @@ class TrainLoop:
             self._synchronized_at = self.step_count
 
     def stop_requested(self) -> bool:
-        """``ctx.should_stop()``; in a gang, true on every rank as soon as it is on one (a collective), so the
-        ranks checkpoint and stop at the same step."""
-        stop = self.ctx.should_stop()
-        return self.gang.any(stop) if self.gang is not None else stop
+        """``ctx.should_stop()``; in a gang, asked of every rank together every :data:`GANG_STOP_EVERY` steps (a
+        collective: true on every rank as soon as it is on one), so the ranks checkpoint and stop at the same
+        step, a few steps after the request."""
+        if self.gang is None:
+            return self.ctx.should_stop()
+        if self.step_count % GANG_STOP_EVERY and not self.done:
+            return False
+        return self.gang.any(self.ctx.should_stop())
 
     def _end_epoch(self, epoch: int) -> None:
         train = self._epoch.means()
@@ -398,6 +405,7 @@ class TrainLoop:
                     self.ctx.log(
                         f"stopping {self.name} at step {self.step_count}/{self.total_steps}: checkpoint saved"
                     )
+                    self.stopped_together = True  # every rank of a gang agreed to stop here
                     return False
                 self.step()
             self.finish()
@@ -413,7 +421,7 @@ class TrainLoop:
             if self.parallel is not None:
                 self.parallel.close()
             if self.gang is not None:
-                self.gang.close()
+                self.gang.close(wait=self.done or self.stopped_together)
 
 
 def cpu_snapshot(value: Any) -> Any:

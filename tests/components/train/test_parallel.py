@@ -18,10 +18,13 @@ import torch
 
 from components.runtime.context import LocalContext
 from components.train.component import TrainComponent
+from components.train.loop import GANG_STOP_EVERY
 
 ROOT = Path(__file__).resolve().parents[3]
 EPOCHS = 3
 STOP_STEP = 10  # rank 1 alone is asked to stop once it reported this step
+# The gang agrees on stopping every GANG_STOP_EVERY steps: it stops at the first such step after the request.
+STOPPED_AT = -(-STOP_STEP // GANG_STOP_EVERY) * GANG_STOP_EVERY
 BASE = {"workload": "mlp-digits", "epochs": EPOCHS, "batch_size": 32, "log_every": 5, "seed": 0}
 
 RANK = r"""
@@ -136,17 +139,17 @@ def test_a_stop_on_one_rank_stops_both_and_rank_0s_checkpoint_resumes(tmp_path, 
     spec = {**BASE, "distributed": {"strategy": "ddp"}}
     stopped = gang_run(tmp_path, spec, "a1", stop_rank=1)
     for result in stopped:  # both ranks stopped after the same step
-        assert result["logs"][-1] == f"stopping mlp-digits at step {STOP_STEP}/66: checkpoint saved", result["logs"]
+        assert result["logs"][-1] == f"stopping mlp-digits at step {STOPPED_AT}/66: checkpoint saved", result["logs"]
         assert result["artifacts"] == []
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert checkpoint["step"] == STOP_STEP and "parallel" in checkpoint
+    assert checkpoint["step"] == STOPPED_AT and "parallel" in checkpoint
     shutil.copy(tmp_path / "checkpoint.pt", tmp_path / "stopped.pt")
 
     # A new attempt: a new pair of processes resumes at that step and trains to the end.
     resumed = gang_run(tmp_path, spec, "a2")
-    assert any(line.startswith(f"resumed mlp-digits from the checkpoint at step {STOP_STEP}/66")
+    assert any(line.startswith(f"resumed mlp-digits from the checkpoint at step {STOPPED_AT}/66")
                for line in resumed[0]["logs"]), resumed[0]["logs"]
-    assert series(resumed[0], "loss")[0][0] == 15  # the first report after the checkpoint
+    assert series(resumed[0], "loss")[0][0] == 20  # the first report after the checkpoint (log_every 5)
     assert series(resumed[0], "test_accuracy")[-1][1] >= 0.85
     assert resumed[0]["artifacts"] == ["metrics.json", "model.pt"] and resumed[1]["artifacts"] == []
     # An interrupted gang ends where an uninterrupted one does.
@@ -155,7 +158,7 @@ def test_a_stop_on_one_rank_stops_both_and_rank_0s_checkpoint_resumes(tmp_path, 
     # DDP averages the two ranks' gradients: the model at the stop is single-process training on the union of
     # their batches (rank r's batch of gang step i is batch 2i + r of 32; together, batch i of 64).
     monkeypatch.setenv("STRATA_TORCH_THREADS", "1")
-    single = LocalContext(job_id="j", attempt_id="s", spec={**BASE, "batch_size": 64, "max_steps": STOP_STEP},
+    single = LocalContext(job_id="j", attempt_id="s", spec={**BASE, "batch_size": 64, "max_steps": STOPPED_AT},
                           workdir=tmp_path / "single")
     TrainComponent().run(single)
     stopped_model = torch.load(tmp_path / "stopped.pt", weights_only=False)["state"]["model"]
