@@ -123,8 +123,18 @@ def _worker(rank: int, world: int, workdir: str, spec: dict[str, Any]) -> None:
 
 
 def time_to(evaluations: list, target: float) -> float | None:
-    """Seconds from the first step to the first evaluation at or above ``target`` (None: never reached)."""
-    return next((seconds for seconds, _, accuracy in evaluations if accuracy >= target), None)
+    """Seconds from the first step until the test accuracy first reached ``target``: interpolated linearly between
+    the last evaluation below it and the first at or above it (evaluations come once an epoch, so this is less
+    coarse than the first epoch end above it); None when it was never reached."""
+    previous = (0.0, 0.0)
+    for seconds, _, accuracy in evaluations:
+        if accuracy >= target:
+            (before, low) = previous
+            if accuracy == low:
+                return seconds
+            return before + (seconds - before) * max(0.0, target - low) / (accuracy - low)
+        previous = (seconds, accuracy)
+    return None
 
 
 # -- the parts -----------------------------------------------------------------------------------------------------
