@@ -162,3 +162,46 @@ class SavingsPanel(Panel):
         for name, value in sorted((report.get("phases") or {}).items()):
             rows.append([name.replace("_", " "), f"{value:.2f}"])
         return finite({"figure": figure, "table": {"columns": [], "rows": rows}})
+
+
+class NodeGroupsPanel(Panel):
+    """SAS on the cluster page: each node's predicted availability over the next horizon, the KMeans groups
+    the placement hook sees, and how accurate each node's predictor has been (mean absolute error of forecasts
+    whose horizon has passed, against the naive "recent mean")."""
+
+    slug: ClassVar[str] = "straggler-node-groups"
+    title: ClassVar[str] = "Node availability forecast (SAS)"
+    placement: ClassVar[str] = "cluster"
+    resources: ClassVar[tuple[str, ...]] = ("cpu", "memory", "gpu", "network")
+
+    def render(self, data: PanelData) -> dict[str, Any] | None:
+        nodes = [entry for entry in data.reports(PLUGIN)["nodes"] if isinstance(entry.get("payload"), dict)
+                 and entry["payload"].get("predicted")]
+        if not nodes:
+            return None
+        from components.straggler.sas import group, matrix
+
+        payloads = [entry["payload"] for entry in nodes]
+        predicted, std = matrix(payloads, self.resources)
+        labels = [int(label) for label in group(predicted, std)]
+        names = [str(entry.get("node")) for entry in nodes]
+        traces = [{"type": "bar", "name": resource, "x": [f"{name} (group {label + 1})" for name, label in
+                                                          zip(names, labels, strict=True)],
+                   "y": [float(value) for value in predicted[:, column]],
+                   "error_y": {"type": "data", "array": [float(value) for value in std[:, column]]}}
+                  for column, resource in enumerate(self.resources)]
+        rows = []
+        for name, label, payload in zip(names, labels, payloads, strict=True):
+            accuracy = payload.get("accuracy") or {}
+            mae, naive = accuracy.get("mae") or {}, accuracy.get("naive_mae") or {}
+            errors = ", ".join(f"{resource} {mae[resource]:.3f}" + (f" (naive {naive[resource]:.3f})"
+                                                                    if naive.get(resource) is not None else "")
+                               for resource in self.resources if mae.get(resource) is not None)
+            rows.append([name, label + 1] + [round(float(predicted[names.index(name), column]), 3)
+                                             for column in range(len(self.resources))]
+                        + [errors or "not scored yet", int(accuracy.get("n") or 0)])
+        figure = {"data": traces, "layout": {"barmode": "group", "yaxis": {"title": "predicted availability",
+                                                                           "range": [0, 1.05]}, "height": 300}}
+        table = {"columns": ["node", "group", *self.resources, "predictor error (MAE)", "forecasts scored"],
+                 "rows": rows}
+        return finite({"figure": figure, "table": table})

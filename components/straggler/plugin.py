@@ -20,7 +20,7 @@ PLUGIN = Plugin(
                 "gang placement).",
     strategies=("components.straggler.strategies:SMSStrategy", "components.straggler.stanza_strategy:StanzaStrategy"),
     panels=("components.straggler.panels:StepTimeHeatmapPanel", "components.straggler.panels:PredictedStragglersPanel",
-            "components.straggler.panels:SavingsPanel"),
+            "components.straggler.panels:SavingsPanel", "components.straggler.panels:NodeGroupsPanel"),
     reports="components.straggler.report:StragglerReport",
     hooks=("components.straggler.hooks:AvailabilityAwarePlacement",),
     node_services=("components.straggler.availability:AvailabilityService",),
