@@ -91,7 +91,7 @@ class Context(abc.ABC):
         (:class:`components.runtime.tokens.TokenGate`). None issued: an empty list."""
         return []
 
-    # -- rendezvous: the ranks of one attempt find each other (components.runtime.distributed.init_gang) ---------
+    # -- rendezvous: the ranks of one attempt find each other (components.runtime.gang.init_gang) ---------
     def node_address(self) -> str | None:
         """The address this rank's node registered with the control plane (where its listeners should bind)."""
         return None

@@ -13,7 +13,8 @@ Seams, in the order a pass consults them:
   The core's order (priority, then FIFO by queue time, teams taking turns by weighted fair share) stays as it
   is for everything else: a hook only permutes the positions its own kinds' jobs already hold.
 - :class:`PlacementScore`: where a job of the hook's kinds goes among the places that fit it (lower scores
-  win; ties keep the core's best fit). Without a hook the core places best-fit, unchanged.
+  win; ties keep the core's best fit). A hook sees one place at a time (``score``) or all the places one worker
+  could take at once (``scores``). Without a hook the core places best-fit, unchanged.
 - :class:`PreemptionCost`: what preempting a running attempt of the hook's kinds costs (None: never preempt
   it). The core frees room for a higher-priority job on the node where the victims cost least in all.
 - :class:`FailurePolicy`: what happens to an attempt of the hook's kinds whose node is lost: requeue the job
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -183,28 +185,49 @@ class Candidate:
 
 
 class PlacementScore(Policy):
-    """Scores the places a job of :attr:`kinds` fits: the lowest total score over the hooks wins."""
+    """Scores the places a job of :attr:`kinds` fits: the lowest total score over the hooks wins.
+
+    A hook scores one place at a time with :meth:`score`, or overrides :meth:`scores` to see all the places one
+    worker could take at once (choosing a group of nodes for a whole gang, say); the scheduler calls
+    :meth:`scores`, whose default maps :meth:`score` over the candidates."""
 
     def score(self, job: QueuedJob, candidate: Candidate) -> float:
         return 0.0
 
+    def scores(self, job: QueuedJob, candidates: list[Candidate]) -> list[float]:
+        """One score per candidate, in their order (lower is better)."""
+        return [self.score(job, candidate) for candidate in candidates]
+
 
 def best(job: QueuedJob, candidates: list[Candidate], hooks: list[PlacementScore]) -> int | None:
     """The index in ``candidates`` (the core's best-fit order) with the lowest total score; the earliest among
-    equals, so that without an opinion the core's choice stands. None when there is no candidate."""
+    equals, so that without an opinion the core's choice stands. None when there is no candidate.
+
+    Each hook answers for all the candidates at once (:meth:`PlacementScore.scores`); a hook that raises, or
+    answers something other than one number (not NaN) per candidate, costs only its own opinion."""
     applying = [hook for hook in hooks if hook.applies(job.kind)]
     if not candidates:
         return None
     if not applying:
         return 0
-    scores = [0.0] * len(candidates)
+    totals = [0.0] * len(candidates)
     for hook in applying:
         try:
-            mine = [float(ask(hook, "score", job, candidate)) for candidate in candidates]
-        except (HookFailed, TypeError, ValueError):
+            answer = ask(hook, "scores", job, list(candidates))
+        except HookFailed:
             continue
-        scores = [total + score for total, score in zip(scores, mine, strict=True)]
-    return min(range(len(candidates)), key=lambda index: (scores[index], index))
+        try:
+            mine = [float(score) for score in answer]
+        except Exception as error:  # noqa: BLE001 - not numbers (or a generator that raised): no opinion
+            log.warning("scheduler hook %s.scores answered %r; ignoring its opinion", type(hook).__name__, error)
+            continue
+        if len(mine) != len(candidates) or any(math.isnan(score) for score in mine):
+            log.warning("scheduler hook %s.scores answered %d scores (NaN among them: %s) for %d candidates; "
+                        "ignoring its opinion", type(hook).__name__, len(mine), any(map(math.isnan, mine)),
+                        len(candidates))
+            continue
+        totals = [total + score for total, score in zip(totals, mine, strict=True)]
+    return min(range(len(candidates)), key=lambda index: (totals[index], index))
 
 
 # -- preemption -----------------------------------------------------------------------------------------------

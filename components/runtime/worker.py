@@ -240,7 +240,7 @@ class AttemptRunner:
             env = dict(os.environ)
             env.pop("STRATA_NODE_CONFIG", None)
             # Where the ranks meet is not known here: rank 0 publishes it through the control plane
-            # (components.runtime.distributed.init_gang).
+            # (components.runtime.gang.init_gang).
             env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1"})
             cuda = [str(d["index"]) for d in devices if d["kind"] == "cuda"]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda) if cuda else ""

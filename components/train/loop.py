@@ -138,7 +138,8 @@ class TrainLoop:
         if self.steps_per_epoch < 1:
             raise ValueError(f"workload {self.name} has no steps per epoch")
         if self.spec.get("distributed"):
-            from components.runtime.distributed import init_gang, open_runtime
+            from components.runtime.distributed import open_runtime
+            from components.runtime.gang import init_gang
 
             self.gang = init_gang(self.ctx, self.spec["distributed"])
             self.parallel = open_runtime(self.ctx, self.spec["distributed"], self.gang)

@@ -12,13 +12,15 @@ Subclass the one for your hook's seam and point it at the hook; give it inputs i
 Every suite checks that the hook is a light, pure policy: the same input gives the same answer, the input is
 not mutated, answers have the seam's type, and the module imports nothing heavy. :class:`QueueOrderConformance`
 also checks that the result is a permutation that leaves other kinds' jobs and the priority levels where they
-were.
+were; :class:`PlacementScoreConformance` checks ``score`` and ``scores`` (one finite number per candidate, also
+for no candidate, odd candidates and jobs it knows nothing about).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from components.runtime.conformance.kinds import light_import_problem
@@ -36,6 +38,7 @@ from components.runtime.policies import (
     QueueOrder,
     ResourceEstimate,
     Victim,
+    best,
     reorder,
 )
 from components.runtime.registry import import_path
@@ -184,6 +187,31 @@ class PlacementScoreConformance(_SeamConformance):
             score = hook.score(job, candidate)
             assert isinstance(score, int | float) and math.isfinite(score), f"score {score!r}"
             assert candidate == before and hook.score(job, candidate) == score
+
+    def test_scores_answer_one_finite_number_per_candidate_and_are_stable(self):
+        hook, job = self.hook(), self.job()
+        candidates = self.candidates()
+        before = copy.deepcopy(candidates)
+        scores = hook.scores(job, candidates)
+        assert candidates == before, "the hook mutated the candidates"
+        assert isinstance(scores, list) and len(scores) == len(candidates), f"scores {scores!r}"
+        assert all(isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+                   for score in scores), f"scores {scores!r}"
+        assert hook.scores(job, copy.deepcopy(before)) == scores, "the same candidates gave other scores"
+        assert best(job, candidates, [hook]) in range(len(candidates))
+
+    def test_scores_take_odd_input_without_raising(self):
+        hook, job = self.hook(), self.job()
+        assert hook.scores(job, []) == []
+        candidates = self.candidates()
+        odd = [replace(candidates[0], reports={"zz-unknown": {"x": 1}}),
+               replace(candidates[-1], node_id="zz-unseen", node="zz-unseen", reports={}),
+               replace(candidates[0], rank=3, labels={}, devices=())]
+        for case in ([candidates[0]], odd, candidates[::-1], candidates + candidates):
+            scores = hook.scores(job, case)
+            assert len(scores) == len(case) and all(math.isfinite(float(score)) for score in scores), scores
+        other = replace(job, id="zz-other-job", spec={"zz": [1, 2]}, resources={"workers": 8})
+        assert len(hook.scores(other, candidates)) == len(candidates)
 
 
 class PreemptionCostConformance(_SeamConformance):

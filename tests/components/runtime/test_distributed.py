@@ -18,7 +18,6 @@ import pytest
 from components.runtime import distributed
 from components.runtime.context import LocalContext
 from components.runtime.distributed import (
-    Gang,
     Link,
     Slowdown,
     Strategy,
@@ -29,6 +28,7 @@ from components.runtime.distributed import (
     ring_allreduce_bytes,
     slow_errors,
 )
+from components.runtime.gang import Gang
 from components.runtime.plugins import Plugin
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -364,7 +364,7 @@ RANK = r"""
 import json, sys
 import torch
 torch.set_num_threads(1)
-from components.runtime.distributed import Gang, init_gang
+from components.runtime.gang import Gang, init_gang
 mode, rank, world, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 logs = []
 if mode == "store":  # a process group made by hand: tests Gang alone

@@ -52,7 +52,7 @@ def test_a_refused_report_is_dropped_and_the_attempt_goes_on():
     assert "reports" not in client.bodies[-1] and not ctx.should_stop()
 
 
-# -- rendezvous through the control plane (components.runtime.distributed.init_gang) ---------------------------------
+# -- rendezvous through the control plane (components.runtime.gang.init_gang) ---------------------------------
 class Rendezvous:
     """The control plane's rendezvous route: ``answers`` are what successive GETs return (an int: that error)."""
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.runtime.distributed import Gang, ring_allreduce_bytes
+from components.runtime.distributed import ring_allreduce_bytes
+from components.runtime.gang import Gang
 from components.straggler.sms import (
     GradientControl,
     SMSRuntime,

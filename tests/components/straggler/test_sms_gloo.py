@@ -196,7 +196,7 @@ def _ranks_equal(flat) -> bool:
 
 def _run_sms(rank, world, port, folder, spec, options, steps=STEPS):
     from components.runtime.context import LocalContext
-    from components.runtime.distributed import Gang
+    from components.runtime.gang import Gang
     from components.straggler.sms import SMSRuntime
 
     workload = _workload(spec)
@@ -218,7 +218,8 @@ def _run_ddp(spec, steps=STEPS):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from components.runtime.distributed import Gang, StrategyRuntime
+    from components.runtime.distributed import StrategyRuntime
+    from components.runtime.gang import Gang
 
     workload = _workload(spec)
     import torch.distributed as dist

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from components.runtime import distributed
+from components.runtime import gang as gang_module
 from components.straggler.stanza import (
     SPLIT_ERROR,
     StanzaRuntime,
@@ -117,7 +118,7 @@ def test_runtime_refuses_a_gang_without_enough_conv_workers(tmp_path):
     from components.runtime.context import LocalContext
 
     ctx = LocalContext(job_id="j", attempt_id="a", spec=make_spec(), rank=0, world_size=3, workdir=tmp_path)
-    gang = distributed.Gang(0, 3, "gloo", "cpu", "127.0.0.1:1")
+    gang = gang_module.Gang(0, 3, "gloo", "cpu", "127.0.0.1:1")
     with pytest.raises(ValueError, match="fc_workers=2 of 3 workers leaves 1 conv worker"):
         StanzaRuntime(ctx, {"strategy": "stanza", "fc_workers": 2}, gang)
 
@@ -265,7 +266,7 @@ def rank_main(rank: int, world: int, port: int, out: Path, args: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    gang = distributed.Gang(rank, world, "gloo", "cpu", f"127.0.0.1:{port}")
+    gang = gang_module.Gang(rank, world, "gloo", "cpu", f"127.0.0.1:{port}")
     saved = attempt(gang, out, args, "a1")
     if args.get("checkpoint_after") is not None:
         # A second attempt in the same gang, as after a restart: fresh workload and runtime on every rank, and only

@@ -1,5 +1,5 @@
 """Train's distributed strategies end to end on one machine: two gloo ranks (processes) of the train loop meet
-through LocalContexts sharing one workdir (components.runtime.distributed.init_gang), train mlp-digits with
+through LocalContexts sharing one workdir (components.runtime.gang.init_gang), train mlp-digits with
 ``ddp`` and ``post-local-sgd``, stop together when one rank is asked to, and resume on a new pair of processes
 from rank 0's checkpoint."""
 
