@@ -31,8 +31,10 @@ from typing import Any
 
 from components.runtime.benchkit import Figure, document, figures_table, percentile, progress, write
 
-SMS_WORKLOAD = {"workload": "cnn-synthetic", "hidden": 16, "batch_size": 64, "epochs": 8, "lr": 0.003,
-                "log_every": 8, "checkpoint_every": 10**6}
+# Batch 256 per worker: the step's compute (what a slow machine is slow at) dominates its fixed costs, as in
+# real training; with small steps the fixed costs hide most of a straggler's slowdown from any strategy.
+SMS_WORKLOAD = {"workload": "cnn-synthetic", "hidden": 16, "batch_size": 256, "epochs": 16, "lr": 0.006,
+                "log_every": 4, "checkpoint_every": 10**6}
 SMS_TARGET = 0.85
 SCENARIOS = {
     "one-slow": {"ranks": [1], "factor": 2.0},
@@ -109,7 +111,8 @@ def _worker(rank: int, world: int, workdir: str, spec: dict[str, Any]) -> None:
     result = {
         "seconds": ended - began, "steps": loop.step_count,
         "evaluations": [(moment - began, step, accuracy) for moment, step, accuracy in evaluations],
-        "final_accuracy": evaluations[-1][2] if evaluations else None,
+        # One evaluation swings by a point or more from epoch to epoch: the final accuracy is the mean of the last 3.
+        "final_accuracy": (sum(a for _, _, a in evaluations[-3:]) / len(evaluations[-3:])) if evaluations else None,
         "step_ms": percentile(step_ms[1:] or step_ms, 0.5),
         "report": payload,
         "bytes_per_iteration": (payload["bytes_sent"] if payload and "bytes_sent" in payload and payload.get(
@@ -139,7 +142,7 @@ def time_to(evaluations: list, target: float) -> float | None:
 
 # -- the parts -----------------------------------------------------------------------------------------------------
 def sms_runs(runs: int, quick: bool, say) -> dict[str, Any]:
-    base = dict(SMS_WORKLOAD, epochs=3 if quick else SMS_WORKLOAD["epochs"])
+    base = dict(SMS_WORKLOAD, epochs=4 if quick else SMS_WORKLOAD["epochs"])
     results: dict[str, Any] = {"target": SMS_TARGET, "workload": base, "scenarios": {}}
     for scenario, slow in SCENARIOS.items():
         per_way: dict[str, list] = {way: [] for way in SMS_WAYS}
@@ -222,8 +225,8 @@ def figures(results: dict[str, Any]) -> list[Figure]:
                     for a, b in zip(finals["sms"], finals["ddp"], strict=True)]
             gap = _median(gaps)
             found.append(Figure(
-                f"sms_final_accuracy_{scenario}", f"final test accuracy after the same epochs, {what}: SMS against "
-                "DDP (target: within 0.5 point)", _median(finals["sms"]), _median(finals["ddp"]), "accuracy",
+                f"sms_final_accuracy_{scenario}", f"final test accuracy (mean of the last 3 evaluations) after the "
+                f"same epochs, {what}: SMS against DDP (target: within 0.5 point)", _median(finals["sms"]), _median(finals["ddp"]), "accuracy",
                 lower_is_better=False, target=None,
                 extra={"gap_points": gap, "gap_runs": gaps, "met": None if gap is None else gap >= -0.5,
                        "post_local_sgd": _median(finals["post-local-sgd"])}))
