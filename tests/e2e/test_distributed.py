@@ -10,7 +10,7 @@ import signal
 
 import psutil
 import pytest
-from e2e_support import TERMINAL, training_children, wait_for
+from e2e_support import TERMINAL, login, training_children, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -48,6 +48,20 @@ def test_a_gang_trains_one_model_across_two_nodes_and_survives_a_lost_worker(bar
     events = cluster.get(f"jobs/{done['id']}/events/")
     rendezvous = [event for event in events if event["kind"] == "rendezvous"]
     assert len(rendezvous) == 1 and "127.0.0.1:" in rendezvous[0]["message"], events
+
+    # SMS with worker 1 slowed 2x: its report (stragglers, samples dropped, bytes) reaches the API and the page.
+    sms = cluster.submit(gang_job("e2e-sms", epochs=3, strategy="sms", slow={"ranks": [1], "factor": 2.0}))
+    job = cluster.wait_state(sms["id"], TERMINAL, 240)
+    assert job["state"] == "SUCCEEDED", f"{job}\n{cluster.output()}"
+    report = job["attempts"][0]["reports"]["straggler"]["payload"]
+    assert report["strategy"] == "sms" and report["world_size"] == 2 and report["step"] > 0
+    assert {rank["node"] for rank in report["ranks"]} == {"n1", "n2"}
+    assert report["bytes_full"] > 0 and report["heatmap"]["steps"]
+    assert last(cluster, sms["id"], "test_accuracy") >= 0.8
+    browser = login(cluster)
+    panels = {panel["slug"] for panel in
+              browser.get(f"{cluster.url}/jobs/{sms['id']}/live/?panels=1", timeout=30).json()["panels"]}
+    assert {"straggler-heatmap", "straggler-predictions", "straggler-savings"} <= panels, panels
 
     # A worker dies mid-job: the attempt ends (the other rank is stopped, not left waiting), the job is
     # retried, and the retry resumes from the checkpoint.
