@@ -445,16 +445,13 @@ class CNNSynthetic(ClassificationWorkload):
         in_channels, size, channels, classes = (
             int(config[key]) for key in ("in_channels", "size", "hidden", "classes")
         )
-        return nn.Sequential(
-            nn.Conv2d(in_channels, channels, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(2 * channels * (size // 4) ** 2, classes),
-        )
+        return nn.Sequential(*cls.features(in_channels, channels), nn.Linear(2 * channels * (size // 4) ** 2, classes))
+
+    @staticmethod
+    def features(in_channels: int, channels: int) -> list[nn.Module]:
+        """The convolutional part, up to and including the Flatten: two conv-ReLU-pool blocks."""
+        return [nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()]
 
     @classmethod
     def describe_io(cls, config):
@@ -487,13 +484,7 @@ class CNNWideFC(CNNSynthetic):
             int(config[key]) for key in ("in_channels", "size", "hidden", "classes", "fc")
         )
         return nn.Sequential(
-            nn.Conv2d(in_channels, channels, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
+            *cls.features(in_channels, channels),
             nn.Linear(2 * channels * (size // 4) ** 2, width),
             nn.ReLU(),
             nn.Linear(width, width),
