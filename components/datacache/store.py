@@ -134,6 +134,8 @@ def read_entry(path: Path, expected: str) -> dict[str, np.ndarray]:
 
 
 # -- the store --------------------------------------------------------------------------------------------------
+SETUP_TRIES = 20
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     key TEXT PRIMARY KEY, dataset TEXT, pipeline TEXT, part TEXT, bytes INTEGER, checksum TEXT,
@@ -160,9 +162,18 @@ class CacheStore:
         self._dirs()
         connection = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
         try:
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.executescript(SCHEMA)
+            for attempt in range(SETUP_TRIES):
+                try:
+                    # Switching a new index to WAL needs it to itself: processes that open it together may get
+                    # SQLITE_BUSY at once, without the busy timeout, so the setup is retried.
+                    connection.execute("PRAGMA journal_mode=WAL")
+                    connection.execute("PRAGMA synchronous=NORMAL")
+                    connection.executescript(SCHEMA)
+                    break
+                except sqlite3.OperationalError as error:
+                    if "locked" not in str(error) and "busy" not in str(error) or attempt == SETUP_TRIES - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
             yield connection
         finally:
             connection.close()
