@@ -49,13 +49,18 @@ def test_a_gang_trains_one_model_across_two_nodes_and_survives_a_lost_worker(bar
     rendezvous = [event for event in events if event["kind"] == "rendezvous"]
     assert len(rendezvous) == 1 and "127.0.0.1:" in rendezvous[0]["message"], events
 
-    # SMS with worker 1 slowed 2x: its report (stragglers, samples dropped, bytes) reaches the API and the page.
-    sms = cluster.submit(gang_job("e2e-sms", epochs=3, strategy="sms", slow={"ranks": [1], "factor": 2.0}))
+    # SMS with worker 1 slowed 2x, both workers on half of one GPU (a gang on a shared device, one node): its
+    # report (stragglers, samples dropped, bytes) reaches the API and the page.
+    body = gang_job("e2e-sms", epochs=3, strategy="sms", slow={"ranks": [1], "factor": 2.0})
+    body["resources"]["gpus"] = 0.5
+    sms = cluster.submit(body)
     job = cluster.wait_state(sms["id"], TERMINAL, 240)
     assert job["state"] == "SUCCEEDED", f"{job}\n{cluster.output()}"
     report = job["attempts"][0]["reports"]["straggler"]["payload"]
     assert report["strategy"] == "sms" and report["world_size"] == 2 and report["step"] > 0
-    assert {rank["node"] for rank in report["ranks"]} == {"n1", "n2"}
+    shared = job["attempts"][0]["allocations"]
+    assert len(shared) == 2 and {a["share"] for a in shared} == {0.5} and len({a["node"] for a in shared}) == 1
+    assert [rank["node"] for rank in report["ranks"]] == [shared[0]["node"]] * 2
     assert report["bytes_full"] > 0 and report["heatmap"]["steps"]
     assert last(cluster, sms["id"], "test_accuracy") >= 0.8
     browser = login(cluster)
