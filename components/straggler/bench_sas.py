@@ -81,6 +81,10 @@ def sas_figures(runs: int = 3, seed: int = 0, progress: Callable[[str], None] | 
                    f"reaches a median ratio of {ceiling:.2f} against least-loaded on these runs")
     return {
         "sas-jct": jct,
+        "sas-vs-least-allocated": _figure(
+            f"average JCT against least-allocated placement (Kubernetes' default scoring: blind to measured "
+            f"availability), {what}", per["sas"]["avg_jct_s"], per["least-allocated"]["avg_jct_s"], "s", None,
+            "SAS", "least-allocated: fewest workers and least demand requested", details),
         "sas-vs-random": _figure(f"average JCT against random placement, {what}", per["sas"]["avg_jct_s"],
                                  per["random"]["avg_jct_s"], "s", None, "SAS", "random placement", details),
         "sas-decision-ms": _figure(f"placement decision latency, {what}", per["sas"]["decision_ms"],

@@ -42,7 +42,7 @@ from components.straggler.availability import AvailabilityPredictor
 
 RESOURCES = ("cpu", "gpu", "network")
 SHARED = (True, False, True)  # a node's workers share its CPU and network; each has a GPU of its own
-POLICIES = ("sas", "least-loaded", "random")
+POLICIES = ("sas", "least-loaded", "least-allocated", "random")
 WORKER_SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 WORKER_WEIGHTS = (0.25, 0.25, 0.03, 0.22, 0.03, 0.04, 0.03, 0.15)
 
@@ -220,6 +220,28 @@ class LeastLoadedPolicy(Policy):
         return chosen
 
 
+class LeastAllocatedPolicy(Policy):
+    """Kubernetes' default scoring (LeastAllocated): each worker on the node with the least already requested
+    (workers placed there and their shared demand), blind to the availability the node measures."""
+
+    name = "least-allocated"
+
+    def place(self, state: State, job: Job) -> list[int]:
+        started = time.perf_counter()
+        demand = np.asarray(job.demand)
+        free = state.free.copy()
+        load = state.load.copy()
+        chosen = []
+        for _ in range(job.workers):
+            requested = (self.config.slots - free) / self.config.slots + load.sum(axis=1)
+            node = int(np.lexsort((np.arange(len(free)), np.where(free > 0, requested, np.inf)))[0])
+            chosen.append(node)
+            free[node] -= 1
+            load[node] += np.where(state.shared, demand, 0.0)
+        self.decisions.append(time.perf_counter() - started)
+        return chosen
+
+
 class SasPolicy(Policy):
     """SAS on the nodes' own forecasts (see the module docstring). Each node forecasts itself from its history
     (in the cluster: its node service, every few seconds): here every forecast is fresh at a tick where a job is
@@ -292,8 +314,8 @@ class OraclePolicy(Policy):
 
 
 def make_policy(name: str, config: Config) -> Policy:
-    return {"sas": SasPolicy, "least-loaded": LeastLoadedPolicy, "random": RandomPolicy,
-            "oracle": OraclePolicy}[name](config)
+    return {"sas": SasPolicy, "least-loaded": LeastLoadedPolicy, "least-allocated": LeastAllocatedPolicy,
+            "random": RandomPolicy, "oracle": OraclePolicy}[name](config)
 
 
 # -- the simulation -------------------------------------------------------------------------------------------

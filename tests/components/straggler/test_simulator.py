@@ -61,13 +61,13 @@ def test_sas_beats_least_loaded_and_random_on_a_small_cluster():
 def test_bench_figures_have_the_common_shape():
     lines = []
     figures = sas_figures(runs=2, seed=0, progress=lines.append, config=TINY)
-    assert set(figures) == {"sas-jct", "sas-vs-random", "sas-decision-ms"}
+    assert set(figures) == {"sas-jct", "sas-vs-least-allocated", "sas-vs-random", "sas-decision-ms"}
     jct = figures["sas-jct"]
     assert jct["target"] == 1.3 and jct["met"] == (jct["ratio"] >= 1.3)
     assert jct["ratio"] == jct["baseline"] / jct["mechanism"]
     assert len(jct["runs"]["mechanism"]) == 2 and jct["range"][0] <= jct["range"][1]
     assert "true future availability" in jct["note"]
-    assert set(jct["details"]["policies"]) == {"sas", "least-loaded", "random", "oracle"}
+    assert set(jct["details"]["policies"]) == {"sas", "least-loaded", "least-allocated", "random", "oracle"}
     assert figures["sas-vs-random"]["target"] is None and figures["sas-vs-random"]["met"] is None
     assert figures["sas-decision-ms"]["unit"] == "ms" and figures["sas-decision-ms"]["mechanism"] > 0
     assert any("seed 1" in line for line in lines)
