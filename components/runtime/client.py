@@ -90,3 +90,42 @@ class ControlPlaneClient:
 
     def delete(self, path: str, **kwargs):
         return self.request("DELETE", path, **kwargs)
+
+
+# --- participants: a machine outside the cluster in a running job (strata.jobs.participants) ------------------
+
+def participant_join(url: str, job_id: str, token: str, *, name: str = "", gpus: float = 0.0,
+                     info: dict[str, Any] | None = None, retries: int = 1) -> dict[str, Any]:
+    """Join running job ``job_id`` with one of its access tokens (``POST /api/v1/participants/``). Returns the
+    answer: ``{"id", "name", "gpus", "secret", "job": {"id", "kind", "spec", "state"}, "payload", "public_key",
+    "heartbeat_s", "lease_s"}``; :class:`ApiError` with the API's one-line message otherwise (401: not a working
+    token of that job; 400: bad fields, or a kind that takes no participants; 409: the job is not running, or the
+    team's quota has no room for ``gpus``). Few retries: a join that reached the server twice leaves a participant
+    that is lost after its lease."""
+    body = {"job": str(job_id), "name": name, "gpus": float(gpus), "info": info or {}}
+    return ControlPlaneClient(url, token, retries=retries).post("participants/", body)
+
+
+class ParticipantClient(ControlPlaneClient):
+    """The routes of one participant, authenticated with its secret (from the join's answer)."""
+
+    def __init__(self, url: str, participant_id: str, secret: str, **kwargs):
+        super().__init__(url, secret, **kwargs)
+        self.participant_id = str(participant_id)
+
+    def heartbeat(self, *, metrics: dict[str, float] | None = None, info: dict[str, Any] | None = None,
+                  subject: str | None = None) -> dict[str, Any]:
+        """``{"state": "run" | "stop", "reason", "credential"?}``; ``metrics`` and ``info`` replace the stored ones,
+        ``subject`` asks for a job credential for that identity."""
+        body: dict[str, Any] = {}
+        if metrics is not None:
+            body["metrics"] = metrics
+        if info is not None:
+            body["info"] = info
+        if subject is not None:
+            body["subject"] = subject
+        return self.post(f"participants/{self.participant_id}/heartbeat/", body)
+
+    def leave(self) -> dict[str, Any]:
+        return self.post(f"participants/{self.participant_id}/leave/", {})
+

@@ -14,6 +14,19 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# What may follow ``host:port`` in a published rendezvous address: a path such as ``/p2p/<peer id>`` (a libp2p
+# listener's identity), at most 200 characters of letters, digits and ``/._-``.
+RENDEZVOUS_SUFFIX = r"^(/[A-Za-z0-9._-]+){1,8}$"
+
+
+def check_rendezvous_suffix(suffix: str) -> str:
+    """``suffix`` when it is empty or matches :data:`RENDEZVOUS_SUFFIX` (at most 200 characters); else ValueError."""
+    import re
+
+    if suffix and (len(suffix) > 200 or not re.match(RENDEZVOUS_SUFFIX, suffix)):
+        raise ValueError(f"rendezvous suffix {suffix[:40]!r} must match {RENDEZVOUS_SUFFIX} (200 characters at most)")
+    return suffix or ""
+
 
 @dataclass(frozen=True)
 class DeviceHandle:
@@ -96,9 +109,10 @@ class Context(abc.ABC):
         """The address this rank's node registered with the control plane (where its listeners should bind)."""
         return None
 
-    def rendezvous_publish(self, port: int) -> str:
+    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
         """Rank 0: announce that this attempt's store listens on ``port`` of this node; returns ``host:port``
-        as the other ranks will read it (the host is the address rank 0's node registered)."""
+        as the other ranks will read it (the host is the address rank 0's node registered). ``suffix``
+        (:data:`RENDEZVOUS_SUFFIX`, e.g. ``/p2p/<peer id>`` for a libp2p listener) is appended as given."""
         raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
 
     def rendezvous_address(self, timeout: float = 300.0) -> str:
@@ -108,6 +122,15 @@ class Context(abc.ABC):
     def gang_nodes(self) -> list[str]:
         """The name of the node running each rank (index = rank), when known; empty otherwise."""
         return []
+
+    # -- job credentials: signed statements the job's workers check each other with ----------------------------
+    def credential(self, subject: str) -> dict[str, Any]:
+        """A short-lived credential, signed with the job's key, that this worker may act as ``subject`` (an
+        identity it holds, e.g. ``p2p:<peer id>``; ``components.runtime.credentials.SUBJECT_PATTERN``) in this job:
+        ``{"credential", "public_key", "expires", "issued"}``. Other workers of the job check it with
+        ``components.runtime.credentials.verify(credential, public_key, job=..., subject=...)``; ask again before
+        ``expires``."""
+        raise NotImplementedError(f"{type(self).__name__} has no job credentials")
 
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -124,14 +147,15 @@ class Context(abc.ABC):
         torch.save(state, buffer)
         self._save_checkpoint_bytes(buffer.getvalue())
 
-    def restore(self) -> dict[str, Any] | None:
-        """Return the job's latest checkpoint, or None when the job has none yet."""
+    def restore(self, *, weights_only: bool = False) -> dict[str, Any] | None:
+        """Return the job's latest checkpoint, or None when the job has none yet. ``weights_only``: load it with
+        ``torch.load(weights_only=True)`` (tensors, numbers, strings, lists and dicts only; no code runs)."""
         data = self._load_checkpoint_bytes()
         if data is None:
             return None
         import torch
 
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=weights_only)
 
     # -- stopping --------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -253,8 +277,8 @@ class LocalContext(Context):
     def _rendezvous_path(self) -> Path:
         return self.workdir / "rendezvous.json"
 
-    def rendezvous_publish(self, port: int) -> str:
-        address = f"127.0.0.1:{int(port)}"
+    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
+        address = f"127.0.0.1:{int(port)}{check_rendezvous_suffix(suffix)}"
         temporary = self._rendezvous_path().with_suffix(f".{self.rank}.tmp")
         temporary.write_text(json.dumps({"attempt": self.attempt_id, "address": address}))
         temporary.replace(self._rendezvous_path())
@@ -272,6 +296,37 @@ class LocalContext(Context):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
             time.sleep(0.05)
+
+    # Job credentials with a key kept in ``workdir``: the ranks of a local run (sharing one workdir) share it.
+    CREDENTIAL_TTL_S = 60.0
+
+    def _credential_seed(self) -> bytes:
+        import os
+        import secrets
+
+        path = self.workdir / "credential.key"
+        if not path.exists():
+            temporary = path.with_suffix(f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
+            temporary.write_text(secrets.token_hex(32))
+            try:
+                os.link(temporary, path)  # atomic, and never replaces a key another rank made first
+            except FileExistsError:
+                pass
+            finally:
+                temporary.unlink()
+        return bytes.fromhex(path.read_text().strip())
+
+    def credential(self, subject: str) -> dict[str, Any]:
+        from components.runtime.credentials import sign_with
+
+        return sign_with(self._credential_seed(), job=self.job_id, subject=subject,
+                         holder=f"attempt {self.attempt_id} rank {self.rank} (local)", ttl_s=self.CREDENTIAL_TTL_S)
+
+    def credential_public_key(self) -> str:
+        """The public key (hex) this local run's credentials are signed with."""
+        from components.runtime.credentials import public_key_hex
+
+        return public_key_hex(self._credential_seed())
 
     def _checkpoint_path(self) -> Path:
         return self.workdir / "checkpoint.pt"

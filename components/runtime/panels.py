@@ -84,6 +84,14 @@ class PanelData(abc.ABC):
         ``endpoint`` (where a RUNNING child answers requests, else None). The default implementation has none."""
         return []
 
+    def participants(self) -> list[dict[str, Any]]:
+        """The job's participants (machines outside the cluster that joined it, ``KindSpec.accepts_participants``),
+        oldest first: ``id``, ``name``, ``gpus``, ``state`` (``active``, ``left``, ``stopped`` or ``lost``; an active
+        one that missed its lease shows ``lost``), ``reason``, ``info`` (what it says about itself), ``metrics``
+        (its latest values), ``joined_at``, ``last_seen`` and ``ended_at`` (unix seconds or None). The default
+        implementation has none."""
+        return []
+
 
 class Panel(abc.ABC):
     """One panel on the job detail page (``placement = "job"``) or the cluster page (``"cluster"``).
@@ -117,9 +125,11 @@ class StaticPanelData(PanelData):
 
     def __init__(self, job: dict[str, Any] | None = None, metrics: dict[str, list] | None = None,
                  events: list[dict[str, Any]] | None = None, devices: list[dict[str, Any]] | None = None,
-                 reports: dict[str, dict[str, Any]] | None = None, children: list[dict[str, Any]] | None = None):
+                 reports: dict[str, dict[str, Any]] | None = None, children: list[dict[str, Any]] | None = None,
+                 participants: list[dict[str, Any]] | None = None):
         self.job = job
         self._children = children or []
+        self._participants = participants or []
         self._metrics = metrics or {}
         self._events = events or []
         self._devices = devices or []
@@ -136,6 +146,9 @@ class StaticPanelData(PanelData):
 
     def children(self):
         return [dict(child) for child in self._children]
+
+    def participants(self):
+        return [dict(participant) for participant in self._participants]
 
     def reports(self, plugin, device_ids=None, since=None, job_id=None):
         found = self._reports.get(plugin, {})

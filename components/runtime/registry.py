@@ -207,16 +207,16 @@ def _try(load):
 
 # Names core commands already use: a plugin may not shadow them.
 RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
-                               "cancel", "quota", "bench", "plugins"})
+                               "cancel", "quota", "bench", "plugins", "job-token", "participants"})
 # The core's own benchmarks (strata.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 # The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
 RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "logs", "metrics", "resubmit",
-                                 "children", "attempts"})
+                                 "children", "attempts", "tokens", "participants"})
 
 # The core's own top-level API resources (/api/v1/<name>/): a plugin's collection may not take these names.
 RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
-                                  "quotas", "tokens", "users", "auth", "plugins", "bench", "health"})
+                                  "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants"})
 
 
 def _load() -> _State:

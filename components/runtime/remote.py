@@ -135,9 +135,17 @@ class RemoteContext(Context):
     def node_address(self) -> str | None:
         return self.address or None
 
-    def rendezvous_publish(self, port: int) -> str:
-        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port)})
+    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
+        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port), "suffix": suffix})
         return str(answer["address"])
+
+    def credential(self, subject: str) -> dict[str, Any]:
+        try:
+            return self.client.post(self._path("credential/"), {**self._auth(), "subject": subject})
+        except ApiError as error:
+            if error.status == 400:
+                raise ValueError(f"no credential for {subject[:40]!r}: {error}") from None
+            raise
 
     def gang_nodes(self) -> list[str]:
         try:

@@ -34,6 +34,10 @@ class KindSpec(abc.ABC):
     :meth:`validate` for every submitted job (API, web form, CLI) and stores the normalized dict it returns.
     On a node, the runtime imports :attr:`component` (a ``"module:Class"`` path) only when an attempt of this
     kind starts, so heavy imports stay on the nodes.
+
+    Participants: a kind that sets :attr:`accepts_participants` lets machines outside the cluster join its
+    RUNNING jobs (``POST /api/v1/participants/`` with one of the job's access tokens); each join is answered with
+    :meth:`participant_payload` of the job (what the participant needs to start).
     """
 
     kind: ClassVar[str]
@@ -48,10 +52,28 @@ class KindSpec(abc.ABC):
     # endpoint may): only then can tokens be issued for a job of this kind (POST /api/v1/jobs/{id}/tokens/),
     # and its attempts read their digests through Context.token_digests().
     accepts_tokens: ClassVar[bool] = False
+    # Whether the ranks of a multi-worker attempt are independent peers rather than a gang: a rank that fails
+    # costs only itself (its siblings go on, and the node reports the attempt failed only when every one of its
+    # ranks failed), where a gang's failed rank stops the others at once. A swarm's peers come and go.
+    elastic_ranks: ClassVar[bool] = False
+    # Whether machines outside the cluster may join a RUNNING job of this kind as participants (volunteers):
+    # ``POST /api/v1/participants/`` with one of the job's access tokens (so the kind should accept tokens too).
+    # A participant heartbeats to stay in, counts its GPUs against the team's quota and may be handed signed
+    # credentials for the job (``components.runtime.credentials``); what it needs to start comes from
+    # :meth:`participant_payload`.
+    accepts_participants: ClassVar[bool] = False
 
     def progress_rows(self, answer: Any) -> tuple[str, list[tuple[str, str]]]:
         """``(header, [(row key, row text)])`` from what :attr:`progress_route` answered."""
         return "", []
+
+    def participant_payload(self, spec: dict[str, Any], data: Any) -> dict[str, Any]:
+        """What a participant joining a running job of this kind needs to start (JSON), e.g. the addresses of the
+        job's peers read from its attempts' reports: the control plane calls it at every join with the job's
+        normalized ``spec`` and ``data``, the job's :class:`~components.runtime.panels.PanelData` (``data.job``,
+        ``data.reports(plugin, job_id=...)``, ``data.participants()``). Only for kinds that set
+        :attr:`accepts_participants`; nothing (``{}``) by default. An exception refuses the join (a 500)."""
+        return {}
 
     @abc.abstractmethod
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,18 @@ def hostable(kind: str) -> bool:
         return False
 
 
+def elastic_ranks(kind: str) -> bool:
+    """Whether ``kind``'s ranks are independent peers (``KindSpec.elastic_ranks``): one that fails costs only
+    itself."""
+    from components.runtime.registry import get_kind
+
+    try:
+        return bool(getattr(get_kind(kind), "elastic_ranks", False))
+    except Exception as error:  # noqa: BLE001 - an unknown kind: the child path reports it
+        log.debug("kind %r: %r", kind, error)
+        return False
+
+
 class AttemptRunner:
     """Runs the ranks of one attempt that live on this node, and reports how they ended."""
 
@@ -82,6 +94,7 @@ class AttemptRunner:
         self.running_file = Path(config["state_dir"]) / "running" / f"{attempt_id}.json"
         self.service = None  # the connection to the node service hosting this attempt, when hosted
         self.host: HostAddress | None = None
+        self.elastic = False  # set from the claim's kind (KindSpec.elastic_ranks) in start()
 
     # -- hosted attempts: a node service runs the attempt ---------------------------------------------------
     def find_host(self, claim: dict) -> HostAddress | None:
@@ -232,6 +245,7 @@ class AttemptRunner:
         stream.close()
 
     def start(self, claim: dict) -> None:
+        self.elastic = elastic_ranks(str(claim.get("kind")))
         mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
         ranks = sorted({a["rank"] for a in mine}) or [0]
         for rank in ranks:
@@ -307,6 +321,8 @@ class AttemptRunner:
         stop_reason = ""
         next_poll = 0.0
         first_failure: tuple[int, int] | None = None  # (rank, exit code) of the first rank to fail
+        # A kind whose ranks are independent peers (KindSpec.elastic_ranks) loses only the rank that failed.
+        elastic = self.elastic
         # Poll every child (a list, not a short-circuiting generator): a rank that died behind a running one
         # must be seen at once, so that its siblings are stopped.
         while any([child.poll() is None for _, child in self.children]):  # noqa: C419
@@ -316,7 +332,7 @@ class AttemptRunner:
                     if child.returncode not in (None, 0):
                         first_failure = (rank, child.returncode)
                         break
-                if first_failure is not None and stop_sent_at is None and len(self.children) > 1:
+                if first_failure is not None and stop_sent_at is None and len(self.children) > 1 and not elastic:
                     # One rank of a gang died: the others would wait for it in their next collective. Stop
                     # them now, so the attempt ends (and is retried from its checkpoint) instead of hanging.
                     self._note(f"rank {first_failure[0]} exited with code {first_failure[1]}; stopping the "
@@ -333,7 +349,9 @@ class AttemptRunner:
             time.sleep(0.05)
         self._poll()
         codes = [child.returncode for _, child in self.children]
-        if stop_reason or all(code == 0 for code in codes):
+        if stop_reason or all(code == 0 for code in codes) or (elastic and any(code == 0 for code in codes)):
+            if elastic and first_failure is not None:
+                self._note(f"rank {first_failure[0]} exited with code {first_failure[1]}; the other ranks carried on")
             outcome, reason = finish_for(End.SUCCEEDED, stop_reason=stop_reason, time_limit=time_limit)
             return outcome.name, reason
         if first_failure is None:

@@ -193,6 +193,7 @@ SPECTACULAR_SETTINGS = {
         "DeviceKindEnum": "strata.cluster.models.Device.Kind",
         "ArtifactKindEnum": "strata.jobs.models.Artifact.Kind",
         "JobStateEnum": "strata.jobs.models.JobState",
+        "ParticipantStateEnum": "strata.jobs.models.Participant.State",
         "NodeStateEnum": "strata.cluster.models.Node.State",
         "SharingPolicyEnum": "strata.cluster.models.DevicePool.Policy",
     },
@@ -214,6 +215,12 @@ STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.
 STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
 STRATA_DISPATCH_REPUBLISH_SECONDS = env_float("STRATA_DISPATCH_REPUBLISH_SECONDS", 30.0, minimum=1.0)
 STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
+# Participants (machines outside the cluster that joined a running job): one whose last heartbeat is older than
+# this is no longer active (it stops counting against the quota at once; the reaper marks it lost). They are
+# told to heartbeat every third of it.
+STRATA_PARTICIPANT_LEASE_S = env_float("STRATA_PARTICIPANT_LEASE_S", 30.0, minimum=1.0)
+# How long a job credential (a signed statement for a job's worker, strata.jobs.credentials) stays valid.
+STRATA_CREDENTIAL_TTL_S = env_float("STRATA_CREDENTIAL_TTL_S", 60.0, minimum=5.0)
 STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifacts")))
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)

@@ -10,19 +10,27 @@ from rest_framework import authentication, exceptions
 from strata.accounts.models import ApiToken, token_digest
 
 
+def bearer_value(request, keyword: str = "Bearer") -> str | None:
+    """The raw value of an ``Authorization: Bearer <value>`` header; None without one. AuthenticationFailed for a
+    malformed header or a value that is not text."""
+    header = authentication.get_authorization_header(request).split()
+    if not header or header[0].lower() != keyword.lower().encode():
+        return None
+    if len(header) != 2:
+        raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
+    try:
+        return header[1].decode()
+    except UnicodeError as error:
+        raise exceptions.AuthenticationFailed("Token is not valid text.") from error
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request):
-        header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        raw = bearer_value(request, self.keyword)
+        if raw is None:
             return None
-        if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'.")
-        try:
-            raw = header[1].decode()
-        except UnicodeError as error:
-            raise exceptions.AuthenticationFailed("Token is not valid text.") from error
         token = ApiToken.objects.select_related("user", "team").filter(digest=token_digest(raw)).first()
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")

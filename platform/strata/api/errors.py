@@ -7,11 +7,27 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from strata.cluster.services import StaleSession
+from strata.jobs.participants import (
+    ParticipantConflict,
+    ParticipantDenied,
+    ParticipantInvalid,
+    ParticipantUnknown,
+)
 from strata.jobs.services import IdempotencyConflict, StaleAttempt, SubmitRejected
 from strata.jobs.states import InvalidTransition
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, ParticipantDenied):
+        return Response({"detail": str(exc)}, status=status.HTTP_401_UNAUTHORIZED,
+                        headers={"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, ParticipantUnknown):
+        return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, ParticipantConflict):
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ParticipantInvalid):
+        return Response({field: [message] for field, message in exc.errors.items()},
+                        status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, IdempotencyConflict):
         return Response({"detail": "Idempotency-Key was already used with a different request body."},
                         status=status.HTTP_422_UNPROCESSABLE_ENTITY)

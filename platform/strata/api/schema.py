@@ -397,6 +397,16 @@ class ByteSizeFieldSchema(OpenApiSerializerFieldExtension):
         }
 
 
+class ParticipantBearerScheme(OpenApiAuthenticationExtension):
+    target_class = "strata.jobs.api.views.ParticipantBearerAuthentication"
+    name = "participantAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "The participant routes: one of the job's access tokens (`sj_...`) to join, the "
+                               "participant's secret (`sp_...`, from the join's answer) afterwards."}
+
+
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "strata.accounts.authentication.BearerTokenAuthentication"
     name = "bearerAuth"

@@ -5,7 +5,13 @@ from rest_framework.routers import DefaultRouter
 from strata.accounts.api.views import TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
 from strata.jobs.api.records import CollectionItemView, CollectionView
-from strata.jobs.api.views import JobRouteView, JobViewSet
+from strata.jobs.api.views import (
+    JobRouteView,
+    JobViewSet,
+    ParticipantHeartbeatView,
+    ParticipantJoinView,
+    ParticipantLeaveView,
+)
 from strata.quotas.api.views import QuotaViewSet
 
 router = DefaultRouter()
@@ -45,6 +51,12 @@ urlpatterns = [
          name="attempt-children-metrics"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/metrics/", cluster.AttemptChildMetricsView.as_view(),
          name="attempt-child-metrics"),
+    path(f"{ATTEMPT}/credential/", cluster.AttemptCredentialView.as_view(), name="attempt-credential"),
+    # Participants (machines outside the cluster) authenticate with a job token or their own secret, no API token.
+    path("participants/", ParticipantJoinView.as_view(), name="participant-join"),
+    path("participants/<uuid:participant_id>/heartbeat/", ParticipantHeartbeatView.as_view(),
+         name="participant-heartbeat"),
+    path("participants/<uuid:participant_id>/leave/", ParticipantLeaveView.as_view(), name="participant-leave"),
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),

@@ -227,5 +227,33 @@ def job_token(args) -> int:
     return 0
 
 
+def _ago(stamp: str | None) -> str:
+    from datetime import datetime
+
+    if not stamp:
+        return "-"
+    try:
+        seconds = (datetime.now().astimezone() - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+    except ValueError:
+        return stamp
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def participants(args) -> int:
+    """``strata participants JOB``: the machines outside the cluster that joined the job, one line each."""
+    found = connect(args).get(f"jobs/{args.job}/participants/")
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    if not found:
+        print(f"job {args.job} has no participants")
+        return 0
+    for item in found:
+        metrics = " ".join(f"{name}={value:.4g}" for name, value in sorted(item["metrics"].items())[:6])
+        print(f"{item['id']}  {item['name'][:24]:24} {item['state']:8} gpus {item['gpus']:<5g} "
+              f"seen {_ago(item['last_seen']):8} {item['reason'] or metrics}".rstrip())
+    return 0
+
+
 __all__ = ["ApiError", "connect", "submit", "jobs", "logs", "cancel", "quota", "plugins", "token_create", "job_token",
-           "wait_for_job"]
+           "participants", "wait_for_job"]

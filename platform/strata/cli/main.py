@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     job_token_revoke.add_argument("job")
     job_token_revoke.add_argument("token_id")
 
+    participants = commands.add_parser("participants", help="list the machines outside the cluster that joined a job")
+    participants.add_argument("job")
+    participants.add_argument("--json", action="store_true")
+
     user = commands.add_parser("user", help="web UI users (head node, local database)").add_subparsers(
         dest="user_command", required=True)
     user_create = user.add_parser("create", help="create a user (or reset its password) and add it to teams")
@@ -134,7 +138,7 @@ def dispatch(args) -> int:
         return client.job_token(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
-                "quota": client.quota}
+                "quota": client.quota, "participants": client.participants}
     if args.command in handlers:
         return handlers[args.command](args)
     from components.runtime import registry

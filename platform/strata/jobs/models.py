@@ -256,3 +256,42 @@ class PluginRecord(models.Model):
         ordering = ["collection", "name"]
         constraints = [models.UniqueConstraint(fields=["collection", "team", "name"],
                                                name="plugin_record_unique_name")]
+
+
+class Participant(models.Model):
+    """A machine outside the cluster that joined a running job (a volunteer's peer), for kinds whose
+    ``KindSpec.accepts_participants`` is true.
+
+    It joins with one of the job's access tokens and then authenticates with a secret of its own (256 random bits;
+    only the SHA-256 digest is stored). It stays ``active`` while it heartbeats within the lease
+    (``STRATA_PARTICIPANT_LEASE_S``): an active participant counts its ``gpus`` against the team's quota and is
+    billed for them. It ends ``left`` (it said so), ``stopped`` (evicted, its token revoked or expired, or the job
+    ended) or ``lost`` (its lease expired).
+    """
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        LEFT = "left"
+        STOPPED = "stopped"
+        LOST = "lost"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="participants")
+    token = models.ForeignKey(JobToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="participants")
+    name = models.CharField(max_length=100)
+    gpus = models.FloatField(default=0.0)
+    info = models.JSONField(default=dict, blank=True)  # what the participant says about itself (an address...)
+    metrics = models.JSONField(default=dict, blank=True)  # its latest numeric metrics, {name: value}
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE, db_index=True)
+    reason = models.CharField(max_length=500, blank=True)
+    secret_digest = models.CharField(max_length=64, unique=True)
+    joined_at = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now, db_index=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["joined_at", "id"]
+        indexes = [models.Index(fields=["job", "state"])]
+
+    def __str__(self) -> str:
+        return f"participant {self.name} of {self.job_id}"

@@ -78,6 +78,18 @@ class DatabasePanelData(PanelData):
                 for job_id, name, kind, state, reason, nested, held, resources, created, started, finished in rows]
 
 
+    def participants(self):
+        if self._job is None or self._job.team_id not in self.team_ids:
+            return []
+        from strata.jobs.participants import job_participants
+
+        def stamp(value):
+            return value.timestamp() if value else None
+
+        return [{**entry, "joined_at": stamp(entry["joined_at"]), "last_seen": stamp(entry["last_seen"]),
+                 "ended_at": stamp(entry["ended_at"])} for entry in job_participants(self._job, MAX_PANEL_ATTEMPTS)]
+
+
 def plugin_reports(team_ids, plugin: str, device_ids=None, since: float | None = None,
                    job_id: str | None = None) -> dict[str, Any]:
     """The generic report channel read for a viewer (see ``PanelData.reports``): node and device reports (about

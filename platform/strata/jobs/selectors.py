@@ -61,3 +61,19 @@ def serving_endpoint(job: Job) -> str | None:
         return None
     live = [attempt for attempt in job.attempts.all() if attempt.ended_at is None and attempt.endpoint]
     return max(live, key=lambda attempt: attempt.number).endpoint if live else None
+
+
+def participants_active(now=None) -> QuerySet:
+    """Participants that are active now: in state ``active`` and heard from within the lease
+    (``STRATA_PARTICIPANT_LEASE_S``). Only these count against their team's quota; one that missed its lease
+    stops counting at once, before the reaper marks it lost."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from strata.jobs.models import TERMINAL_STATES, Participant
+
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.STRATA_PARTICIPANT_LEASE_S)
+    return (Participant.objects.filter(state=Participant.State.ACTIVE, last_seen__gt=cutoff)
+            .exclude(job__state__in=list(TERMINAL_STATES)))

@@ -251,6 +251,23 @@ def job_token_digests(job: Job) -> list[str]:
                 .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now)).values_list("digest", flat=True))
 
 
+def participant_admission(team_id: int, gpus: float) -> str | None:
+    """Why a participant bringing ``gpus`` GPUs cannot join a job of the team now (the quota's ``max_gpus`` or its
+    GPU-hours), or None. Call it inside the transaction that records the participant: it locks the team's quota row
+    as admission does (``quotas.services.participant_refusal``)."""
+    from strata.quotas.services import participant_refusal
+
+    return participant_refusal(team_id, gpus)
+
+
+def attempt_credential(attempt: Attempt, node, subject: str) -> dict:
+    """A job credential (``strata.jobs.credentials.sign``) for ``subject``, held by this rank's node of a live
+    attempt (already checked by ``attempt_for_node``): ``{"credential", "public_key", "expires", "issued"}``."""
+    from strata.jobs.credentials import sign
+
+    return sign(attempt.job_id, subject, f"attempt {attempt.pk} on node {node.name}")
+
+
 def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
     """Cancel a job and, in the same transaction, its child jobs that have not ended (recursively). A running
     attempt keeps its devices until its node confirms the child process is gone."""
@@ -435,14 +452,14 @@ def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
     return attempt
 
 
-def attempt_rendezvous_publish(attempt: Attempt, node, port: int) -> str:
+def attempt_rendezvous_publish(attempt: Attempt, node, port: int, suffix: str = "") -> str:
     """Rank 0 of an attempt announces the port its store listens on; the address is the one its node registered
-    (never one the caller names). Only the node holding rank 0 may publish; republishing replaces the address.
-    Returns ``host:port``."""
+    (never one the caller names), followed by ``suffix`` (already checked: ``Context.RENDEZVOUS_SUFFIX``). Only
+    the node holding rank 0 may publish; republishing replaces the address. Returns ``host:port`` + suffix."""
     if not attempt.allocations.filter(rank=0, device__node=node).exists():
         raise StaleAttempt("only the node running rank 0 publishes the rendezvous")
     host = node.address or "127.0.0.1"
-    address = f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+    address = (f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}") + suffix
     if address != attempt.rendezvous:
         Attempt.objects.filter(pk=attempt.pk).update(rendezvous=address)
         attempt.rendezvous = address
@@ -565,10 +582,23 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
 
 def _secondary_end(attempt: Attempt, job: Job, node, outcome: str) -> bool:
     """True when ``node`` is not the attempt's own node (rank 0's) and its ranks ended without a failure of their
-    own: they succeeded, or stopped because the job was cancelled or preempted."""
+    own: they succeeded, or stopped because the job was cancelled or preempted. For a kind whose ranks are
+    independent peers (``KindSpec.elastic_ranks``) a failure of another node's ranks does not end the attempt
+    either: the peers on the other nodes carry on."""
     if node is None or attempt.node_id is None or node.pk == attempt.node_id:
         return False
+    if outcome == Attempt.Outcome.FAILED and _elastic(job.kind):
+        return True
     return outcome == Attempt.Outcome.SUCCEEDED or job.state in {S.CANCELLED, S.PREEMPTED}
+
+
+def _elastic(kind: str) -> bool:
+    from components.runtime.registry import get_kind
+
+    try:
+        return bool(get_kind(kind).elastic_ranks)
+    except Exception:  # noqa: BLE001 - an unknown kind is no swarm
+        return False
 
 
 def _service_lost(job: Job, attempt: Attempt, detail: str) -> tuple[str, str, bool]:

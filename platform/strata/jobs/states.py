@@ -52,10 +52,25 @@ def transition(job: Job | str, sources, target: str, reason: str = "", **fields)
         raise InvalidTransition(job_id, sources, target, actual)
     JobEvent.objects.create(job_id=job_id, kind="state", message=f"{target}: {reason}" if reason else target,
                             data={"state": target})
+    if target in TERMINAL_STATES:
+        _stop_participants(job_id, target, now)
     _announce(job, job_id, sources, target, reason)
     if isinstance(job, Job):
         for name, value in updates.items():
             setattr(job, name, value)
+
+
+def _stop_participants(job_id, target: str, now) -> None:
+    """A job that ended stops its active participants in the same transaction: their next heartbeat answers stop,
+    and they no longer count against the team's quota."""
+    from strata.jobs.models import Participant
+
+    stopped = Participant.objects.filter(job_id=job_id, state=Participant.State.ACTIVE).update(
+        state=Participant.State.STOPPED, reason=f"the job ended ({target})", ended_at=now)
+    if stopped:
+        JobEvent.objects.create(job_id=job_id, kind="participant",
+                                message=f"{stopped} participant(s) stopped: the job ended ({target})",
+                                data={"stopped": stopped})
 
 
 def _announce(job, job_id, sources, target: str, reason: str) -> None:

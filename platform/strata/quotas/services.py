@@ -12,11 +12,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState
+from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState, Participant
+from strata.jobs.selectors import participants_active
 from strata.jobs.states import transition
 from strata.quotas.models import Quota
 from strata.scheduling.capacity import FULL, placement_problem, share_to_milli
@@ -63,8 +65,9 @@ class TeamLoad:
     """What a team's admitted (queued or running) jobs hold against its quota."""
 
     jobs: int = 0
-    gpus: float = 0.0
+    gpus: float = 0.0  # the jobs' GPUs and the active participants' (volunteers that joined the team's jobs)
     gpu_memory: int = 0
+    participants: int = 0  # active participants of the team's jobs
 
     def add(self, job: Job, gpus: float) -> None:
         workers = int(job.resources.get("workers", 1))
@@ -74,16 +77,24 @@ class TeamLoad:
 
 
 def gpu_seconds(team_id: int, since=None, until=None) -> float:
-    """GPU-seconds billed to a team: attempt durations (dispatch to release) times the share held,
-    clipped to [since, until]."""
+    """GPU-seconds billed to a team, clipped to [since, until]: attempt durations (dispatch to release) times the
+    share held, plus participants' (joined to ended, or to last seen while active; never past their lease) times
+    the GPUs they brought."""
     until = until or timezone.now()
     attempts = Attempt.objects.filter(job__team_id=team_id, dispatched_at__isnull=False, gpu_share__gt=0)
     if since is not None:
         attempts = attempts.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since))
+    spans = [(dispatched, min(ended or until, until), share)
+             for dispatched, ended, share in attempts.values_list("dispatched_at", "ended_at", "gpu_share")]
+    lease = timedelta(seconds=settings.STRATA_PARTICIPANT_LEASE_S)
+    participants = Participant.objects.filter(job__team_id=team_id, gpus__gt=0, joined_at__lt=until)
+    if since is not None:
+        participants = participants.filter(last_seen__gt=since - lease)
+    for joined, last_seen, ended, gpus in participants.values_list("joined_at", "last_seen", "ended_at", "gpus"):
+        spans.append((joined, min(min(ended, last_seen + lease) if ended else last_seen, until), gpus))
     total = 0.0
-    for dispatched, ended, share in attempts.values_list("dispatched_at", "ended_at", "gpu_share"):
-        start = max(dispatched, since) if since is not None else dispatched
-        end = min(ended or until, until)
+    for began, end, share in spans:
+        start = max(began, since) if since is not None else began
         if end > start:
             total += (end - start).total_seconds() * share
     return total
@@ -101,6 +112,10 @@ def team_load(team_id: int, view: ClusterView | None = None) -> TeamLoad:
     # Nested children run inside their parent's allocation: the parent counts for them.
     for job in Job.objects.filter(team_id=team_id, state__in=ADMITTED_STATES, nested=False).only("resources"):
         load.add(job, held[job.pk] if job.pk in held else view.gpus(job.resources))
+    # Volunteers that joined the team's jobs hold the GPUs they brought while they are active (within their lease).
+    participants = participants_active().filter(job__team_id=team_id).aggregate(count=Count("id"), gpus=Sum("gpus"))
+    load.participants = participants["count"] or 0
+    load.gpus += participants["gpus"] or 0.0
     return load
 
 
@@ -112,15 +127,41 @@ def blocking_limit(quota: Quota, load: TeamLoad, job: Job, window_gpu_seconds: f
     memory = int(job.resources.get("gpu_memory") or 0) * workers
     if quota.max_concurrent_jobs is not None and load.jobs + 1 > quota.max_concurrent_jobs:
         return f"team at max_concurrent_jobs ({load.jobs}/{quota.max_concurrent_jobs})"
-    if quota.max_gpus is not None and load.gpus + gpus > quota.max_gpus + 1e-9:
-        return f"team at max_gpus ({load.gpus:g} held + {gpus:g} requested > {quota.max_gpus:g})"
+    if problem := _max_gpus_problem(quota, load, gpus):
+        return problem
     if quota.max_gpu_memory is not None and load.gpu_memory + memory > quota.max_gpu_memory:
         return f"team at max_gpu_memory ({load.gpu_memory + memory} > {quota.max_gpu_memory} bytes)"
+    return _gpu_hours_problem(quota, window_gpu_seconds)
+
+
+def _max_gpus_problem(quota: Quota, load: TeamLoad, gpus: float) -> str | None:
+    if quota.max_gpus is not None and load.gpus + gpus > quota.max_gpus + 1e-9:
+        return f"team at max_gpus ({load.gpus:g} held + {gpus:g} requested > {quota.max_gpus:g})"
+    return None
+
+
+def _gpu_hours_problem(quota: Quota, window_gpu_seconds: float | None) -> str | None:
     if quota.gpu_hours is not None and window_gpu_seconds is not None:
         used_hours = window_gpu_seconds / 3600
         if used_hours >= quota.gpu_hours:
             return f"team used {used_hours:.2f} of {quota.gpu_hours:g} GPU-hours in the last {quota.window_hours:g} h"
     return None
+
+
+def participant_refusal(team_id: int, gpus: float) -> str | None:
+    """Why a participant bringing ``gpus`` GPUs cannot join a job of the team now: the team's load (its admitted
+    jobs and active participants) plus ``gpus`` would break ``max_gpus``, or its GPU-hours window is used up.
+    None when it fits, and always for a participant with no GPU (it holds and bills nothing). Call inside a
+    transaction: the team's quota row is locked as :func:`admit_pending` locks it, so joins and admissions cannot
+    overrun a limit together."""
+    with transaction.atomic():
+        quota = Quota.objects.select_for_update().filter(team_id=team_id).first()
+        if quota is None or gpus <= 0:
+            return None
+        window = None
+        if quota.gpu_hours is not None:
+            window = gpu_seconds(team_id, since=timezone.now() - timedelta(hours=quota.window_hours))
+        return _max_gpus_problem(quota, team_load(team_id), gpus) or _gpu_hours_problem(quota, window)
 
 
 def never_fits(quota: Quota, job: Job, view: ClusterView | None = None) -> str | None:
@@ -187,6 +228,7 @@ def team_usage(team_id: int) -> dict:
         "gpu_hours_total": gpu_seconds(team_id, until=now) / 3600,
         "window_hours": quota.window_hours,
         "pending": Job.objects.filter(team_id=team_id, state=JobState.PENDING).count(),
+        "participants": load.participants,
     }
 
 

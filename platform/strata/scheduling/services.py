@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from strata.cluster.models import Device, Node
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
+from strata.jobs.participants import participants_expire
 from strata.jobs.services import attempt_drop_node, attempt_lost
 from strata.jobs.states import InvalidTransition, transition
 from strata.quotas.models import Quota
@@ -575,8 +576,8 @@ def resources_fit(capacity: CapacityIndex, resources: dict, selector, exclude) -
 # --- reaper and reconciler ----------------------------------------------------------------------------------
 
 def reap(now=None) -> dict:
-    """Requeue the attempts of nodes whose lease expired (not counted as failures), and fail attempts that
-    overran their job's time limit by more than the grace period."""
+    """Requeue the attempts of nodes whose lease expired (not counted as failures), fail attempts that
+    overran their job's time limit by more than the grace period, and end participants that missed their lease."""
     now = now or timezone.now()
     lost_nodes = list(Node.objects.filter(state=Node.State.UP, lease_expires_at__lte=now))
     requeued = 0
@@ -593,7 +594,11 @@ def reap(now=None) -> dict:
 
             if attempt_end(attempt, Attempt.Outcome.TIME_LIMIT, "time limit exceeded (reaped)"):
                 overdue += 1
-    return {"lost_nodes": len(lost_nodes), "requeued": requeued, "overdue": overdue}
+    # Participants (machines outside the cluster) whose lease expired are lost; revoked tokens and ended jobs
+    # stop theirs. Their GPUs stopped counting against the quota when the lease expired already.
+    participants = participants_expire(now)
+    return {"lost_nodes": len(lost_nodes), "requeued": requeued, "overdue": overdue,
+            "lost_participants": participants["lost"], "stopped_participants": participants["stopped"]}
 
 
 def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:

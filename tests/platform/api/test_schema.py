@@ -7,11 +7,14 @@ from __future__ import annotations
 import copy
 import io
 import re
+from typing import ClassVar
 
 import pytest
 from jsonschema import Draft4Validator
 
+from components.runtime.plugins import Plugin
 from components.runtime.registry import kinds
+from components.train.spec import TrainSpec
 from strata.api.schema import kind_component_prefix, openapi30
 
 SCHEMA_URL = "/api/v1/schema/?format=json"
@@ -338,6 +341,66 @@ def test_answers_of_the_node_routes_validate(schema, world):
     check_answer(schema, "post", f"{base}/finish/", agent.post(f"{base}/finish/", {**call, "outcome": "succeeded"},
                                                                format="json"), 200)
     check_answer(schema, "post", f"{base}/report/", agent.post(f"{base}/report/", call, format="json"), 409)
+
+
+class ParticipantsSpec(TrainSpec):
+    """A throwaway kind that takes participants (the participant routes' answers are checked with it)."""
+
+    kind: ClassVar[str] = "schema-swarm"
+    panels: ClassVar[tuple[str, ...]] = ()
+    accepts_tokens: ClassVar[bool] = True
+    accepts_participants: ClassVar[bool] = True
+
+    def participant_payload(self, spec, data):
+        return {"peers": ["/ip4/10.0.0.1/tcp/4000"]}
+
+
+PARTICIPANTS = Plugin(name="schema-swarm", kinds=(f"{__name__}:ParticipantsSpec",))
+
+
+def test_answers_of_the_participant_routes_validate(schema, world, api, install_plugins, run_pass):
+    from strata.jobs.models import Attempt
+    from strata.jobs.services import attempt_claim, job_submit, job_token_create
+
+    install_plugins(f"{__name__}:PARTICIPANTS")
+    user = world["job"].owner
+    job, _ = job_submit(user=user, team=world["team"], data={
+        "kind": "schema-swarm", "name": "swarm", "spec": {"workload": "mlp-digits"}, "priority": 0,
+        "resources": {"gpus": 0.25, "gpu_memory": None, "workers": 1}, "max_attempts": 1, "time_limit": 600})
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    attempt_claim(attempt.pk, attempt.fencing_token, world["node"])
+    _, raw = job_token_create(job, user=user)
+    url = "/api/v1/participants/"
+    joined = api(raw).post(url, {"job": str(job.pk), "name": "box", "gpus": 0.25}, format="json")
+    check_answer(schema, "post", url, joined, 201)
+    check_answer(schema, "post", url, api(raw).post(url, {"job": "x", "gpus": -1}, format="json"), 400)
+    check_answer(schema, "post", url, api("sj_wrong").post(url, {"job": str(job.pk)}, format="json"), 401)
+    check_answer(schema, "post", url, api().post(url, {"job": str(job.pk)}, format="json"), 401)
+    from strata.quotas.models import Quota
+
+    Quota.objects.filter(team=world["team"]).update(max_gpus=2)
+    check_answer(schema, "post", url, api(raw).post(url, {"job": str(job.pk), "gpus": 2}, format="json"), 409)
+    body = joined.json()
+    beat = f"{url}{body['id']}/heartbeat/"
+    secret = api(body["secret"])
+    check_answer(schema, "post", beat, secret.post(beat, {"metrics": {"loss": 1.5}, "subject": "p2p:QmBox"},
+                                                   format="json"), 200)
+    check_answer(schema, "post", beat, secret.post(beat, {"metrics": {"loss": "x"}}, format="json"), 400)
+    check_answer(schema, "post", beat, api("sp_wrong").post(beat, {}, format="json"), 401)
+    unknown = f"{url}00000000-0000-4000-8000-000000000000/heartbeat/"
+    check_answer(schema, "post", unknown, secret.post(unknown, {}, format="json"), 404)
+    listed = f"/api/v1/jobs/{job.pk}/participants/"
+    check_answer(schema, "get", listed, world["alice"].get(listed), 200)
+    check_answer(schema, "delete", f"{listed}{body['id']}/", world["alice"].delete(f"{listed}{body['id']}/"), 200)
+    check_answer(schema, "post", beat, secret.post(beat, {}, format="json"), 200)  # stop, without a credential
+    leave = f"{url}{body['id']}/leave/"
+    check_answer(schema, "post", leave, secret.post(leave), 200)
+    node_url = f"/api/v1/node/attempts/{attempt.pk}/credential/"
+    call = {"node": str(world["node"].pk), "token": attempt.fencing_token, "subject": "p2p:QmRank0"}
+    check_answer(schema, "post", node_url, world["node_client"].post(node_url, call, format="json"), 200)
+    check_answer(schema, "post", node_url, world["node_client"].post(node_url, {**call, "token": "x"},
+                                                                     format="json"), 409)
 
 
 def test_error_answers_validate(schema, world, api, settings):

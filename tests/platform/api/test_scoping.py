@@ -16,7 +16,9 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-repo
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
-               "attempt-rendezvous"}
+               "attempt-rendezvous", "attempt-credential"}
+# Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
+PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 
@@ -51,11 +53,11 @@ def _fill(text: str, values: dict) -> str:
 def test_route_table_is_what_this_walk_expects():
     names = {name for name, _, _ in ROUTES}
     # A new route must be added to the walk's knowledge below (kwargs to fill, expectations).
-    assert names == NODE_ROUTES | DOC_ROUTES | {
+    assert names == NODE_ROUTES | DOC_ROUTES | PARTICIPANT_ROUTES | {
         "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
         "job-metrics", "job-resubmit", "job-route", "job-tokens", "job-revoke-token", "node-list", "node-detail", "device-list", "device-detail", "team-list",
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
-        "pool-detail", "collection", "collection-item"}
+        "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant"}
 
 
 @pytest.fixture
@@ -79,6 +81,10 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
 
     PluginRecord.objects.create(collection="datasets", team=team_a, name="alpha-secret-data", created_by=alice,
                                 body={"source": {"path": "/srv/alpha-secret"}, "format": "npz"})
+    from strata.jobs.models import Participant
+
+    participant = Participant.objects.create(job=job, name="alpha-secret-participant", gpus=0.5,
+                                             secret_digest="0" * 64, info={"address": "alpha-secret-address"})
 
     return {
         "team_a": team_a, "team_b": team_b, "job": job, "attempt": attempt, "node": node, "artifact": artifact,
@@ -86,7 +92,8 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "a": api(token_a), "b": api(make_token(bob, team_b)), "node_client": api(node_token),
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
                    "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin",
-                   "route": "trials", "token_id": str(job.pk), "collection": "datasets"},
+                   "route": "trials", "token_id": str(job.pk), "collection": "datasets",
+                   "participant_id": str(participant.pk)},
     }
 
 
@@ -134,6 +141,8 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
             assert not leaked, (name, method, url, response.status_code, leaked)
             if name in NODE_ROUTES:
                 assert response.status_code == 403, (name, method, response.status_code)
+            elif name in PARTICIPANT_ROUTES:
+                assert response.status_code == 401, (name, method, response.status_code)
             elif name.startswith("job-") and name != "job-list":
                 assert response.status_code == 404, (name, method, response.status_code)
             elif name in {"quota-detail", "quota-usage", "team-detail", "token-detail"}:
@@ -150,6 +159,7 @@ def test_foreign_user_sees_nothing_of_team_a_on_any_route(world):
             else:
                 assert response.status_code < 400, (name, method, response.status_code)
     assert ("job-download", "get") in seen and ("job-resubmit", "post") in seen
+    assert ("job-participants", "get") in seen and ("job-evict-participant", "delete") in seen
     after = Job.objects.get(pk=world["job"].pk)
     assert after.state == before.state == JobState.RUNNING
     assert Job.objects.count() == job_count  # no resubmit of A's job slipped through
@@ -205,7 +215,9 @@ def test_user_routes_refuse_node_tokens(world):
         values = dict(world["values"])
         for method in methods:
             response = _call(node_client, method, _fill(text, values))
-            assert response.status_code == 403, (name, method, response.status_code)
+            # A participant route takes no API token at all: a node token is no job token or secret either.
+            expected = 401 if name in PARTICIPANT_ROUTES else 403
+            assert response.status_code == expected, (name, method, response.status_code)
             assert not [s for s in _secrets(world) if s in _body(response)], name
 
 

@@ -15,6 +15,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from components.runtime.context import RENDEZVOUS_SUFFIX
 from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.api.schema import error_response
 from strata.cluster import services
@@ -22,6 +23,7 @@ from strata.cluster.api import serializers as s
 from strata.cluster.models import Device, Node
 from strata.jobs import selectors as job_selectors
 from strata.jobs import services as job_services
+from strata.jobs.api.serializers import CredentialRequestMixin, CredentialSerializer
 from strata.jobs.models import Artifact
 from strata.jobs.storage import get_storage
 
@@ -239,6 +241,9 @@ class AttemptTokensView(NodeAPIView):
 
 class RendezvousPublishSerializer(s.AttemptCallSerializer):
     port = serializers.IntegerField(min_value=1, max_value=65535, help_text="The port rank 0's store listens on.")
+    suffix = serializers.RegexField(RENDEZVOUS_SUFFIX, max_length=200, required=False, allow_blank=True, default="",
+                                    help_text="Appended to host:port as given, e.g. /p2p/<peer id> for a libp2p "
+                                              "listener.")
 
 
 class AttemptRendezvousView(NodeAPIView):
@@ -258,8 +263,29 @@ class AttemptRendezvousView(NodeAPIView):
         data = serializer.validated_data
         node = _node(data)
         attempt = job_services.attempt_for_node(attempt_id, data["token"], node)
-        address = job_services.attempt_rendezvous_publish(attempt, node, data["port"])
+        address = job_services.attempt_rendezvous_publish(attempt, node, data["port"],
+                                                         data.get("suffix") or "")
         return Response({**job_services.attempt_rendezvous(attempt), "address": address})
+
+
+class CredentialRequestSerializer(s.AttemptCallSerializer, CredentialRequestMixin):
+    pass
+
+
+class AttemptCredentialView(NodeAPIView):
+    """A job credential for one of the attempt's ranks: a short-lived statement, signed with the job's key, that
+    this rank may act as ``subject`` (an identity it holds, such as its peer key) in the job. The job's workers
+    check each other's with ``components.runtime.credentials.verify`` and the ``public_key`` in the answer."""
+
+    @extend_schema(request=CredentialRequestSerializer,
+                   responses={200: CredentialSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        serializer = CredentialRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        node = _node(data)
+        attempt = job_services.attempt_for_node(attempt_id, data["token"], node)
+        return Response(job_services.attempt_credential(attempt, node, data["subject"]))
 
 
 # --- child jobs: a running job submits, lists and cancels jobs of its team ---------------------------------

@@ -4,11 +4,22 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from components.runtime.credentials import SUBJECT_PATTERN
 from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
-from strata.jobs.models import Allocation, Artifact, Attempt, Job, JobEvent, JobToken, LogLine, MetricPoint
+from strata.jobs.models import (
+    Allocation,
+    Artifact,
+    Attempt,
+    Job,
+    JobEvent,
+    JobToken,
+    LogLine,
+    MetricPoint,
+    Participant,
+)
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
@@ -258,6 +269,95 @@ class JobTokenCreatedSerializer(JobTokenSerializer):
     class Meta(JobTokenSerializer.Meta):
         fields = [*JobTokenSerializer.Meta.fields, "token"]
         read_only_fields = fields
+
+
+class CredentialSerializer(serializers.Serializer):
+    """A job credential (``components.runtime.credentials``): a signed statement that its holder may act as
+    ``subject`` in the job until ``expires``."""
+
+    credential = serializers.CharField(help_text="base64url(claims JSON).base64url(Ed25519 signature)")
+    public_key = serializers.CharField(help_text="The job's public key, hex of its 32 raw bytes: check with it.")
+    expires = serializers.FloatField(help_text="Unix seconds.")
+    issued = serializers.FloatField(help_text="Unix seconds.")
+
+
+class CredentialRequestMixin(serializers.Serializer):
+    subject = serializers.RegexField(SUBJECT_PATTERN, max_length=256, help_text=(
+        "The identity the credential is for, e.g. rsa:<hash of a public key> or p2p:<peer id>: 1 to 256 characters "
+        "of letters, digits and :._/+=-."))
+
+
+class ParticipantSerializer(serializers.Serializer):
+    """A participant of a job, as ``jobs.participants.participant_entry`` shows it."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    gpus = serializers.FloatField()
+    state = serializers.ChoiceField(choices=Participant.State.choices, help_text=(
+        "active, left, stopped (evicted, its token revoked or expired, or the job ended) or lost (missed its "
+        "lease)."))
+    reason = serializers.CharField(allow_blank=True)
+    info = serializers.DictField(help_text="What the participant says about itself (an address, a version...).")
+    metrics = serializers.DictField(child=serializers.FloatField(), help_text="Its latest metrics.")
+    joined_at = serializers.DateTimeField()
+    last_seen = serializers.DateTimeField()
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class ParticipantJoinSerializer(serializers.Serializer):
+    """The body of a join (documentation: ``jobs.participants.join_fields`` checks it)."""
+
+    job = serializers.UUIDField(help_text="The running job to join.")
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True,
+                                 help_text="A name for this participant (default: p-<8 hex digits>).")
+    gpus = serializers.FloatField(min_value=0, max_value=64, required=False, default=0.0,
+                                  help_text="The GPUs it brings: they count against the team's max_gpus.")
+    info = serializers.DictField(required=False, help_text="What it says about itself (at most 8 KiB of JSON).")
+
+
+class JoinedJobSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    spec = serializers.DictField()
+    state = serializers.CharField()
+
+
+class ParticipantJoinedSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    gpus = serializers.FloatField()
+    secret = serializers.CharField(help_text=(
+        "The participant's secret, shown this once: send it as 'Authorization: Bearer <secret>' on its heartbeats "
+        "and its leave."))
+    job = JoinedJobSerializer()
+    payload = serializers.DictField(help_text="What the job's kind hands a joining participant "
+                                              "(KindSpec.participant_payload).")
+    public_key = serializers.CharField(help_text="The job's credential key (hex): check the job's credentials.")
+    heartbeat_s = serializers.FloatField(help_text="Heartbeat this often.")
+    lease_s = serializers.FloatField(help_text="A participant not heard from for this long is lost.")
+
+
+class ParticipantHeartbeatSerializer(serializers.Serializer):
+    """The body of a heartbeat (documentation: ``jobs.participants.heartbeat_fields`` checks it)."""
+
+    metrics = serializers.DictField(child=serializers.FloatField(), required=False, help_text=(
+        "Its latest metrics (at most 64, names of 1 to 64 characters, finite numbers); they replace the stored "
+        "ones."))
+    info = serializers.DictField(required=False, help_text="Replaces what it said about itself (at most 8 KiB).")
+    subject = serializers.RegexField(SUBJECT_PATTERN, max_length=256, required=False, help_text=(
+        "Ask for a job credential for this identity (answered as credential while the answer is run)."))
+
+
+class ParticipantHeartbeatAnswerSerializer(serializers.Serializer):
+    state = serializers.CharField(help_text="run, or stop (then leave: the reason says why).")
+    reason = serializers.CharField(allow_blank=True)
+    credential = CredentialSerializer(required=False, help_text="For subject, when one was asked for.")
+
+
+class ParticipantLeftSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.CharField()
+    reason = serializers.CharField(allow_blank=True)
 
 
 class JobEventSerializer(serializers.ModelSerializer):

@@ -6,21 +6,24 @@ import json
 import logging
 import uuid
 
+from django.contrib.auth.models import AnonymousUser
 from django.http import FileResponse, Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import authentication, mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from strata.accounts.authentication import bearer_value
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
 from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
-from strata.jobs import services
+from strata.jobs import participants, services
 from strata.jobs.api.serializers import (
     ArtifactSerializer,
     JobEventSerializer,
@@ -32,6 +35,12 @@ from strata.jobs.api.serializers import (
     JobTokenSerializer,
     LogLineSerializer,
     MetricPointSerializer,
+    ParticipantHeartbeatAnswerSerializer,
+    ParticipantHeartbeatSerializer,
+    ParticipantJoinedSerializer,
+    ParticipantJoinSerializer,
+    ParticipantLeftSerializer,
+    ParticipantSerializer,
 )
 from strata.jobs.models import Artifact, JobState
 from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
@@ -192,6 +201,23 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         token = get_object_or_404(job.tokens, pk=token_id)
         return Response(JobTokenSerializer(services.job_token_revoke(token, user=request.user)).data)
 
+    @extend_schema(responses=ParticipantSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
+    def participants(self, request, pk=None):
+        """The machines outside the cluster that joined the job (its kind's ``accepts_participants``), oldest
+        first, ended ones included."""
+        return Response(ParticipantSerializer(participants.job_participants(self.get_object()), many=True).data)
+
+    @extend_schema(request=None, responses={200: ParticipantSerializer, 404: error_response(404)})
+    @action(detail=True, methods=["delete"], url_path=r"participants/(?P<participant_id>[0-9a-f-]{36})")
+    def evict_participant(self, request, pk=None, participant_id=None):
+        """Evict a participant (idempotent): its next heartbeat answers stop, and its GPUs stop counting against
+        the team's quota at once."""
+        job = self.get_object()
+        participant = get_object_or_404(job.participants, pk=participant_id)
+        participant = participants.participant_evict(participant, request.user.username)
+        return Response(ParticipantSerializer(participants.participant_entry(participant)).data)
+
     @extend_schema(responses=ArtifactSerializer(many=True))
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def artifacts(self, request, pk=None):
@@ -239,3 +265,104 @@ class JobRouteView(APIView):
             return Response({"detail": f"the {route} route of its plugin failed; the server log has the details"},
                             status=500)
         return Response(body)
+
+
+# --- participants: machines outside the cluster join a running job (strata.jobs.participants) ---------------
+# These routes take no API token: joining is authenticated by one of the job's access tokens, heartbeats and
+# leaving by the participant's own secret, both as ``Authorization: Bearer <value>``. A missing or invalid one is
+# a JSON 401 that never repeats it.
+
+
+class ParticipantBearerAuthentication(authentication.BaseAuthentication):
+    """The bearer value of the participant routes, which is no API token: one of the job's access tokens (to join)
+    or the participant's secret (afterwards). It only reads the header (``request.auth`` is the raw value); the
+    view's service checks what it is."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        raw = bearer_value(request, self.keyword)
+        return None if raw is None else (AnonymousUser(), raw)
+
+    def authenticate_header(self, request):
+        return self.keyword
+
+
+class HasBearer(BasePermission):
+    message = ("Send 'Authorization: Bearer <value>': one of the job's access tokens to join, the participant's "
+               "secret afterwards.")
+
+    def has_permission(self, request, view):
+        return isinstance(request.auth, str)
+
+
+class ParticipantAPIView(APIView):
+    authentication_classes = [ParticipantBearerAuthentication]
+    permission_classes = [HasBearer]
+
+
+def _payload(job) -> dict:
+    """What the job's kind hands a joining participant (``KindSpec.participant_payload``), from the job's
+    PanelData, as JSON. Raises what the kind raised."""
+    from components.runtime.registry import get_kind
+    from strata.jobs.panel_data import DatabasePanelData
+
+    job = jobs_with_attempts(jobs_visible([job.team_id])).get(pk=job.pk)
+    data = DatabasePanelData([job.team_id], job, JobSerializer(job).data)
+    answer = get_kind(job.kind).participant_payload(job.spec, data)
+    return json.loads(json.dumps(answer if answer is not None else {}, allow_nan=False, default=str))
+
+
+class ParticipantJoinView(ParticipantAPIView):
+    """Join a RUNNING job whose kind takes participants (``KindSpec.accepts_participants``) with one of the job's
+    access tokens (``Authorization: Bearer <job token>``). The answer carries the participant's secret (once),
+    what the kind hands a joining participant, and how often to heartbeat."""
+
+    @extend_schema(operation_id="participants_join", request=ParticipantJoinSerializer,
+                   responses={201: ParticipantJoinedSerializer,
+                              409: error_response(409, "The job is not running, or the team's quota has no room "
+                                                       "for the participant's GPUs."),
+                              500: error_response(500, "The job's kind failed to say what a participant needs.")})
+    def post(self, request):
+        from strata.jobs.credentials import job_public_key
+
+        participants.job_token_working(request.auth)
+        fields = participants.join_fields(request.data)
+        job, _token = participants.participant_authorize(request.auth, fields["job"])
+        try:
+            payload = _payload(job)
+        except Exception:
+            log.exception("participant_payload of kind %s failed for job %s", job.kind, job.pk)
+            return Response({"detail": f"the {job.kind} kind could not say what a participant needs; the server log "
+                                       "has the details"}, status=500)
+        participant, secret = participants.participant_join(request.auth, fields["job"], name=fields["name"],
+                                                            gpus=fields["gpus"], info=fields["info"])
+        lease_s = participants.lease().total_seconds()
+        return Response({
+            "id": str(participant.pk), "name": participant.name, "gpus": participant.gpus, "secret": secret,
+            "job": {"id": str(job.pk), "kind": job.kind, "spec": job.spec, "state": job.state},
+            "payload": payload, "public_key": job_public_key(job.pk),
+            "heartbeat_s": participants.heartbeat_seconds(), "lease_s": lease_s,
+        }, status=status.HTTP_201_CREATED)
+
+
+class ParticipantHeartbeatView(ParticipantAPIView):
+    """A participant's heartbeat (``Authorization: Bearer <its secret>``): keeps it in, records its metrics and
+    info, and answers run or stop, with a job credential for ``subject`` when asked."""
+
+    @extend_schema(operation_id="participants_heartbeat", request=ParticipantHeartbeatSerializer,
+                   responses={200: ParticipantHeartbeatAnswerSerializer, 404: error_response(404, "No such participant.")})
+    def post(self, request, participant_id):
+        participant = participants.participant_for_secret(participant_id, request.auth)
+        fields = participants.heartbeat_fields(request.data)
+        return Response(participants.participant_heartbeat(participant, **fields))
+
+
+class ParticipantLeaveView(ParticipantAPIView):
+    """The participant leaves (``Authorization: Bearer <its secret>``; idempotent)."""
+
+    @extend_schema(operation_id="participants_leave", request=None,
+                   responses={200: ParticipantLeftSerializer, 404: error_response(404, "No such participant.")})
+    def post(self, request, participant_id):
+        participant = participants.participant_leave(participants.participant_for_secret(participant_id, request.auth))
+        return Response({"id": str(participant.pk), "state": participant.state, "reason": participant.reason})

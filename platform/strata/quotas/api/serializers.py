@@ -51,12 +51,14 @@ class UsageSerializer(serializers.Serializer):
     """What a team holds now and has used (quotas.services.team_usage); for the OpenAPI schema."""
 
     jobs = serializers.IntegerField(help_text="Admitted jobs not finished yet.")
-    gpus = serializers.FloatField(help_text="GPUs they hold or ask for.")
+    gpus = serializers.FloatField(help_text="GPUs they hold or ask for, and the GPUs of the active participants.")
     gpu_memory = serializers.IntegerField(help_text="Bytes of GPU memory they hold or ask for.")
     gpu_hours_window = serializers.FloatField(help_text="GPU-hours used in the last window_hours.")
     gpu_hours_total = serializers.FloatField()
     window_hours = serializers.FloatField()
     pending = serializers.IntegerField(help_text="Jobs waiting for quota.")
+    participants = serializers.IntegerField(help_text="Active participants of the team's jobs (machines outside "
+                                                      "the cluster that joined them).")
 
 
 class QuotaUsageSerializer(serializers.Serializer):

@@ -1,0 +1,1 @@
+"""The ``decentral`` plugin: decentralized training on hivemind (Atom)."""
