@@ -58,7 +58,7 @@ class UpdateGuard:
             return None
         if part.shape != reference.shape:
             return f"shape {tuple(part.shape)} where {tuple(reference.shape)} was expected"
-        distance = float(torch.linalg.vector_norm((part.float() - reference.float())))
+        distance = float(torch.linalg.vector_norm(part.float() - reference.float()))
         scale = float(torch.linalg.vector_norm(reference.float())) + self.eps * math.sqrt(max(1, reference.numel()))
         if distance > self.max_ratio * scale:
             return f"out of scale: {distance / scale:.3g}x the norm of the local values (limit {self.max_ratio:g}x)"

@@ -12,20 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.runtime.distributed import check_rendezvous_suffix
+
 log = logging.getLogger(__name__)
 
-# What may follow ``host:port`` in a published rendezvous address: a path such as ``/p2p/<peer id>`` (a libp2p
-# listener's identity), at most 200 characters of letters, digits and ``/._-``.
-RENDEZVOUS_SUFFIX = r"^(/[A-Za-z0-9._-]+){1,8}$"
-
-
-def check_rendezvous_suffix(suffix: str) -> str:
-    """``suffix`` when it is empty or matches :data:`RENDEZVOUS_SUFFIX` (at most 200 characters); else ValueError."""
-    import re
-
-    if suffix and (len(suffix) > 200 or not re.match(RENDEZVOUS_SUFFIX, suffix)):
-        raise ValueError(f"rendezvous suffix {suffix[:40]!r} must match {RENDEZVOUS_SUFFIX} (200 characters at most)")
-    return suffix or ""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,19 @@ MAX_FACTOR = 100.0
 MAX_WORKERS = 1024
 RENDEZVOUS_WAIT_S = 300.0
 
+# What may follow ``host:port`` in a published rendezvous address: a path such as ``/p2p/<peer id>`` (a libp2p
+# listener's identity), at most 200 characters of letters, digits and ``/._-``.
+RENDEZVOUS_SUFFIX = r"^(/[A-Za-z0-9._-]+){1,8}$"
+
+
+def check_rendezvous_suffix(suffix: str) -> str:
+    """``suffix`` when it is empty or matches :data:`RENDEZVOUS_SUFFIX` (at most 200 characters); else ValueError."""
+    import re
+
+    if suffix and (len(suffix) > 200 or not re.match(RENDEZVOUS_SUFFIX, suffix)):
+        raise ValueError(f"rendezvous suffix {suffix[:40]!r} must match {RENDEZVOUS_SUFFIX} (200 characters at most)")
+    return suffix or ""
+
 
 class Strategy:
     """A way to fit one model on several ranks (a plugin names the subclass in ``Plugin.strategies``).

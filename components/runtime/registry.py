@@ -33,6 +33,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "components.tuning.plugin:PLUGIN",
     "components.datacache.plugin:PLUGIN",
     "components.straggler.plugin:PLUGIN",
+    "components.decentral.plugin:PLUGIN",
 )
 ENTRY_POINT_GROUP = "strata.plugins"
 KIND_ENTRY_POINT_GROUP = "strata.components"

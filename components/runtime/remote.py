@@ -136,7 +136,8 @@ class RemoteContext(Context):
         return self.address or None
 
     def rendezvous_publish(self, port: int, suffix: str = "") -> str:
-        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port), "suffix": suffix})
+        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port),
+                                                               **({"suffix": suffix} if suffix else {})})
         return str(answer["address"])
 
     def credential(self, subject: str) -> dict[str, Any]:

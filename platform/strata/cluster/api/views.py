@@ -15,7 +15,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from components.runtime.context import RENDEZVOUS_SUFFIX
+from components.runtime.distributed import RENDEZVOUS_SUFFIX
 from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.api.schema import error_response
 from strata.cluster import services
