@@ -335,13 +335,20 @@ class SwarmPeer:
         self.next_round_at = self._grid_after(time.time() + self.deadlines.lead_s)
 
     def _setup_swapping(self) -> None:
+        """Atom: profile the layers on this device and plan the segments under the budget; the host parameters
+        stay the model's own (what the optimizer and the averager see)."""
         from components.decentral import swap
 
-        self.swap_module = swap
         self.layers = model_layers(self.model)
-        self.swapped = swap.build_swapped(self.layers, self.corpus.batch(self.config.name, 0, self.config.batch_size),
-                                          budget_bytes=int(self.config.swap_budget_mb * 2**20),
-                                          link_gbps=self.config.pcie_gbps, device=self.config.device)
+        link = swap.HostLink(torch.device(self.config.device), self.config.pcie_gbps * 1e9 / 8)
+        inputs, targets = self.corpus.batch(self.config.name, -1, self.config.batch_size)
+        profiles = swap.profile_layers(self.layers, inputs, device=torch.device(self.config.device), link=link,
+                                       targets=targets, loss_fn=lm_loss)
+        plan = swap.plan_segments(profiles, int(self.config.swap_budget_mb * 2**20))
+        self.swapped = swap.SwappedModel(self.layers, plan, device=torch.device(self.config.device), link=link,
+                                         memory=swap.DeviceMemory(int(self.config.swap_budget_mb * 2**20)),
+                                         timeline=True)
+        self.io.log(f"layer swapping: {plan.as_dict().get('description', plan)}")
 
     def _download_state(self) -> None:
         """A newcomer takes the swarm's current parameters (and step) from a peer before it trains."""
@@ -647,6 +654,8 @@ class SwarmPeer:
         self._stop.set()
         if getattr(self, "credentials", None) is not None:
             self.credentials.stop()
+        if self.swapped is not None:
+            self.swapped.close()
         for part in (self.averager, self.dht):
             if part is not None:
                 try:

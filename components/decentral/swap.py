@@ -633,6 +633,11 @@ def _infeasible(model: _CostModel, budget_bytes: int) -> SwapPlanError:
         f"the smallest budget any plan fits is {least / MB:.3f} MB")
 
 
+def minimum_budget(profiles: Sequence[LayerProfile]) -> int:
+    """The smallest device budget (bytes) that some segmentation of these layers fits."""
+    return _CostModel(profiles).minimum_budget()[0]
+
+
 def evaluate_plan(profiles: Sequence[LayerProfile], segments: Sequence[tuple[int, int]],
                   budget_bytes: int | None = None) -> SwapPlan:
     """The plan with the given ``[start, stop)`` segments, estimated; raises :class:`SwapPlanError` if it does not

@@ -38,6 +38,10 @@ go-libp2p dials from its own listen port (SO_REUSEPORT; ``LIBP2P_TCP_REUSEPORT=f
 so the connection's source port names the dialing peer, and :func:`throttled_mesh` gives every proxy the other
 peers' listen ports and buckets (:attr:`ThrottledProxy.dialers`). Each peer thus has one access link of
 ``mbit`` up and ``mbit`` down, and every byte is charged to its sender's uplink and its receiver's downlink.
+A connection from an unknown port (libp2p opens a few small ones, e.g. a redial that could not reuse the port)
+is charged to the dialed peer's link only. Observed with 4 peers in their own processes and a 4 MB
+``DecentralizedAverager`` round at 20 Mbit/s: every peer sent and received 6.35 MB (within 0.5 % of each
+other), and the round took 3.3 s (the bytes alone need 2.5 s).
 Forked processes (hivemind's DHT and averager run in children forked from the process that started the
 proxies) inherit the proxies' sockets; :meth:`ThrottledProxy.stop` still stops forwarding, but a connection's
 socket is only released when those children exit too.
