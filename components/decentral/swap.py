@@ -74,6 +74,7 @@ serial link of ``bytes_per_s`` each way (default 16 GB/s, PCIe-like; ``None`` = 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import itertools
 import statistics
@@ -180,8 +181,17 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _is_cuda(device: torch.device | str) -> bool:
-    return torch.device(device).type == "cuda"
+def _memcpy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of a CPU tensor by one plain ``memcpy`` (ctypes releases the GIL). Not ``clone``: in the prefetch
+    thread that would start a second OpenMP team, whose spin-waiting threads fight the compute thread's team for
+    the cores (steps ran many times slower on 2 cores)."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return tensor.clone()
+    copy = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if tensor.numel():
+        ctypes.memmove(copy.data_ptr(), tensor.data_ptr(), _nbytes(tensor))
+    return copy
 
 
 def _synchronize(device: torch.device) -> None:
@@ -273,7 +283,7 @@ class HostLink:
                 event.record(self.stream)
             event.synchronize()
         else:
-            copies = [t.detach().clone() for t in tensors]
+            copies = [_memcpy(t) for t in tensors]
         self._occupy("h2d", nbytes, started)
         self._count(f"h2d:{kind}", nbytes)
         return copies, event
@@ -312,7 +322,7 @@ def _layer_tensors(layer: nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _layer_name(layer: nn.Module, index: int, count: int) -> str:
+def _layer_name(layer: nn.Module, index: int) -> str:
     kind = type(layer).__name__
     if kind == "InputEmbedding":
         return "embedding"
@@ -405,7 +415,8 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *, d
         raise ValueError("repeats must be at least 1")
     bandwidth = link.bandwidth()
     x = sample_input.to(device)
-    batch = [x] + ([targets.to(device)] if targets is not None else [])
+    targets = targets.to(device) if targets is not None else None
+    batch = [x] + ([targets] if targets is not None else [])
     batch_storages = _storages(batch)
     profiles = []
     for index, layer in enumerate(layers):
@@ -443,7 +454,7 @@ def profile_layers(layers: Sequence[nn.Module], sample_input: torch.Tensor, *, d
                 tensor.grad = None
         input_bytes = sum(_nbytes(t) for t in batch) if index == 0 else _nbytes(x)
         profiles.append(LayerProfile(
-            index=index, name=_layer_name(layer, index, len(layers)), param_bytes=param_bytes,
+            index=index, name=_layer_name(layer, index), param_bytes=param_bytes,
             activation_bytes=_nbytes(output), forward_s=forward_s, backward_s=statistics.median(backward_times),
             load_s=param_bytes / bandwidth, input_bytes=input_bytes, saved_bytes=counter.total,
             largest_saved_bytes=counter.largest))
@@ -621,15 +632,16 @@ class _CostModel:
 def _infeasible(model: _CostModel, budget_bytes: int) -> SwapPlanError:
     least, bounds = model.minimum_budget()
     segments = [model.segment(a, b) for a, b in bounds]
-    if len(segments) == 1:
-        where = f"the whole model in one segment needs {least / MB:.3f} MB"
-    else:
-        s, t = max(itertools.pairwise(segments), key=lambda pair: model.pair_bytes(*pair))
-        where = (f"{s.label} and its neighbour {t.label} together need {model.pair_bytes(s, t) / MB:.3f} MB "
-                 f"(parameters {s.param_bytes / MB:.3f} + {t.param_bytes / MB:.3f} MB, plus gradients, "
-                 f"activations and the batch)")
+    windows = [(model.single_bytes(s), f"{s.label} alone needs {model.single_bytes(s) / MB:.3f} MB "
+                f"(parameters {s.param_bytes / MB:.3f} MB, their gradients, activations and the batch)")
+               for s in segments]
+    windows += [(model.pair_bytes(s, t), f"{s.label} and its neighbour {t.label} together need "
+                 f"{model.pair_bytes(s, t) / MB:.3f} MB (parameters {s.param_bytes / MB:.3f} + "
+                 f"{t.param_bytes / MB:.3f} MB, plus gradients, activations and the batch)")
+                for s, t in itertools.pairwise(segments)]
+    _, where = max(windows, key=lambda window: window[0])
     return SwapPlanError(
-        f"no swap plan fits a device budget of {budget_bytes / MB:.3f} MB: even with the best cuts {where}; "
+        f"no swap plan fits a device budget of {budget_bytes / MB:.3f} MB: even with the best cuts, {where}; "
         f"the smallest budget any plan fits is {least / MB:.3f} MB")
 
 
@@ -1086,7 +1098,8 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     budget of ``budget_fraction`` x the model's parameter bytes, same model, same batches, same Adam step on the
     host parameters, measured in this process in ``rounds`` alternating rounds (fair on a shared machine). Also:
     the plan, the swap counters, the peak device bytes, and both runs' losses (they train identically).
-    Defaults: :data:`BENCH` (``quick``: :data:`QUICK`)."""
+    Defaults: :data:`BENCH` (``quick``: :data:`QUICK`). On CUDA the in-memory baseline is the model on the GPU with
+    its optimizer there; the swapped run steps the host parameters on the CPU."""
     from components.decentral.model import Corpus, build_model, lm_loss, model_layers, parameter_bytes
 
     preset = QUICK if quick else BENCH

@@ -311,7 +311,7 @@ def participant_heartbeat(participant: Participant, *, metrics: dict | None = No
                                 (("metrics", metrics), ("info", info), ("subject", subject)) if value is not None})
     now = timezone.now()
     with transaction.atomic():
-        current = Participant.objects.select_for_update().select_related("job", "token").get(pk=participant.pk)
+        current = Participant.objects.select_for_update(of=("self",)).select_related("job", "token").get(pk=participant.pk)
         reason = _stop_reason(current, now)
         if reason is not None:
             return {"state": "stop", "reason": reason}

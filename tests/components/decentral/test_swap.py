@@ -42,6 +42,16 @@ TINY = ModelConfig.named("tiny")  # 4 swap units: embedding, 2 blocks, head
 DEEP = ModelConfig.named("small", layers=16, context=16)  # 18 units; fits a quarter of its bytes at batch 2
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread (restored afterwards): OpenMP teams spin-waiting on a loaded 2-core machine made steps
+    of these small models many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _no_prefetch_threads_left():
     yield
