@@ -12,7 +12,8 @@ Parts (``--quick`` shortens each):
 - ``crash``: a swarm of 3 loses a peer (SIGKILL) mid-run; the others must train on without a restart, the loss
   still falling (ratio: held-out loss when the peer died / at the end; target > 1).
 
-Not measured here (reported as missing): plain ``hivemind.Optimizer`` with the whole model in memory.
+- at 100 Mbit/s also plain ``hivemind.Optimizer`` (4 peers, whole model in memory, hivemind's quickstart settings:
+  local updates, matchmaking_time 3 s, averaging_timeout 10 s): the ratio is reported (no target).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _swarm_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peers: i
     budget_mb = parameter_bytes(build_model(config)) / 4 / 2**20
     steps = 30 if quick else 80
     spec = {"model": model, "steps": steps, "batch_size": 8, "peers": {"min": peers, "max": peers},
-            "averaging": {"period_s": 10.0 if quick else 15.0}, "swap": {"budget_mb": budget_mb, "pcie_gbps": 16.0},
+            "averaging": {"period_s": 5.0 if quick else 10.0}, "swap": {"budget_mb": budget_mb, "pcie_gbps": 16.0},
             "eval_every": 10_000}
     proxies = []
     with tempfile.TemporaryDirectory(prefix="strata-bench-swarm-") as folder, LocalSwarm(folder, spec) as swarm:
@@ -66,6 +67,88 @@ def _swarm_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peers: i
             "test_loss": [result["test_loss"] for result in results]}
 
 
+def _optimizer_peer(index: int, model: str, steps: int, batch: int, peers: int, listen_port: int, announce_port: int,
+                    initial: list[str], queue, out: str, barrier=None) -> None:
+    """One peer of the plain hivemind.Optimizer baseline, configured as hivemind's quickstart advises (local
+    updates, matchmaking_time 3 s, averaging_timeout 10 s), with the whole model in memory."""
+    import json
+    from functools import partial
+
+    import hivemind
+    import torch
+
+    from components.decentral.model import Corpus, ModelConfig, build_model, lm_loss
+
+    torch.set_num_threads(1)
+    config = ModelConfig.named(model)
+    net = build_model(config, 0)
+    corpus = Corpus(0, config.context)
+    dht = hivemind.DHT(initial_peers=initial or None, host_maddrs=[f"/ip4/127.0.0.1/tcp/{listen_port}"],
+                       announce_maddrs=[f"/ip4/127.0.0.1/tcp/{announce_port}"], start=True, use_relay=False)
+    if index == 0:
+        for _ in range(peers - 1):
+            queue.put([str(a) for a in dht.get_visible_maddrs()])
+    optimizer = hivemind.Optimizer(dht=dht, run_id="strata-bench", batch_size_per_step=batch,
+                                   target_batch_size=peers * batch * max(1, steps // 6), optimizer=partial(torch.optim.Adam, lr=3e-3),
+                                   params=net.parameters(), use_local_updates=True, matchmaking_time=3.0,
+                                   averaging_timeout=10.0, verbose=False)
+    if barrier is not None:
+        barrier.wait(timeout=600)  # start together, as the swarm's peers do (they wait for peers.min)
+    started = time.time()
+    for step in range(steps):
+        inputs, targets = corpus.batch(index, step, batch)
+        optimizer.zero_grad()
+        loss = lm_loss(net(inputs), targets)
+        loss.backward()
+        optimizer.step()
+    wall = time.time() - started
+    Path(out).write_text(json.dumps({"samples": steps * batch, "wall_s": wall, "epoch": optimizer.local_epoch}))
+    optimizer.shutdown()
+    dht.shutdown()
+
+
+def _optimizer_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peers: int = 4) -> dict[str, Any]:
+    import json
+    import multiprocessing as mp
+
+    from components.decentral.model import ModelConfig
+    from components.decentral.throttle import ThrottledProxy, free_port
+
+    steps = 30 if quick else 80
+    context = mp.get_context("fork")
+    queue = context.Queue()
+    barrier = context.Barrier(peers)
+    proxies, processes = [], []
+    with tempfile.TemporaryDirectory(prefix="strata-bench-hm-") as folder:
+        try:
+            for index in range(peers):
+                port = free_port()
+                proxy = ThrottledProxy("127.0.0.1", port, mbit=mbit).start()
+                proxies.append(proxy)
+                initial = [] if index == 0 else queue.get(timeout=120)
+                if index == 0:
+                    initial = []
+                process = context.Process(target=_optimizer_peer, args=(
+                    index, model, steps, 8, peers, port, int(proxy.address.rsplit(":", 1)[1]), initial, queue,
+                    f"{folder}/{index}.json", barrier))
+                process.start()
+                processes.append(process)
+            for process in processes:
+                process.join(1800)
+            results = [json.loads(Path(f"{folder}/{index}.json").read_text()) for index in range(peers)]
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(10)
+            for proxy in proxies:
+                proxy.stop()
+    context_len = ModelConfig.named(model).context
+    tokens = sum(result["samples"] for result in results) * context_len
+    wall = max(result["wall_s"] for result in results)
+    return {"tokens_per_s": tokens / wall, "wall_s": wall, "epochs": [result["epoch"] for result in results]}
+
+
 def _pipeline_tokens_per_s(mbit: float | None, *, quick: bool, model: str) -> dict[str, Any]:
     from components.decentral.pipeline import run_pipeline
 
@@ -83,6 +166,19 @@ def part_network(quick: bool, runs: int, model: str) -> tuple[list[Figure], dict
             pipe_runs.append(_pipeline_tokens_per_s(mbit, quick=quick, model=model))
             SAY(f"{mbit:g} Mbit/s, run {run + 1}/{runs}: the swarm (4 peers)")
             swarm_runs.append(_swarm_tokens_per_s(mbit, quick=quick, model=model))
+        if mbit == 100.0:
+            optimizer_runs = []
+            for run in range(runs):
+                SAY(f"{mbit:g} Mbit/s, run {run + 1}/{runs}: plain hivemind.Optimizer (4 peers, model in memory)")
+                optimizer_runs.append(_optimizer_tokens_per_s(mbit, quick=quick, model=model))  # ~6 epochs a run
+            details["hivemind_optimizer_100mbit"] = optimizer_runs
+            plain = statistics.median(r["tokens_per_s"] for r in optimizer_runs)
+            ours = statistics.median(r["tokens_per_s"] for r in swarm_runs)
+            figures.append(Figure("vs_hivemind_optimizer_100mbit", "tokens/s at 100 Mbit/s vs plain hivemind.Optimizer",
+                                  ours, plain, "tokens/s", lower_is_better=False, target=None,
+                                  mechanism_text="Atom swarm (model swapped, budget model/4)",
+                                  baseline_text="hivemind.Optimizer, whole model in memory (quickstart settings)",
+                                  extra={"runs": runs}))
         swarm_rate = statistics.median(r["tokens_per_s"] for r in swarm_runs)
         pipe_rate = statistics.median(r["tokens_per_s"] for r in pipe_runs)
         ratios = [s["tokens_per_s"] / p["tokens_per_s"] for s, p in zip(swarm_runs, pipe_runs, strict=True)]
@@ -144,8 +240,7 @@ def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] 
     runs = runs or (1 if quick else 3)
     model = model or ("tiny" if quick else "small")
     figures: list[Figure] = []
-    details: dict[str, Any] = {"runs": runs, "model": model, "missing": [
-        "plain hivemind.Optimizer with the whole model in memory: not measured in this version"]}
+    details: dict[str, Any] = {"runs": runs, "model": model}
     for part in parts:
         if part == "swap":
             found, more = part_swap(quick, runs)

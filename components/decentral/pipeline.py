@@ -35,7 +35,8 @@ inherent to all three.
 
 Links: stage ``s`` connects to stage ``s + 1`` through a :class:`~components.decentral.throttle.ThrottledProxy`
 (``mbit`` Mbit/s each way, ``latency_ms`` one way) in the parent process; activations flow with the connection,
-gradients against it. Each end has a sender thread (the stage computes micro-batch ``m + 1`` while ``m`` is on
+gradients against it; a link opens with the run's random token (a stage listens on 127.0.0.1 and trusts only
+the connection that presents it). Each end has a sender thread (the stage computes micro-batch ``m + 1`` while ``m`` is on
 the wire) and a receiver thread (the next tensors arrive while it computes). A frame is a fixed header (kind,
 dtype code, number of dimensions, micro-batch, step), the shape, then the raw bytes: nothing is unpickled from
 a socket, and a header is checked before its payload is read. ``torch.distributed.pipelining``'s
@@ -50,10 +51,12 @@ that failed or died (not the neighbours whose connections it took down).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import math
 import multiprocessing as mp
 import os
 import queue
+import secrets
 import socket
 import struct
 import threading
@@ -71,6 +74,8 @@ HEADER = struct.Struct("<BBBxIQ")  # kind, dtype code, ndim, (pad), micro-batch,
 MAX_DIMS = 8
 MAX_FRAME_BYTES = 1 << 31
 DEFAULT_TIMEOUT_S = 600.0
+HELLO_BYTES = 16  # a link opens with the run's random token, so a stage only trusts its own neighbour
+HELLO_TIMEOUT_S = 10.0
 SCHEDULES = ("eager", "1f1b", "gpipe")
 DTYPE_NAMES = {1: "float32", 2: "float16", 3: "bfloat16", 4: "float64", 5: "int64"}
 
@@ -317,6 +322,23 @@ def _expect(control: Connection, kind: str, deadline: float) -> tuple:
     return message
 
 
+def _accept_stage(server: socket.socket, token: bytes, deadline: float) -> socket.socket:
+    """The first connection that opens with this run's token (others are closed)."""
+    while True:
+        server.settimeout(max(0.1, deadline - time.monotonic()))
+        sock, _ = server.accept()
+        try:
+            sock.settimeout(min(HELLO_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
+            hello = _recv_exact(sock, len(token))
+        except OSError:
+            hello = None
+        if hello is not None and hmac.compare_digest(bytes(hello), token):
+            return sock
+        sock.close()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the stage before never connected")
+
+
 def _run_stage(index: int, spec: dict[str, Any], control: Connection, links: list[_Link]) -> None:
     import torch
     from torch import nn
@@ -347,10 +369,11 @@ def _run_stage(index: int, spec: dict[str, Any], control: Connection, links: lis
         host, port = downstream_address.rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=spec["timeout_s"])
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(bytes.fromhex(spec["token"]))  # who we are: the run's stage, not a stray connection
         down = _Link(sock, f"stage {index} -> {index + 1}", inbox)
         links.append(down)
     if server is not None:
-        sock, _ = server.accept()
+        sock = _accept_stage(server, bytes.fromhex(spec["token"]), deadline)
         server.close()
         sock.settimeout(spec["timeout_s"])
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -487,7 +510,8 @@ def run_pipeline(config, *, stages: int, micro_batches: int, micro_batch_size: i
     from the start signal to the last stage's last optimizer step; process start-up and connection set-up are
     reported apart as ``startup_s``), ``steady_tokens_per_s`` (without the first step), ``losses`` (the
     step's mean micro-batch loss), ``step_s``, the bytes over the links (``bytes_forward``: activations,
-    ``bytes_backward``: gradients, as counted by the proxies), the partition, and each stage's compute time;
+    ``bytes_backward``: gradients, as counted by the proxies; a link's first :data:`HELLO_BYTES` forward are
+    its token), the partition, and each stage's compute time;
     with ``return_parameters`` also ``state``: every parameter after the last step, by the model's names (numpy
     arrays). Raises :class:`PipelineError` if a stage fails or dies and :class:`TimeoutError` after
     ``timeout_s``; every stage process is reaped either way. ``_fault`` (tests only): ``(stage, step, "exit")``
@@ -511,7 +535,7 @@ def run_pipeline(config, *, stages: int, micro_batches: int, micro_batch_size: i
             "micro_batches": int(micro_batches), "micro_batch_size": int(micro_batch_size),
             "steps": int(steps), "lr": float(lr), "data_peer": data_peer, "timeout_s": float(timeout_s),
             "return_parameters": bool(return_parameters), "schedule": schedule,
-            "fault": tuple(_fault) if _fault is not None else None}
+            "fault": tuple(_fault) if _fault is not None else None, "token": secrets.token_hex(HELLO_BYTES)}
     started = time.monotonic()
     deadline = started + float(timeout_s)
     context = mp.get_context("spawn")

@@ -80,6 +80,7 @@ class DecentralizedTrainSpec(KindSpec):
         peers.unknown({"min", "max"})
         out["peers"] = {"min": peers.number("min", 2, kind=int, minimum=1, maximum=1024),
                         "max": peers.number("max", 16, kind=int, minimum=1, maximum=1024)}
+        peers.not_null("min", "max")
         if not peers.errors and out["peers"]["min"] > out["peers"]["max"]:
             peers.errors["spec.peers.min"] = f"must be at most peers.max ({out['peers']['max']})"
         averaging = Checker(_section(spec, "averaging", checker), "spec.averaging")
@@ -87,12 +88,14 @@ class DecentralizedTrainSpec(KindSpec):
         out["averaging"] = {"period_s": averaging.number("period_s", 5.0, minimum=0.5, maximum=3600.0),
                             "max_update_ratio": averaging.number("max_update_ratio", 10.0, minimum=1.0,
                                                                  maximum=1e6)}
+        averaging.not_null("period_s", "max_update_ratio")
         swap = Checker(_section(spec, "swap", checker), "spec.swap")
         swap.unknown({"budget_mb", "pcie_gbps"})
         budget = (spec.get("swap") or {}).get("budget_mb") if isinstance(spec.get("swap"), dict) else None
         out["swap"] = {"budget_mb": None if budget is None else swap.number("budget_mb", None, minimum=0.01,
                                                                             maximum=1e7),
                        "pcie_gbps": swap.number("pcie_gbps", 16.0, minimum=0.01, maximum=10_000.0)}
+        swap.not_null("pcie_gbps")
         faults = Checker(_section(spec, "faults", checker), "spec.faults")
         faults.unknown({"corrupt"})
         out["faults"] = {"corrupt": None}
@@ -111,6 +114,7 @@ class DecentralizedTrainSpec(KindSpec):
                 out["faults"]["corrupt"] = {"ranks": sorted(set(ranks)),
                                             "mode": corrupt.string("mode", "nan", choices=CORRUPT_MODES),
                                             "factor": corrupt.number("factor", 1e6, minimum=-1e12, maximum=1e12)}
+                corrupt.not_null("mode", "factor")
                 checker.errors.update(corrupt.errors)
         for part in (peers, averaging, swap, faults):
             checker.errors.update(part.errors)

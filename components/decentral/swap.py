@@ -47,11 +47,13 @@ holds ``bwd(s) = 2 P + S + 2 in + 2 out + Wb`` (parameters and their gradients, 
 output and the incoming gradient). Consecutive segments ``s, t = s + 1`` must satisfy
 ``batch + max(fwd(s) + P(t), bwd(t) + P(s)) <= budget`` -- computing ``s`` while ``t`` loads, and
 back-propagating ``t`` while ``s`` loads (or stays, for ``s = K - 2``); and every segment needs
-``batch + bwd(s) <= budget`` (the first one's backward runs with nothing beside it). The plan's peak is the largest
-of these. At run time the same categories are charged
-with the real sizes (parameters, gradients, boundary activations, the saved tensors packed by autograd's hooks,
-the batch) and the allowances as planned; nothing else is on the device. The stash lives in host memory. Not
-counted: the CUDA caching allocator's fragmentation and cuBLAS workspaces (a real GPU needs some headroom).
+``batch + bwd(s) <= budget`` (the first one's backward runs with nothing beside it). The plan's peak is the
+largest of these. At run time the same categories are charged with the real sizes (parameters, gradients,
+boundary activations, the saved tensors packed by autograd's hooks, the batch) and the allowances as planned;
+nothing else is on the device (the stash lives in host memory). A plan holds for the batch shape it was profiled
+with. Not counted: the CUDA caching allocator's fragmentation and cuBLAS workspaces (a real GPU needs headroom).
+At this small scale the activations weigh as much as the parameters: a block's saved tensors pass its
+parameter bytes beyond about ``0.8 x width`` tokens per batch.
 
 **Step time estimate.** With ``F``, ``B`` and ``L`` a segment's forward, backward and load time (and its
 gradients' offload taken as ``L`` again, the link being symmetric): ``T = L_0 + sum_{i<K-1} max(F_i, L_{i+1})``
@@ -1075,7 +1077,7 @@ def overlapping(events: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], 
 # swapped in a quarter of its parameter bytes at all -- two of its blocks alone are 24.8 % of it -- and neither can
 # "medium"; a deeper model makes each block a smaller share. Batch 2 windows: at this width the activations a
 # block saves for backward grow past a block's parameters beyond a few hundred tokens.
-BENCH = {"config": ("large", {"layers": 16}), "batch": 2, "steps": 8}
+BENCH = {"config": ("large", {"layers": 16}), "batch": 2, "steps": 10}
 QUICK = {"config": ("medium", {"layers": 16, "context": 32}), "batch": 2, "steps": 8}
 
 
@@ -1092,12 +1094,14 @@ def _config(config: Any):
 
 def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int | None = None,
                steps: int | None = None, link_bytes_per_s: float | None = DEFAULT_LINK_BYTES_PER_S,
-               device: torch.device | str = "cpu", quick: bool = False, rounds: int = 2, seed: int = 0,
+               device: torch.device | str = "cpu", quick: bool = False, seed: int = 0,
                lr: float = 1e-3) -> dict[str, Any]:
     """Tokens per second of in-memory training (the plain model, no budget) and of swapped training with a device
     budget of ``budget_fraction`` x the model's parameter bytes, same model, same batches, same Adam step on the
-    host parameters, measured in this process in ``rounds`` alternating rounds (fair on a shared machine). Also:
-    the plan, the swap counters, the peak device bytes, and both runs' losses (they train identically).
+    host parameters, measured in this process step by step, alternating (step ``i`` of one, then of the other,
+    the order flipped every step), after a warm-up step each. The rates are from the **median** step time (robust
+    to the spikes of a shared machine; ``mean_*`` from the total). Also: the plan, the swap counters, the peak
+    device bytes, and both runs' losses (they train identically).
     Defaults: :data:`BENCH` (``quick``: :data:`QUICK`). On CUDA the in-memory baseline is the model on the GPU with
     its optimizer there; the swapped run steps the host parameters on the CPU."""
     from components.decentral.model import Corpus, build_model, lm_loss, model_layers, parameter_bytes
@@ -1106,7 +1110,6 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     config = _config(preset["config"] if config is None else config)
     batch = int(preset["batch"] if batch is None else batch)
     steps = int(preset["steps"] if steps is None else steps)
-    rounds = max(1, min(int(rounds), steps))
     device = torch.device(device)
     corpus = Corpus(seed, context=config.context)
     batches = [corpus.batch(0, step, batch) for step in range(steps + 1)]  # batch 0 warms up
@@ -1144,34 +1147,30 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
         link.reset_counters()
         swapped.counters = _Counters()
         losses: dict[str, list[float]] = {"in_memory": [], "swapped": []}
-        seconds = {"in_memory": 0.0, "swapped": 0.0}
-        per_round = [len(chunk) for chunk in _split(steps, rounds)]
-        done = 1
-        for count in per_round:
-            for name, step in (("in_memory", plain_step), ("swapped", swapped_step)):
+        times: dict[str, list[float]] = {"in_memory": [], "swapped": []}
+        runs = (("in_memory", plain_step), ("swapped", swapped_step))
+        for i in range(1, steps + 1):
+            for name, step in runs if i % 2 else runs[::-1]:
                 start = time.perf_counter()
-                for i in range(done, done + count):
-                    losses[name].append(step(*batches[i]))
-                seconds[name] += time.perf_counter() - start
-            done += count
+                losses[name].append(step(*batches[i]))
+                times[name].append(time.perf_counter() - start)
         summary = swapped.timeline_summary()
-    tokens = steps * batch * config.context
-    in_memory, swapped_rate = tokens / seconds["in_memory"], tokens / seconds["swapped"]
+    tokens = batch * config.context
+    rate = {name: tokens / statistics.median(values) for name, values in times.items()}
+    mean = {name: tokens * steps / sum(values) for name, values in times.items()}
     return {
         "config": config.as_dict(), "device": str(device), "batch": batch, "steps": steps, "tokens_per_step":
-        batch * config.context, "model_bytes": model_bytes, "budget_bytes": budget, "budget_fraction":
-        budget_fraction, "link_bytes_per_s": link.bytes_per_s, "in_memory_tokens_per_s": in_memory,
-        "swapped_tokens_per_s": swapped_rate, "ratio": swapped_rate / in_memory, "seconds": seconds,
+        tokens, "model_bytes": model_bytes, "budget_bytes": budget, "budget_fraction": budget_fraction,
+        "link_bytes_per_s": link.bytes_per_s, "in_memory_tokens_per_s": rate["in_memory"],
+        "swapped_tokens_per_s": rate["swapped"], "ratio": rate["swapped"] / rate["in_memory"],
+        "mean_in_memory_tokens_per_s": mean["in_memory"], "mean_swapped_tokens_per_s": mean["swapped"],
+        "mean_ratio": mean["swapped"] / mean["in_memory"], "step_seconds": times,
+        "seconds": {name: sum(values) for name, values in times.items()},
         "plan": plan.as_dict(), "counters": summary["counters"], "memory": summary["memory"],
         "link": summary["link"], "final_losses": {k: v[-1] for k, v in losses.items()},
         "max_loss_difference": max(abs(a - b) for a, b in zip(losses["in_memory"], losses["swapped"], strict=True)),
         "profiles": [p.as_dict() for p in profiles],
     }
-
-
-def _split(total: int, parts: int) -> list[range]:
-    bounds = [round(i * total / parts) for i in range(parts + 1)]
-    return [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual benchmark: python -m components.decentral.swap [quick]
@@ -1180,6 +1179,6 @@ if __name__ == "__main__":  # pragma: no cover - a manual benchmark: python -m c
 
     result = throughput(quick="quick" in sys.argv[1:])
     print(result["plan"]["description"])
-    print(json.dumps({k: result[k] for k in ("in_memory_tokens_per_s", "swapped_tokens_per_s", "ratio", "seconds",
-                                             "final_losses", "max_loss_difference", "counters", "memory")},
-                     indent=1))
+    keys = ("in_memory_tokens_per_s", "swapped_tokens_per_s", "ratio", "mean_ratio", "seconds", "final_losses",
+            "max_loss_difference", "counters", "memory")
+    print(json.dumps({k: result[k] for k in keys}, indent=1))

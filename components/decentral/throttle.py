@@ -369,7 +369,7 @@ class ThrottledProxy:
                     self._count(len(data), to_target)
                     await writer.drain()
                 else:
-                    await queue.put((loop.time() + self.latency_s, data))
+                    await _put_unless_failed(queue, (loop.time() + self.latency_s, data), deliver)
             if queue is not None and deliver is not None:
                 await queue.put(None)
                 await deliver
@@ -396,6 +396,21 @@ class ThrottledProxy:
             self.bytes_to_target += n
         else:
             self.bytes_from_target += n
+
+
+async def _put_unless_failed(queue: asyncio.Queue, item, deliver: asyncio.Task) -> None:
+    """``queue.put(item)``, unless the task that empties the queue failed (then its error, not a hang)."""
+    if queue.full():
+        put = asyncio.ensure_future(queue.put(item))
+        await asyncio.wait({put, deliver}, return_when=asyncio.FIRST_COMPLETED)
+        if put.done():
+            return
+        put.cancel()
+    elif not deliver.done():
+        queue.put_nowait(item)
+        return
+    deliver.result()  # raises the delivery's error
+    raise ConnectionError("the connection's delivery stopped")
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:

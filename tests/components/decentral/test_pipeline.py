@@ -11,6 +11,7 @@ import multiprocessing as mp
 import socket
 import struct
 import threading
+import time
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch
 from components.decentral.model import ModelConfig, build_model
 from components.decentral.pipeline import (
     HEADER,
+    HELLO_BYTES,
     KIND_ACTIVATION,
     KIND_GRADIENT,
     PipelineError,
@@ -147,8 +149,8 @@ def test_the_pipeline_trains_exactly_like_one_process():
     # Two links, each carrying the activations forward and their gradients back, one frame per micro-batch.
     frame = frame_bytes([size, TINY.context, TINY.width])
     assert result["frame_bytes"] == frame
-    assert result["bytes_forward"] == result["bytes_backward"] == 2 * steps * M * frame
-    assert result["bytes"] == 4 * steps * M * frame
+    assert result["bytes_forward"] == 2 * (HELLO_BYTES + steps * M * frame)  # the token opens each link
+    assert result["bytes_backward"] == 2 * steps * M * frame
     assert result["tokens"] == steps * M * size * TINY.context
     assert result["tokens_per_s"] > 0 and len(result["step_s"]) == steps
     bounds = result["partition"]
@@ -165,7 +167,8 @@ def test_the_static_schedules_match_one_process(schedule):
     assert result["schedule"] == schedule
     _check_against_one_process(result, micro_batches=M, micro_batch_size=size, steps=steps, lr=1e-3)
     frame = frame_bytes([size, TINY.context, TINY.width])
-    assert result["bytes_forward"] == result["bytes_backward"] == steps * M * frame
+    assert result["bytes_forward"] == HELLO_BYTES + steps * M * frame
+    assert result["bytes_backward"] == steps * M * frame
     assert result["partition"] == [(0, 2), (2, 4)]
 
 
@@ -188,3 +191,26 @@ def test_the_timeout_kills_the_stages():
     with pytest.raises(TimeoutError, match="before the deadline"):
         run_pipeline(TINY, stages=2, micro_batches=2, micro_batch_size=2, steps=1, mbit=None, timeout_s=0.2)
     _no_leftovers()
+
+
+def test_a_stage_trusts_only_the_connection_with_the_token():
+    from components.decentral.pipeline import _accept_stage
+
+    token = bytes(range(HELLO_BYTES))
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stray = socket.create_connection(("127.0.0.1", port))
+    stray.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    good = socket.create_connection(("127.0.0.1", port))
+    good.sendall(token + b"after")
+    try:
+        accepted = _accept_stage(server, token, deadline=time.monotonic() + 30)
+        with accepted:
+            assert accepted.recv(5) == b"after"
+        try:  # the stray one was closed (a reset: it had sent bytes nobody read)
+            assert stray.recv(10) == b""
+        except ConnectionResetError:
+            pass
+    finally:
+        for sock in (stray, good, server):
+            sock.close()

@@ -38,6 +38,11 @@ def test_workers_above_the_swarm_maximum_are_refused():
     assert kind.accepts_tokens and kind.accepts_participants and kind.elastic_ranks
     with pytest.raises(SpecError):
         kind.validate({"model": None})
+    with pytest.raises(SpecError) as refused:
+        kind.validate({"peers": {"max": None}, "averaging": {"period_s": None}, "swap": {"pcie_gbps": None},
+                       "faults": {"corrupt": {"mode": None}}})
+    assert {"spec.peers.max", "spec.averaging.period_s", "spec.swap.pcie_gbps",
+            "spec.faults.corrupt.mode"} <= set(refused.value.errors)
 
 
 JOB = {"id": "j1", "kind": "decentralized-train", "state": "RUNNING",

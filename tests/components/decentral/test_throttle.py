@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import os
 import socket
+import struct
 import threading
 import time
 
@@ -278,6 +279,42 @@ def test_latency_delays_each_way(echo):
                 got += client.recv(4)
             assert got == b"ping"
             assert time.monotonic() - started >= 0.29  # there and back
+
+
+def test_latency_and_throttle_together_keep_the_bytes_intact(echo):
+    payload = os.urandom(600_000)
+    with ThrottledProxy("127.0.0.1", echo.port, mbit=40, latency_ms=20, chunk_bytes=4096) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=60) as client:
+            sender = threading.Thread(target=lambda: (client.sendall(payload), client.shutdown(socket.SHUT_WR)))
+            sender.start()
+            assert _recv_all(client) == payload
+            sender.join(60)
+
+
+def test_a_target_that_resets_drops_the_connection_instead_of_hanging():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def reset_after_a_little():
+        conn, _ = listener.accept()
+        conn.recv(1000)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # an abortive close: a reset
+
+    thread = threading.Thread(target=reset_after_a_little, daemon=True)
+    thread.start()
+    try:
+        with ThrottledProxy("127.0.0.1", listener.getsockname()[1], latency_ms=10, chunk_bytes=1000) as proxy:
+            client = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+            with client:
+                with contextlib.suppress(OSError):  # a broken pipe or a reset while sending is fine
+                    for _ in range(2000):
+                        client.sendall(b"q" * 1000)
+                with contextlib.suppress(ConnectionResetError):
+                    assert client.recv(10) == b""
+            _wait_for(lambda: proxy.connections_open == 0, what="the proxy to drop the connection")
+    finally:
+        listener.close()
+        thread.join(10)
 
 
 def test_stop_closes_every_connection_and_leaves_no_thread(echo):
