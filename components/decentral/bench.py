@@ -31,40 +31,62 @@ SAY = progress("decentral: ")
 
 def _swarm_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peers: int = 4) -> dict[str, Any]:
     from components.decentral.local import LocalSwarm
-    from components.decentral.model import ModelConfig, build_model, parameter_bytes
-    from components.decentral.throttle import ThrottledProxy, free_port
+    from components.decentral.model import ModelConfig
+    from components.decentral.throttle import throttled_mesh
 
     config = ModelConfig.named(model)
-    budget_mb = parameter_bytes(build_model(config)) / 4 / 2**20
+    budget_mb = _swarm_budget_mb(config, batch=32)
     steps = 30 if quick else 80
-    spec = {"model": model, "steps": steps, "batch_size": 8, "peers": {"min": peers, "max": peers},
+    # 32 windows a peer a step: 4 peers take the 128 windows one pipeline step does (16 micro-batches of 8).
+    spec = {"model": model, "steps": steps, "batch_size": 32, "peers": {"min": peers, "max": peers},
             "averaging": {"period_s": 5.0 if quick else 10.0}, "swap": {"budget_mb": budget_mb, "pcie_gbps": 16.0},
             "eval_every": 10_000}
-    proxies = []
-    with tempfile.TemporaryDirectory(prefix="strata-bench-swarm-") as folder, LocalSwarm(folder, spec) as swarm:
-        for index in range(peers):
-            port = free_port()
-            proxy = ThrottledProxy("127.0.0.1", port, mbit=mbit).start()
-            proxies.append(proxy)
-            announce = int(proxy.address.rsplit(":", 1)[1])
-            info = swarm.start(f"p{index}", listen_port=port, announce_port=announce, wait=index == 0)
+    with tempfile.TemporaryDirectory(prefix="strata-bench-swarm-") as folder, \
+            throttled_mesh(peers, mbit) as mesh, LocalSwarm(folder, spec) as swarm:
+        for index, link in enumerate(mesh):
+            info = swarm.start(f"p{index}", listen_port=link.listen_port, announce_port=link.proxy.port,
+                               wait=index == 0)
             if "error" in info:
                 raise RuntimeError(f"peer p{index} did not start: {info['error']}")
         for index in range(1, peers):
             swarm.wait_ready(f"p{index}")
         swarm.wait(1800)
         results = [swarm.result(f"p{index}") for index in range(peers)]
-        sent = sum(proxy.bytes_total for proxy in proxies)
-        for proxy in proxies:
-            proxy.stop()
+        sent = sum(link.bytes_sent for link in mesh)
     if any(result is None or "error" in result for result in results):
         raise RuntimeError(f"a swarm peer failed: {results}")
     tokens = sum(result["samples"] for result in results) * config.context
-    wall = max(result["wall_s"] for result in results)
+    wall = max(result["train_s"] or result["wall_s"] for result in results)  # from the start of training
     return {"tokens_per_s": tokens / wall, "wall_s": wall, "tokens": tokens, "bytes_through_links": sent,
+            "device_budget_mb": budget_mb,
             "rounds_ok": [result["rounds_ok"] for result in results],
             "rounds_failed": [result["rounds_failed"] for result in results],
             "test_loss": [result["test_loss"] for result in results]}
+
+
+def _swarm_budget_mb(config, batch: int) -> float:
+    """Each Atom peer's device budget: a quarter of the model's parameters, or the smallest budget any swap plan
+    fits when that is larger (a pair of neighbouring layers, their gradients and activations must fit)."""
+    import re
+
+    import torch
+
+    from components.decentral import swap
+    from components.decentral.model import Corpus, build_model, lm_loss, model_layers, parameter_bytes
+
+    model = build_model(config)
+    quarter = parameter_bytes(model) / 4
+    inputs, targets = Corpus(0, config.context).batch("probe", 0, batch)
+    profiles = swap.profile_layers(model_layers(model), inputs, device=torch.device("cpu"),
+                                   link=swap.HostLink(torch.device("cpu"), 16e9 / 8), targets=targets, loss_fn=lm_loss)
+    try:
+        swap.plan_segments(profiles, int(quarter))
+        return quarter / 2**20
+    except swap.SwapPlanError as error:
+        found = re.search(r"smallest budget any plan fits is ([0-9.]+) MB", str(error))
+        if not found:
+            raise
+        return float(found.group(1)) * 1.02
 
 
 def _optimizer_peer(index: int, model: str, steps: int, batch: int, peers: int, listen_port: int, announce_port: int,
@@ -112,24 +134,19 @@ def _optimizer_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peer
     import multiprocessing as mp
 
     from components.decentral.model import ModelConfig
-    from components.decentral.throttle import ThrottledProxy, free_port
+    from components.decentral.throttle import throttled_mesh
 
     steps = 30 if quick else 80
     context = mp.get_context("fork")
     queue = context.Queue()
     barrier = context.Barrier(peers)
-    proxies, processes = [], []
-    with tempfile.TemporaryDirectory(prefix="strata-bench-hm-") as folder:
+    processes = []
+    with tempfile.TemporaryDirectory(prefix="strata-bench-hm-") as folder, throttled_mesh(peers, mbit) as mesh:
         try:
-            for index in range(peers):
-                port = free_port()
-                proxy = ThrottledProxy("127.0.0.1", port, mbit=mbit).start()
-                proxies.append(proxy)
+            for index, link in enumerate(mesh):
                 initial = [] if index == 0 else queue.get(timeout=120)
-                if index == 0:
-                    initial = []
                 process = context.Process(target=_optimizer_peer, args=(
-                    index, model, steps, 8, peers, port, int(proxy.address.rsplit(":", 1)[1]), initial, queue,
+                    index, model, steps, 32, peers, link.listen_port, link.proxy.port, initial, queue,
                     f"{folder}/{index}.json", barrier))
                 process.start()
                 processes.append(process)
@@ -141,8 +158,6 @@ def _optimizer_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peer
                 if process.is_alive():
                     process.kill()
                     process.join(10)
-            for proxy in proxies:
-                proxy.stop()
     context_len = ModelConfig.named(model).context
     tokens = sum(result["samples"] for result in results) * context_len
     wall = max(result["wall_s"] for result in results)
@@ -152,7 +167,9 @@ def _optimizer_tokens_per_s(mbit: float | None, *, quick: bool, model: str, peer
 def _pipeline_tokens_per_s(mbit: float | None, *, quick: bool, model: str) -> dict[str, Any]:
     from components.decentral.pipeline import run_pipeline
 
-    result = run_pipeline(model, stages=4, micro_batches=8, micro_batch_size=4, steps=3 if quick else 8,
+    # GPipe's rule of thumb (micro-batches >= 4 x stages), 8 windows each; the eager schedule (the strongest of
+    # the three the baseline has: activations and gradients use a link both ways at once).
+    result = run_pipeline(model, stages=4, micro_batches=16, micro_batch_size=8, steps=3 if quick else 8,
                           mbit=mbit)
     return {key: result[key] for key in ("tokens_per_s", "steady_tokens_per_s", "step_s") if key in result}
 
@@ -198,7 +215,7 @@ def part_swap(quick: bool, runs: int) -> tuple[list[Figure], dict[str, Any]]:
     results = []
     for run in range(runs):
         SAY(f"swapping, run {run + 1}/{runs}")
-        results.append(throughput(quick=quick))
+        results.append(throughput(quick=quick, threads=1))  # one thread: steadier on a shared 2-core machine
     ratios = [result["ratio"] for result in results]
     swapped = statistics.median(r["swapped_tokens_per_s"] for r in results)
     plain = statistics.median(r["in_memory_tokens_per_s"] for r in results)

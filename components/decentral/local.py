@@ -69,7 +69,13 @@ class LocalSwarm:
     def __init__(self, workdir: Path | str, spec: dict[str, Any] | None = None, job: str = "local-swarm"):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.spec = json.loads(json.dumps({**DEFAULT_SPEC, **(spec or {})}))
+        from components.decentral.spec import DecentralizedTrainSpec
+
+        merged = json.loads(json.dumps(DEFAULT_SPEC))
+        for key, value in (spec or {}).items():  # one level deep: {"averaging": {"period_s": 5}} keeps the rest
+            merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key),
+                                                                                           dict) else value
+        self.spec = DecentralizedTrainSpec().validate(merged)
         self.job = job
         self.seed = secrets.token_bytes(32)
         self.context = mp.get_context("fork")  # hivemind's own processes are forked from each peer

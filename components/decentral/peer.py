@@ -558,6 +558,7 @@ class SwarmPeer:
         """Train until ``steps`` local steps are done, the target loss is reached or a stop is asked for."""
         config = self.config
         self.wait_for_peers()
+        self.training_started = time.time()
         last_report = 0.0
         while self.step < config.steps and not self._stopping():
             began = time.perf_counter()
@@ -646,7 +647,9 @@ class SwarmPeer:
         return payload
 
     def summary(self) -> dict[str, Any]:
+        started = getattr(self, "training_started", None)
         return {"name": self.config.name, "steps": self.step, "samples": self.samples, "loss": self.loss_ema,
+                "train_s": (time.time() - started) if started else None,
                 "test_loss": self.test_loss, "rounds_ok": self.rounds_ok, "rounds_failed": self.rounds_failed,
                 "rounds": list(self.rounds), "rejections": list(self.rejections), "downloaded": self.downloaded}
 

@@ -183,14 +183,17 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _memcpy(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of a CPU tensor by one plain ``memcpy`` (ctypes releases the GIL). Not ``clone``: in the prefetch
-    thread that would start a second OpenMP team, whose spin-waiting threads fight the compute thread's team for
-    the cores (steps ran many times slower on 2 cores)."""
+def _memcpy(tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A copy of a CPU tensor (into ``out`` if given) by one plain ``memcpy`` (ctypes releases the GIL). Not
+    ``clone``: in the prefetch thread that would start a second OpenMP team, whose spin-waiting threads fight the
+    compute thread's team for the cores (steps ran many times slower on 2 cores)."""
     tensor = tensor.detach()
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return tensor.clone()
-    copy = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        if out is None:
+            return tensor.clone()
+        with torch.no_grad():
+            return out.copy_(tensor)
+    copy = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
     if tensor.numel():
         ctypes.memmove(copy.data_ptr(), tensor.data_ptr(), _nbytes(tensor))
     return copy
@@ -222,6 +225,9 @@ class HostLink:
         self._free_at = {"h2d": 0.0, "d2h": 0.0}
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._bandwidth: float | None = None
+        # CPU emulation: the device's memory arena -- released parameter copies, reused by shape and dtype, as a
+        # GPU's caching allocator would (fresh host allocations would page-fault on every load).
+        self._arena: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -274,7 +280,8 @@ class HostLink:
     def load(self, tensors: Sequence[torch.Tensor], kind: str = "parameters") -> tuple[list[torch.Tensor], Any]:
         """Copy ``tensors`` to the device as one transfer: ``(copies, event)``; ``event`` is the CUDA event after
         the copies (``None`` on CPU) -- the caller passes it to :meth:`wait` before computing with them. On CUDA
-        this waits for the copies (call it from a prefetch thread)."""
+        this waits for the copies (call it from a prefetch thread). On CPU the copies reuse tensors given back
+        with :meth:`recycle`."""
         started = time.perf_counter()
         nbytes = sum(_nbytes(t) for t in tensors)
         event = None
@@ -285,10 +292,30 @@ class HostLink:
                 event.record(self.stream)
             event.synchronize()
         else:
-            copies = [_memcpy(t) for t in tensors]
+            copies = [_memcpy(t, self._reuse(t)) for t in tensors]
         self._occupy("h2d", nbytes, started)
         self._count(f"h2d:{kind}", nbytes)
         return copies, event
+
+    def _reuse(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        with self._lock:
+            free = self._arena.get((tuple(tensor.shape), tensor.dtype))
+            return free.pop() if free else None
+
+    def recycle(self, copies: Sequence[torch.Tensor]) -> None:
+        """Give device copies nothing references any more back to the emulated device's arena (CPU; on CUDA the
+        caching allocator does this)."""
+        if self.cuda:
+            return
+        with self._lock:
+            for tensor in copies:
+                tensor.grad = None
+                self._arena.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor)
+
+    def clear(self) -> None:
+        """Empty the emulated arena."""
+        with self._lock:
+            self._arena.clear()
 
     def wait(self, copies: Sequence[torch.Tensor], event: Any) -> None:
         """Order the current (compute) stream after a load's copies (CUDA; nothing on CPU)."""
@@ -306,6 +333,22 @@ class HostLink:
         self._occupy("d2h", nbytes, started)
         self._count(f"d2h:{kind}", nbytes)
         return host
+
+    def accumulate(self, target: torch.Tensor | None, gradient: torch.Tensor) -> torch.Tensor:
+        """Bring a device ``gradient`` to host memory and add it into ``target`` (a host tensor, or ``None``:
+        then a host copy is returned). On CPU the add reads the device copy directly (the transfer and the add
+        in one pass)."""
+        started = time.perf_counter()
+        nbytes = _nbytes(gradient)
+        with torch.no_grad():
+            if self.cuda:
+                host = gradient.detach().to("cpu")
+                result = host if target is None else target.add_(host)
+            else:
+                result = _memcpy(gradient) if target is None else target.add_(gradient)
+        self._occupy("d2h", nbytes, started)
+        self._count("d2h:gradients", nbytes)
+        return result
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -804,6 +847,7 @@ class SwappedModel:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self.link.clear()
 
     def __enter__(self) -> SwappedModel:
         return self
@@ -860,6 +904,7 @@ class SwappedModel:
     def _release(self, copy: _Copy | None) -> None:
         if copy is not None:
             self.memory.free(copy.nbytes, "parameters")
+            self.link.recycle(list(copy.all()))
             copy.tensors.clear()
 
     # ---- windows
@@ -944,14 +989,10 @@ class SwappedModel:
                 for name, tensor in tensors.items():
                     if tensor.grad is None:
                         continue
-                    gradient = self.link.offload(tensor.grad, "gradients")
-                    self.counters.gradient_bytes += _nbytes(gradient)
-                    tensor.grad = None
                     target = host[name]
-                    if target.grad is None:
-                        target.grad = gradient.to(target.dtype)
-                    else:
-                        target.grad.add_(gradient)
+                    target.grad = self.link.accumulate(target.grad, tensor.grad)
+                    self.counters.gradient_bytes += _nbytes(tensor.grad)
+                    tensor.grad = None
 
     # ---- calls
 
@@ -1094,8 +1135,8 @@ def _config(config: Any):
 
 def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int | None = None,
                steps: int | None = None, link_bytes_per_s: float | None = DEFAULT_LINK_BYTES_PER_S,
-               device: torch.device | str = "cpu", quick: bool = False, seed: int = 0,
-               lr: float = 1e-3) -> dict[str, Any]:
+               device: torch.device | str = "cpu", quick: bool = False, seed: int = 0, lr: float = 1e-3,
+               threads: int | None = None) -> dict[str, Any]:
     """Tokens per second of in-memory training (the plain model, no budget) and of swapped training with a device
     budget of ``budget_fraction`` x the model's parameter bytes, same model, same batches, same Adam step on the
     host parameters, measured in this process step by step, alternating (step ``i`` of one, then of the other,
@@ -1103,7 +1144,29 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     to the spikes of a shared machine; ``mean_*`` from the total). Also: the plan, the swap counters, the peak
     device bytes, and both runs' losses (they train identically).
     Defaults: :data:`BENCH` (``quick``: :data:`QUICK`). On CUDA the in-memory baseline is the model on the GPU with
-    its optimizer there; the swapped run steps the host parameters on the CPU."""
+    its optimizer there; the swapped run steps the host parameters on the CPU.
+
+    ``threads``: torch's intra-op threads for both runs (restored afterwards; ``None``: as they are). On CPU the
+    prefetch thread's copies -- a GPU's copy engine -- take a core from the compute, and on a shared machine
+    OpenMP teams as wide as the cores stall whenever one of their threads is descheduled: with one thread per core
+    the measurements scatter widely (ratios from 0.2 to 1.9 on a loaded 2-core machine); ``threads=1`` leaves the
+    second core to the copies and gives steady figures."""
+    if threads is None:
+        return _throughput(config, budget_fraction=budget_fraction, batch=batch, steps=steps,
+                           link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr)
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        result = _throughput(config, budget_fraction=budget_fraction, batch=batch, steps=steps,
+                             link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr)
+    finally:
+        torch.set_num_threads(before)
+    return {**result, "threads": int(threads)}
+
+
+def _throughput(config: Any, *, budget_fraction: float, batch: int | None, steps: int | None,
+                link_bytes_per_s: float | None, device: torch.device | str, quick: bool, seed: int,
+                lr: float) -> dict[str, Any]:
     from components.decentral.model import Corpus, build_model, lm_loss, model_layers, parameter_bytes
 
     preset = QUICK if quick else BENCH
@@ -1159,7 +1222,7 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     rate = {name: tokens / statistics.median(values) for name, values in times.items()}
     mean = {name: tokens * steps / sum(values) for name, values in times.items()}
     return {
-        "config": config.as_dict(), "device": str(device), "batch": batch, "steps": steps, "tokens_per_step":
+        "config": config.as_dict(), "device": str(device), "threads": torch.get_num_threads(), "batch": batch, "steps": steps, "tokens_per_step":
         tokens, "model_bytes": model_bytes, "budget_bytes": budget, "budget_fraction": budget_fraction,
         "link_bytes_per_s": link.bytes_per_s, "in_memory_tokens_per_s": rate["in_memory"],
         "swapped_tokens_per_s": rate["swapped"], "ratio": rate["swapped"] / rate["in_memory"],
@@ -1173,11 +1236,11 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     }
 
 
-if __name__ == "__main__":  # pragma: no cover - a manual benchmark: python -m components.decentral.swap [quick]
+if __name__ == "__main__":  # pragma: no cover - python -m components.decentral.swap [quick] [one-thread]
     import json
     import sys
 
-    result = throughput(quick="quick" in sys.argv[1:])
+    result = throughput(quick="quick" in sys.argv[1:], threads=1 if "one-thread" in sys.argv[1:] else None)
     print(result["plan"]["description"])
     keys = ("in_memory_tokens_per_s", "swapped_tokens_per_s", "ratio", "mean_ratio", "seconds", "final_losses",
             "max_loss_difference", "counters", "memory")
