@@ -42,11 +42,12 @@ class UpdateGuard:
     """Judges a slice of parameters another peer sent against this peer's own values for the same slice.
 
     ``check(part, reference)`` returns None for an acceptable part, else a one-line reason: non-finite values, a
-    shape mismatch, or ``‖part - reference‖ > max_ratio * (‖reference‖ + eps * sqrt(n))`` (honest peers drift
-    apart by a few local steps between rounds, a small fraction of the weights' norm; a ×1e6 update is many
-    orders of magnitude past any ratio worth allowing)."""
+    shape mismatch, or ``‖part - reference‖ > max_ratio * (‖reference‖ + eps * sqrt(n))``. Honest peers drift
+    apart by a few local steps between rounds: a small fraction of the weights' norm, or, for a part whose values
+    are near zero (a bias or a norm's shift at the start), a few hundredths per value, which the absolute floor
+    ``eps`` (per value, RMS) covers. A ×1e6 update is orders of magnitude past either."""
 
-    def __init__(self, max_ratio: float = 10.0, eps: float = 1e-3):
+    def __init__(self, max_ratio: float = 10.0, eps: float = 0.05):
         self.max_ratio = float(max_ratio)
         self.eps = float(eps)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import secrets
 import signal
 import time
@@ -63,6 +62,22 @@ def _peer_main(name: str, spec: dict[str, Any], job: str, seed: bytes, credentia
         peer.close()
 
 
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        victims = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for victim in victims:
+        try:
+            victim.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+
+
 class LocalSwarm:
     """Start peers with :meth:`start`; the first one founds the swarm, later ones bootstrap from the first."""
 
@@ -113,9 +128,11 @@ class LocalSwarm:
         raise TimeoutError(f"peer {name} did not start in {timeout:g} s")
 
     def kill(self, name: str) -> None:
+        """A crash of the peer's machine: SIGKILL to the peer and to everything it started (hivemind's DHT and
+        averager processes, the p2p daemon), so nothing of it lingers (its children would otherwise keep the
+        process's sentinel open, and a join would wait for them)."""
         process = self.processes[name]
-        if process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
+        _kill_tree(process.pid)
         process.join(10)
         self.info.pop(name, None)
 
@@ -135,7 +152,7 @@ class LocalSwarm:
         for process in self.processes.values():
             process.join(10)
             if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
+                _kill_tree(process.pid)
                 process.join(5)
         self.ready.close()
 

@@ -270,6 +270,7 @@ class SwarmPeer:
         self.deadlines = Deadlines(config.period_s)
         self.started_at = time.time()
         self.downloaded: dict[str, Any] | None = None
+        self.history: deque[tuple[float, int, float]] = deque(maxlen=1000)  # (time, step, held-out loss)
         self._stop = threading.Event()
         self.dht = None
         self.averager = None
@@ -571,6 +572,7 @@ class SwarmPeer:
                 self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
             if self.step % config.eval_every == 0 or self.step == config.steps:
                 self.test_loss = evaluate(self.model, self.corpus)
+                self.history.append((time.time(), self.step, self.test_loss))
                 if config.target_loss is not None and self.test_loss <= config.target_loss:
                     self.io.log(f"held-out loss {self.test_loss:.3f} reached the target {config.target_loss:g}")
                     break
@@ -651,7 +653,8 @@ class SwarmPeer:
         return {"name": self.config.name, "steps": self.step, "samples": self.samples, "loss": self.loss_ema,
                 "train_s": (time.time() - started) if started else None,
                 "test_loss": self.test_loss, "rounds_ok": self.rounds_ok, "rounds_failed": self.rounds_failed,
-                "rounds": list(self.rounds), "rejections": list(self.rejections), "downloaded": self.downloaded}
+                "rounds": list(self.rounds), "rejections": list(self.rejections), "downloaded": self.downloaded,
+                "history": list(self.history)}
 
     def close(self) -> None:
         self._stop.set()

@@ -22,6 +22,10 @@ def test_guard_accepts_honest_drift_and_refuses_nan_and_huge_updates():
     huge = local + 1e6 * 0.01 * torch.randn(1000)
     assert "out of scale" in guard.check(huge, local)
     assert "shape" in guard.check(torch.zeros(10), local)
+    # A part that starts at zero (a bias) drifts apart by a few hundredths per value between honest peers.
+    bias = torch.zeros(64)
+    assert guard.check(bias + 0.05 * torch.randn(64), bias + 0.01 * torch.randn(64)) is None
+    assert "out of scale" in guard.check(bias + 1e6 * 0.003 * torch.randn(64), bias)
     assert guard.check_delta(torch.zeros(1000), local) is None
     assert "out of scale" in guard.check_delta(1e6 * torch.ones(1000), local)
 
