@@ -88,29 +88,18 @@ class PipelineError(RuntimeError):
 
 def partition(sizes: Sequence[int], stages: int) -> list[tuple[int, int]]:
     """Split ``sizes`` (one per layer, in order) into ``stages`` contiguous non-empty ranges ``[lo, hi)`` so that
-    the largest range sum is as small as possible (ties: the earliest such split)."""
+    the largest range sum is as small as possible (ties: the earliest such split): gpushare's exact partition
+    (:func:`components.gpushare.stages.partition`), as ranges."""
+    from components.gpushare.stages import partition as balanced
+
     n = len(sizes)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot split {n} layers into {stages} stages (1 to {n})")
-    prefix = [0]
-    for size in sizes:
-        prefix.append(prefix[-1] + int(size))
-    # best[k][i]: the smallest largest-sum splitting the first i layers into k stages; cut[k][i]: its last cut.
-    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0
-    for k in range(1, stages + 1):
-        for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                value = max(best[k - 1][j], prefix[i] - prefix[j])
-                if value < best[k][i]:
-                    best[k][i], cut[k][i] = value, j
-    bounds, i = [], n
-    for k in range(stages, 0, -1):
-        j = cut[k][i]
-        bounds.append((j, i))
-        i = j
-    return bounds[::-1]
+    bounds, low = [], 0
+    for count in balanced([float(size) for size in sizes], stages):
+        bounds.append((low, low + count))
+        low += count
+    return bounds
 
 
 def frame_bytes(shape: Sequence[int], element_size: int = 4) -> int:
