@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # The built-in plugins. This list is the one place the core names them.
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "components.train.plugin:PLUGIN",
+    "components.embeddings.plugin:PLUGIN",
     "components.serving.plugin:PLUGIN",
     "components.gpushare.plugin:PLUGIN",
     "components.tuning.plugin:PLUGIN",

@@ -18,12 +18,13 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class SourceRef:
     """A job this spec reads from: ``job`` (an id) at ``field``, which must be a ``kind`` job of the same team
-    that SUCCEEDED and stored ``artifact``. The control plane checks it at submit; the node downloads the
-    artifact through ``Context.source_artifact``."""
+    that SUCCEEDED and stored ``artifact``. ``kind`` None accepts a job of any kind whose ``KindSpec.products``
+    names ``artifact`` (a model file several kinds write in one self-describing format). The control plane checks
+    it at submit; the node downloads the artifact through ``Context.source_artifact``."""
 
     field: str
     job: str
-    kind: str
+    kind: str | None
     artifact: str
 
 
@@ -62,6 +63,9 @@ class KindSpec(abc.ABC):
     # credentials for the job (``components.runtime.credentials``); what it needs to start comes from
     # :meth:`participant_payload`.
     accepts_participants: ClassVar[bool] = False
+    # Artifacts a SUCCEEDED job of this kind may have stored in a format other kinds read (e.g. a self-describing
+    # "model.pt"): a kind that reads sources with ``SourceRef(kind=None, artifact=...)`` accepts any kind listing it.
+    products: ClassVar[tuple[str, ...]] = ()
 
     def progress_rows(self, answer: Any) -> tuple[str, list[tuple[str, str]]]:
         """``(header, [(row key, row text)])`` from what :attr:`progress_route` answered."""

@@ -18,7 +18,8 @@ AUTH_MODES = ("token", "none")
 BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue", "preempt"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
 BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128, "preempt": True}
-SERVABLE_WORKLOADS = ("cnn-dataset", "cnn-fc", "cnn-synthetic", "mlp-digits", "moe-gpt", "tiny-gpt")  # components.serving.model.servable_workloads()
+SERVABLE_WORKLOADS = ("cnn-dataset", "cnn-fc", "cnn-synthetic", "dlrm-ctr", "dlrm-movielens", "mlp-digits", "moe-gpt",
+                      "tiny-gpt")  # components.serving.model.servable_workloads()
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
@@ -147,7 +148,9 @@ class ServeSpec(KindSpec):
         return spec["slo_ms"] / 1000.0 if spec.get("slo_ms") is not None else spec["request_timeout_s"]
 
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
-        return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind="train", artifact="model.pt")]
+        # Any kind whose jobs write a self-describing model.pt (KindSpec.products): train, and kinds that derive a
+        # model from a trained one (a compressed copy of it, say).
+        return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind=None, artifact="model.pt")]
 
     def source_problem(self, ref: SourceRef, source_spec: dict[str, Any], spec: dict[str, Any] | None = None
                        ) -> str | None:

@@ -10,7 +10,9 @@ from components.runtime.data import option_errors
 from components.runtime.distributed import distributed_errors, normalize, workers_problems
 from components.runtime.spec import Checker, KindSpec
 
-WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc")
+# The last two are the embeddings plugin's DLRMs on CTR data (components.train.workloads.PLUGIN_WORKLOADS).
+WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc",
+                              "dlrm-ctr", "dlrm-movielens")
 # Workloads whose data is a stream of epochs from spec.data.dataset (components.runtime.data.open_epochs).
 STREAMING = ("cnn-dataset",)
 TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
@@ -22,10 +24,14 @@ _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 
 DEFAULT_EPOCHS = 3
 # One tiny-gpt epoch (one pass over the corpus windows) is short; five make a model worth sampling from.
-WORKLOAD_EPOCHS = {"tiny-gpt": 5, "moe-gpt": 5}
+WORKLOAD_EPOCHS = {"tiny-gpt": 5, "moe-gpt": 5, "dlrm-ctr": 2, "dlrm-movielens": 4}
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}
 # "hidden" is the width of each model: MLP hidden units, CNN first-layer channels, transformer model width.
-DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64, "cnn-dataset": 16, "cnn-fc": 16}
+DEFAULT_HIDDEN = {"mlp-digits": 128, "cnn-synthetic": 16, "tiny-gpt": 64, "moe-gpt": 64, "cnn-dataset": 16, "cnn-fc": 16,
+                  "dlrm-ctr": 64, "dlrm-movielens": 64}
+DEFAULT_BATCH_SIZE = 64
+# CTR rows are tiny: large batches (as DLRM trains) keep an epoch of 200,000 rows short.
+WORKLOAD_BATCH_SIZE = {"dlrm-ctr": 1024, "dlrm-movielens": 1024}
 TINY_GPT_HEADS = 4
 
 MAX_EPOCHS = 100_000
@@ -59,9 +65,10 @@ class TrainSpec(KindSpec):
     kind: ClassVar[str] = "train"
     component: ClassVar[str] = "components.train.component:TrainComponent"
     panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
+    products: ClassVar[tuple[str, ...]] = ("model.pt",)  # components.train.model_format
     description: ClassVar[str] = (
         "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt, "
-        "cnn-dataset over a registered dataset) "
+        "cnn-dataset over a registered dataset, dlrm-ctr and dlrm-movielens for click-through rates) "
         "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."
     )
 
@@ -93,8 +100,9 @@ class TrainSpec(KindSpec):
             epochs = WORKLOAD_EPOCHS.get(builtin, DEFAULT_EPOCHS)
         max_steps = check.number("max_steps", None, kind=int, minimum=1, maximum=MAX_STEPS)
         _not_null(check, "batch_size", "seed", "checkpoint_every", "log_every", "optimizer", "options")
+        default_batch = WORKLOAD_BATCH_SIZE.get(builtin, DEFAULT_BATCH_SIZE)
         batch_size = _required(
-            check.number("batch_size", 64, kind=int, minimum=1, maximum=MAX_BATCH_SIZE), 64
+            check.number("batch_size", default_batch, kind=int, minimum=1, maximum=MAX_BATCH_SIZE), default_batch
         )
         optimizer = _required(check.string("optimizer", "adam", choices=OPTIMIZERS), "adam")
         lr = check.number("lr", None, kind=float)
@@ -211,7 +219,9 @@ class TrainSpec(KindSpec):
                     "default": None,
                     "description": "Stop after this many optimizer steps, even within an epoch.",
                 },
-                "batch_size": {"type": "integer", "minimum": 1, "maximum": MAX_BATCH_SIZE, "default": 64},
+                "batch_size": {"type": "integer", "minimum": 1, "maximum": MAX_BATCH_SIZE,
+                               "description": f"Examples per step. Default {DEFAULT_BATCH_SIZE} "
+                                              f"(dlrm-ctr, dlrm-movielens: {WORKLOAD_BATCH_SIZE['dlrm-ctr']})."},
                 "lr": {
                     "type": ["number", "null"],
                     "exclusiveMinimum": 0,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -967,10 +968,41 @@ class CNNDataset(ClassificationWorkload):
         raise NotImplementedError("cnn-dataset reads its data from spec.data.dataset's stream of epochs")
 
 
-BUILTIN_WORKLOADS: dict[str, type[Workload]] = {
-    workload.name: workload for workload in (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload, CNNDataset,
-                                           CNNWideFC)
-}
+# Workloads other plugins build on this module's classes (the embeddings plugin's DLRMs), by "module:attribute"
+# of a {name: Workload class} dict. Imported on first use of the table, never here: they import this module.
+PLUGIN_WORKLOADS: tuple[str, ...] = ("components.embeddings.workload:WORKLOADS",)
+
+
+class WorkloadTable(Mapping[str, type[Workload]]):
+    """The built-in workloads by name: this module's, and on first use those :data:`PLUGIN_WORKLOADS` names."""
+
+    def __init__(self, own: tuple[type[Workload], ...], plugins: tuple[str, ...]):
+        self._table = {workload.name: workload for workload in own}
+        self._plugins = plugins
+        self._loaded = False
+
+    def _all(self) -> dict[str, type[Workload]]:
+        if not self._loaded:
+            from components.runtime.registry import import_path
+
+            for path in self._plugins:
+                for name, workload in import_path(path).items():
+                    self._table.setdefault(name, workload)
+            self._loaded = True
+        return self._table
+
+    def __getitem__(self, name: str) -> type[Workload]:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+BUILTIN_WORKLOADS: Mapping[str, type[Workload]] = WorkloadTable(
+    (MLPDigits, CNNSynthetic, TinyGPTWorkload, MoEGPTWorkload, CNNDataset, CNNWideFC), PLUGIN_WORKLOADS)
 
 
 def builtin_workload(name: str) -> Workload:

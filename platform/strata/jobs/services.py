@@ -160,14 +160,19 @@ def nested_fit_problem(resources: dict, room: list[dict]) -> str | None:
 def check_sources(team, kind: str, spec: dict) -> None:
     """Every job a spec reads from must be a job of ``team`` of the right kind that SUCCEEDED and stored the
     artifact. Another team's job is reported exactly like a missing one."""
-    from components.runtime.registry import get_kind
+    from components.runtime.registry import get_kind, kinds
 
     kind_spec = get_kind(kind)
     for ref in kind_spec.sources(spec):
         source = Job.objects.filter(pk=ref.job, team=team).only("kind", "state", "spec").first()
         if source is None:
             raise SubmitRejected(ref.field, f"no job {ref.job} in team {team.slug}")
-        if source.kind != ref.kind:
+        if ref.kind is None:
+            if ref.artifact not in getattr(kinds().get(source.kind), "products", ()):
+                makers = ", ".join(sorted(name for name, spec in kinds().items() if ref.artifact in spec.products))
+                raise SubmitRejected(ref.field, f"job {ref.job} is a {source.kind} job, which writes no "
+                                                f"{ref.artifact} (kinds that do: {makers or 'none'})")
+        elif source.kind != ref.kind:
             raise SubmitRejected(ref.field, f"job {ref.job} is a {source.kind} job, not a {ref.kind} job")
         if source.state != S.SUCCEEDED:
             raise SubmitRejected(ref.field, f"job {ref.job} is {source.state}; it must have SUCCEEDED")

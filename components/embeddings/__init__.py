@@ -1,0 +1,1 @@
+"""Embedding compression for recommendation models (Saec): a plugin. See docs/components/embeddings.md."""

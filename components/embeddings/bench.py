@@ -1,0 +1,229 @@
+"""``strata bench embeddings``: Saec against the uncompressed model, the hashing trick, QR embeddings and full KMeans.
+
+One run, per dataset (the synthetic CTR set, then MovieLens-100k) and per seed:
+
+1. Train the uncompressed DLRM (Adam, the ``dlrm-*`` workloads' settings) and evaluate it: the reference AUC.
+2. **Ratio ladder.** Compress its tables at each ratio of the ladder (Saec: KMeans on the head, the tail to the
+   nearest centroid), then fine-tune the centroids briefly (``FINETUNE_STEPS``); the figure is the largest ratio
+   whose AUC stays within ``TOLERANCE`` (0.005) of the reference. Plain clustering (no fine-tuning) is recorded too.
+3. **Same bytes.** At the target ratio (20x), train a hashing-trick model and a quotient-remainder model from scratch
+   with exactly Saec's bytes per field (the same epochs, batch, optimizer and seed as the reference) and compare
+   AUCs.
+4. **Clustering time.** Cluster the reference tables at the target ratio's plan with Saec's head-first method and
+   with weighted ``KMeans`` over every seen feature (the baseline), ``TIMING_RUNS`` times each, alternating.
+
+Figures are medians over the seeds (ranges in the JSON). ``--quick`` uses one seed and a smaller CTR set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from components.runtime.benchkit import Figure, document, figures_table, progress, write
+
+TOLERANCE = 0.005
+TARGET_RATIO = 20.0
+LADDERS = {"ctr-synthetic": (10, 15, 20, 25, 30, 40, 50, 60), "movielens-100k": (2, 3, 4, 6, 8, 10, 12)}
+EPOCHS = {"ctr-synthetic": 2, "movielens-100k": 4}
+FINETUNE_STEPS = 200
+FINETUNE_LR = 0.001
+TIMING_RUNS = 3
+HIDDEN = 64
+QUICK_SIZES = (8000, 3000, 1000, 300, 50, 5)
+
+
+def _data(name: str, seed: int, quick: bool):
+    from components.embeddings.datasets import movielens_100k, synthetic_ctr
+
+    if name == "movielens-100k":
+        return movielens_100k(seed)
+    if quick:
+        return synthetic_ctr(seed, sizes=QUICK_SIZES, rows=60_000, test_rows=20_000)
+    return synthetic_ctr(seed)
+
+
+def _reference(data, seed: int, epochs: int):
+    from components.embeddings.model import fit
+    from components.embeddings.workload import DLRMWorkload, dlrm_config
+
+    config = dlrm_config(data, HIDDEN)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DLRMWorkload.from_config(config)
+    with torch.no_grad():
+        for embedding, counts in zip(model.embeddings, data.counts(), strict=True):
+            embedding.counts.copy_(counts)
+    started = time.perf_counter()
+    fit(model, data.x_train, data.y_train, epochs=epochs, seed=seed)
+    for embedding in model.embeddings:
+        embedding.refresh_fallback()
+    return model.eval(), config, time.perf_counter() - started
+
+
+def _ladder(model, config, data, ratios, seed: int, reference: float, say) -> list[dict[str, Any]]:
+    from components.embeddings.compress import Settings, centroid_parameters, compress_model
+    from components.embeddings.model import evaluate, fit
+
+    rows = []
+    for target in ratios:
+        result = compress_model(model, config, Settings(ratio=float(target), seed=seed))
+        plain = evaluate(result.model, data.x_test, data.y_test)
+        fit(result.model, data.x_train, data.y_train, epochs=100, max_steps=FINETUNE_STEPS, lr=FINETUNE_LR,
+            seed=seed, parameters=centroid_parameters(result.model))
+        tuned = evaluate(result.model, data.x_test, data.y_test)
+        rows.append({"target": target, "ratio": result.ratio, "bytes": result.bytes_after,
+                     "auc": plain["auc"], "logloss": plain["logloss"], "auc_finetuned": tuned["auc"],
+                     "logloss_finetuned": tuned["logloss"], "clustering_s": result.seconds,
+                     "fields": [field.as_dict() for field in result.fields]})
+        say(f"  {target:>3}x: reached {result.ratio:5.1f}x, AUC {plain['auc']:.4f} ({plain['auc'] - reference:+.4f}), "
+            f"fine-tuned {tuned['auc']:.4f} ({tuned['auc'] - reference:+.4f}), clustering {result.seconds:.2f}s")
+    return rows
+
+
+def _best_ratio(rows: list[dict[str, Any]], reference: float, key: str) -> float:
+    """The largest ratio reached whose AUC (``key``) is within TOLERANCE of the reference (1: none is)."""
+    good = [row["ratio"] for row in rows if reference - row[key] <= TOLERANCE]
+    return max(good, default=1.0)
+
+
+def _same_bytes(config, data, budgets: list[int], seed: int, epochs: int, say) -> dict[str, Any]:
+    from components.embeddings.baselines import baseline_model
+    from components.embeddings.model import evaluate, fit
+
+    answer = {}
+    for kind in ("hashing", "qr"):
+        model = baseline_model(kind, config["fields"], int(config["dim"]), HIDDEN, budgets, seed=seed)
+        fit(model, data.x_train, data.y_train, epochs=epochs, seed=seed)
+        metrics = evaluate(model, data.x_test, data.y_test)
+        answer[kind] = {**metrics, "bytes": model.embedding_bytes()}
+        say(f"  {kind}: {model.embedding_bytes():,} bytes, AUC {metrics['auc']:.4f}, log loss {metrics['logloss']:.4f}")
+    return answer
+
+
+def _timing(model, config, seed: int, say) -> dict[str, list[float]]:
+    from components.embeddings.compress import Settings, compress_model, full_kmeans
+
+    settings = Settings(ratio=TARGET_RATIO, seed=seed)
+    compress_model(model, config, settings)  # warm scikit-learn's thread pools and caches: timed runs only after
+    times: dict[str, list[float]] = {"saec": [], "kmeans": []}
+    for run in range(TIMING_RUNS):
+        ours = compress_model(model, config, settings)
+        full = compress_model(model, config, settings, clusterer=lambda v, c, k, _: full_kmeans(v, c, k, seed))
+        ours_s = sum(field.seconds for field in ours.fields)
+        full_s = sum(field.seconds for field in full.fields)
+        times["saec"].append(ours_s)
+        times["kmeans"].append(full_s)
+        say(f"  timing run {run + 1}: head-first {ours_s:.3f}s, full KMeans {full_s:.3f}s ({full_s / ours_s:.1f}x)")
+    return times
+
+
+def run_dataset(name: str, seeds: list[int], quick: bool, say) -> dict[str, Any]:
+    from components.embeddings.compress import Settings, compress_model
+    from components.embeddings.model import evaluate
+
+    runs = []
+    for seed in seeds:
+        data = _data(name, seed, quick)
+        say(f"{name}, seed {seed}: {len(data.x_train):,} training rows, fields {list(data.sizes)}")
+        model, config, train_s = _reference(data, seed, EPOCHS[name])
+        reference = evaluate(model, data.x_test, data.y_test)
+        say(f"  uncompressed: {model.embedding_bytes():,} bytes, AUC {reference['auc']:.4f}, "
+            f"log loss {reference['logloss']:.4f} (trained in {train_s:.1f}s)")
+        ladder = _ladder(model, config, data, LADDERS[name], seed, reference["auc"], say)
+        run: dict[str, Any] = {"seed": seed, "reference": {**reference, "bytes": model.embedding_bytes()},
+                               "ladder": ladder,
+                               "best_ratio": _best_ratio(ladder, reference["auc"], "auc"),
+                               "best_ratio_finetuned": _best_ratio(ladder, reference["auc"], "auc_finetuned")}
+        if name == "ctr-synthetic":
+            at_target = compress_model(model, config, Settings(ratio=TARGET_RATIO, seed=seed))
+            saec = evaluate(at_target.model, data.x_test, data.y_test)
+            run["same_bytes"] = {"saec": {**saec, "bytes": at_target.bytes_after},
+                                 **_same_bytes(config, data, [field.bytes_after for field in at_target.fields],
+                                               seed, EPOCHS[name], say)}
+            say(f"  saec at {at_target.ratio:.1f}x: {at_target.bytes_after:,} bytes, AUC {saec['auc']:.4f}")
+            run["timing"] = _timing(model, config, seed, say)
+        runs.append(run)
+    return {"dataset": name, "runs": runs}
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"runs": len(values), "range": [min(values), max(values)], "values": values}
+
+
+def figures(results: dict[str, Any]) -> list[Figure]:
+    out = []
+    ctr = results["ctr-synthetic"]["runs"]
+    best = [run["best_ratio_finetuned"] for run in ctr]
+    plain = [run["best_ratio"] for run in ctr]
+    out.append(Figure("ctr_ratio", f"CTR: embedding bytes, smaller by, at AUC within {TOLERANCE} (Saec + "
+                                   f"{FINETUNE_STEPS} fine-tuning steps)", _median(best), 1.0, "x",
+                      lower_is_better=False, target=TARGET_RATIO,
+                      mechanism_text=f"{_median(best):.1f}x smaller", baseline_text="uncompressed (1x)",
+                      extra={**_spread(best), "clustering_only": {"median": _median(plain), **_spread(plain)}}))
+    for kind, label in (("hashing", "the hashing trick"), ("qr", "quotient-remainder embeddings")):
+        ours = [run["same_bytes"]["saec"]["auc"] for run in ctr]
+        theirs = [run["same_bytes"][kind]["auc"] for run in ctr]
+        deltas = [a - b for a, b in zip(ours, theirs, strict=True)]
+        out.append(Figure(f"ctr_auc_vs_{kind}", f"CTR: AUC at the same bytes ({TARGET_RATIO:g}x), Saec vs {label}",
+                          _median(ours), _median(theirs), "AUC", lower_is_better=False, target=1.0,
+                          mechanism_text=f"AUC {_median(ours):.4f}", baseline_text=f"AUC {_median(theirs):.4f}",
+                          extra={"delta_auc": _spread(deltas), "bytes": ctr[0]["same_bytes"]["saec"]["bytes"],
+                                 "baseline_bytes": ctr[0]["same_bytes"][kind]["bytes"]}))
+    ours_s = [value for run in ctr for value in run["timing"]["saec"]]
+    full_s = [value for run in ctr for value in run["timing"]["kmeans"]]
+    speedups = [f / o for f, o in zip(full_s, ours_s, strict=True)]
+    out.append(Figure("clustering_time", f"CTR: clustering time at {TARGET_RATIO:g}x, head-first vs full KMeans",
+                      _median(ours_s), _median(full_s), "s", lower_is_better=True, target=10.0,
+                      extra={"speedup": _spread(speedups), "saec_s": _spread(ours_s), "kmeans_s": _spread(full_s)}))
+    movielens = results.get("movielens-100k")
+    if movielens:
+        best = [run["best_ratio_finetuned"] for run in movielens["runs"]]
+        plain = [run["best_ratio"] for run in movielens["runs"]]
+        out.append(Figure("movielens_ratio", f"MovieLens-100k: embedding bytes, smaller by, at AUC within "
+                                             f"{TOLERANCE} (Saec + fine-tuning)", _median(best), 1.0, "x",
+                          lower_is_better=False, mechanism_text=f"{_median(best):.1f}x smaller",
+                          baseline_text="uncompressed (1x)",
+                          extra={**_spread(best), "clustering_only": {"median": _median(plain), **_spread(plain)}}))
+        at20 = []
+        for run in movielens["runs"]:
+            nearest = min(run["ladder"], key=lambda row: abs(row["target"] - 8))
+            at20.append(nearest["auc_finetuned"] - run["reference"]["auc"])
+        out.append(Figure("movielens_delta_auc_8x", "MovieLens-100k: AUC change at 8x (Saec + fine-tuning)",
+                          None, None, "AUC", lower_is_better=False,
+                          mechanism_text=f"{_median(at20):+.4f}", baseline_text="uncompressed",
+                          extra=_spread(at20)))
+    return out
+
+
+def main(quick: bool = False, output: str | None = None, seeds: int | None = None,
+         datasets: tuple[str, ...] = ("ctr-synthetic", "movielens-100k")) -> int:
+    say = progress("[embeddings] ")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    count = seeds or (1 if quick else 3)
+    results = {name: run_dataset(name, list(range(count)), quick, say) for name in datasets}
+    doc = document("embeddings", quick, figures(results), details=results,
+                   settings={"tolerance": TOLERANCE, "target_ratio": TARGET_RATIO, "finetune_steps": FINETUNE_STEPS,
+                             "ladders": LADDERS, "epochs": EPOCHS, "hidden": HIDDEN, "seeds": count})
+    write(doc, output)
+    print(figures_table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output")
+    parser.add_argument("--seeds", type=int)
+    parser.add_argument("--datasets", default="ctr-synthetic,movielens-100k")
+    arguments = parser.parse_args()
+    sys.exit(main(arguments.quick, arguments.output, arguments.seeds, tuple(arguments.datasets.split(","))))

@@ -1,0 +1,19 @@
+"""``GET /api/v1/jobs/{id}/compression/``: a compress-embeddings job's latest report (light: no torch here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.embeddings.panels import latest_report
+
+
+def compression(data: Any) -> dict[str, Any]:
+    """The job's compression: phase, ratio, bytes, AUC and log loss before and after, and one row per field.
+    ``{"phase": null, "fields": []}`` before the first report."""
+    report = latest_report(data)
+    if report is None:
+        return {"phase": None, "fields": []}
+    return {"job": data.job["id"], "state": data.job.get("state"), **report}
+
+
+__all__ = ["compression"]
