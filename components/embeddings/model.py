@@ -133,17 +133,38 @@ class DLRM(nn.Module):
     def vectors(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.stack([embedding(ids[:, column]) for column, embedding in enumerate(self.embeddings)], dim=1)
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """The click log-odds of ``ids`` (``(rows, fields)`` int64): ``(rows,)``."""
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        """What the MLP reads: the fields' vectors, concatenated, and their pairwise dot products."""
         vectors = self.vectors(ids)
         dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.pair_rows, self.pair_columns]
-        return self.top(torch.cat([vectors.flatten(1), dots], dim=1)).squeeze(1)
+        return torch.cat([vectors.flatten(1), dots], dim=1)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """The click log-odds of ``ids`` (``(rows, fields)`` int64): ``(rows,)``."""
+        return self.top(self.features(ids)).squeeze(1)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.logits(ids)).unsqueeze(1)
+        return torch.sigmoid(self.top(self.features(ids)))
+
+    def stages(self) -> list[nn.Module]:
+        """The interaction, each MLP layer and the sigmoid: stages whose composition is :meth:`forward` (for
+        stage-preemptible training on a shared GPU), sharing this model's layers."""
+        return [Interaction(self), *self.top, nn.Sigmoid()]
 
     def embedding_bytes(self) -> int:
         return sum(embedding.table_bytes() for embedding in self.embeddings)
+
+
+class Interaction(nn.Module):
+    """The first stage of a :class:`DLRM`: ids to :meth:`DLRM.features`, with the model's own embeddings."""
+
+    def __init__(self, model: DLRM):
+        super().__init__()
+        self.embeddings = model.embeddings  # shared, not copied
+        self._features = model.features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._features(ids)
 
 
 def step(model: DLRM, optimizer: torch.optim.Optimizer, ids: torch.Tensor, clicks: torch.Tensor

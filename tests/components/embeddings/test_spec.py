@@ -83,3 +83,18 @@ def test_the_route_answers_the_latest_report_and_the_verb_prints_it():
     assert "12.5 KiB -> 630 B: 20.3x smaller (target 20x)" in lines[1]
     assert "AUC 0.8700 -> 0.8660" in lines[2]
     assert lines[-1].split()[:4] == ["field0", "100", "90", "4"] and lines[-1].endswith("-0.0040")
+
+
+def test_the_example_jobs_are_valid_specs():
+    from pathlib import Path
+
+    import yaml
+
+    from components.train.spec import TrainSpec
+
+    root = Path(__file__).parents[3] / "examples" / "jobs"
+    train = yaml.safe_load((root / "dlrm-ctr.yaml").read_text())
+    assert train["kind"] == "train" and TrainSpec().validate(train["spec"])["workload"] == "dlrm-ctr"
+    compress = yaml.safe_load((root / "compress-ctr.yaml").read_text())
+    spec = CompressEmbeddingsSpec().validate(compress["spec"])
+    assert compress["kind"] == "compress-embeddings" and spec["finetune"]["steps"] == 200

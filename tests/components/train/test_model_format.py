@@ -15,7 +15,8 @@ from components.train.spec import TrainSpec
 from components.train.workloads import BUILTIN_WORKLOADS, MLPDigits, builtin_workload
 
 SMALL = {"cnn-dataset": {"hidden": 4, "data": {"dataset": "digits", "workers": 0}}, "mlp-digits": {"hidden": 16}, "cnn-synthetic": {"hidden": 4}, "tiny-gpt": {"hidden": 32, "batch_size": 4},
-         "moe-gpt": {"hidden": 32, "batch_size": 4}, "cnn-fc": {"hidden": 4}}
+         "moe-gpt": {"hidden": 32, "batch_size": 4}, "cnn-fc": {"hidden": 4},
+         "dlrm-ctr": {"hidden": 8, "batch_size": 256}, "dlrm-movielens": {"hidden": 8, "batch_size": 256}}
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +77,7 @@ def test_a_round_trip_gives_the_same_outputs(tmp_path, name):
 
 
 # Workloads that existed before model.pt recorded its config (format 2): only they can have older files.
-LEGACY_WORKLOADS = sorted(set(BUILTIN_WORKLOADS) - {"cnn-dataset"})
+LEGACY_WORKLOADS = sorted(set(BUILTIN_WORKLOADS) - {"cnn-dataset", "dlrm-ctr", "dlrm-movielens"})
 
 
 @pytest.mark.parametrize("name", LEGACY_WORKLOADS)

@@ -86,8 +86,8 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
     response = _serve(client, user_code.pk)
     assert response.json() == {"spec.model.job": [
         f"job {user_code.pk} trained user code (my_pkg.train:main); give spec.model.entrypoint, a class with "
-        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-dataset, cnn-fc, cnn-synthetic, mlp-digits, "
-        "moe-gpt, tiny-gpt)"]}
+        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-dataset, cnn-fc, cnn-synthetic, "
+        "dlrm-ctr, dlrm-movielens, mlp-digits, moe-gpt, tiny-gpt)"]}
     # With a loader of the user's own, it is accepted.
     accepted = client.post("/api/v1/jobs/", {"kind": "serve", "resources": {"gpus": 0.25}, "spec": {
         "model": {"job": str(user_code.pk), "entrypoint": "components.serving.examples:LinearModel"}}}, format="json")
@@ -106,8 +106,39 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
         "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
         "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128,
                      "preempt": True}}
-    serve = _serve(client, body["id"])  # a serve job is not a train job
-    assert serve.json() == {"spec.model.job": [f"job {body['id']} is a serve job, not a train job"]}
+    serve = _serve(client, body["id"])  # a serve job writes no model.pt
+    assert serve.json() == {"spec.model.job": [
+        f"job {body['id']} is a serve job, which writes no model.pt (kinds that do: compress-embeddings, train)"]}
+
+
+def test_a_compressed_model_is_served_like_a_trained_one(cluster, submit, run_pass):
+    """A kind whose KindSpec.products names model.pt (compress-embeddings) is a source the serve kind accepts."""
+    from strata.jobs.services import artifact_store
+
+    client = cluster["client"]
+    trained = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    Job.objects.filter(pk=trained.pk).update(spec={"workload": "dlrm-movielens", "epochs": 1})
+    compress = client.post("/api/v1/jobs/", {"kind": "compress-embeddings", "resources": {"gpus": 0.5},
+                                             "spec": {"source": {"job": str(trained.pk)}, "ratio": 8}}, format="json")
+    assert compress.status_code == 201, compress.content
+    run_pass()
+    attempt = Attempt.objects.get(job_id=compress.json()["id"], ended_at__isnull=True)
+    assert _node_call(cluster, attempt, "claim").status_code == 200
+    artifact_store(attempt, "model.pt", io.BytesIO(b"compressed"))
+    assert _node_call(cluster, attempt, "finish", outcome="succeeded").status_code == 200
+    served = _serve(client, compress.json()["id"])
+    assert served.status_code == 201, served.content
+    # compress-embeddings reads train jobs only, of a DLRM workload.
+    again = client.post("/api/v1/jobs/", {"kind": "compress-embeddings",
+                                          "spec": {"source": {"job": compress.json()["id"]}}}, format="json")
+    assert again.json() == {"spec.source.job": [
+        f"job {compress.json()['id']} is a compress-embeddings job, not a train job"]}
+    digits = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    Job.objects.filter(pk=digits.pk).update(spec={"workload": "mlp-digits"})
+    refused = client.post("/api/v1/jobs/", {"kind": "compress-embeddings",
+                                            "spec": {"source": {"job": str(digits.pk)}}}, format="json")
+    assert refused.status_code == 400 and "only the model.pt of dlrm-ctr, dlrm-movielens" in \
+        refused.json()["spec.source.job"][0]
 
 
 def test_node_fetches_the_source_model_and_publishes_the_endpoint(cluster, submit, run_pass):
