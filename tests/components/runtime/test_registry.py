@@ -122,7 +122,8 @@ def test_a_broken_plugin_costs_its_own_parts(install_plugins):
     assert "is not a components.runtime.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
     assert "cannot import the manifest: ModuleNotFoundError" in problems["no.such.module:PLUGIN"]
     # The platform and the healthy plugins are untouched.
-    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "straggler", "decentral", "hello"}
+    assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "straggler", "decentral", "embeddings",
+                                       "hello"}
     assert isinstance(registry.get_kind("train"), TrainSpec)
     assert registry.commands()["hello"] is HelloCommand and "submit" not in registry.commands()
 
