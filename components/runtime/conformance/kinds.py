@@ -134,6 +134,22 @@ class KindSpecConformance:
         assert isinstance(spec.description, str)
         assert all(isinstance(path, str) and ":" in path for path in spec.panels)
 
+    def test_products_and_sources_are_well_formed(self):
+        """``products`` names artifacts (plain file names); ``sources`` of every valid example gives
+        ``SourceRef``s whose ``kind`` is a kind name or None (any kind that lists the artifact in its products)."""
+        from components.runtime.spec import SourceRef
+
+        spec = self.spec()
+        assert isinstance(spec.products, tuple)
+        for name in spec.products:
+            assert isinstance(name, str) and name and "/" not in name and name not in (".", ".."), name
+        for example in self.valid_examples:
+            for ref in spec.sources(spec.validate(dict(example))):
+                assert isinstance(ref, SourceRef), ref
+                assert ref.kind is None or (isinstance(ref.kind, str) and ref.kind), ref
+                assert isinstance(ref.artifact, str) and ref.artifact and "/" not in ref.artifact, ref
+                assert ref.field.startswith("spec."), ref
+
     def test_the_schema_is_a_valid_json_schema(self):
         import jsonschema
 
