@@ -45,6 +45,7 @@ LARGE_SIZES = (100_000, 40_000, 10_000, 1_000)
 LARGE_ROWS = (600_000, 50_000)
 QUICK_LARGE_SIZES = (30_000, 10_000, 1_000)
 QUICK_LARGE_ROWS = (200_000, 20_000)
+DEVICE = "cpu"  # main() sets it: CUDA when there is a GPU (training and evaluation; clustering runs on the CPU)
 QUICK_SIZES = (8000, 3000, 1000, 300, 50, 5)
 QUICK_ROWS = (60_000, 20_000)  # training, held out
 
@@ -59,6 +60,15 @@ def _data(name: str, seed: int, quick: bool):
     return synthetic_ctr(seed)
 
 
+def _on_device(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [tensor.to(DEVICE) for tensor in tensors]
+
+
+def _synchronize() -> None:
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _reference(data, seed: int, epochs: int):
     from components.embeddings.model import fit
     from components.embeddings.workload import DLRMWorkload, dlrm_config
@@ -70,8 +80,10 @@ def _reference(data, seed: int, epochs: int):
     with torch.no_grad():
         for embedding, counts in zip(model.embeddings, data.counts(), strict=True):
             embedding.counts.copy_(counts)
+    model.to(DEVICE)
     started = time.perf_counter()
-    fit(model, data.x_train, data.y_train, epochs=epochs, seed=seed)
+    fit(model, *_on_device(data.x_train, data.y_train), epochs=epochs, seed=seed)
+    _synchronize()
     for embedding in model.embeddings:
         embedding.refresh_fallback()
     return model.eval(), config, time.perf_counter() - started
@@ -84,9 +96,10 @@ def _ladder(model, config, data, ratios, seed: int, reference: float, say) -> li
     rows = []
     for target in ratios:
         result = compress_model(model, config, Settings(ratio=float(target), seed=seed))
+        result.model.to(DEVICE)
         plain = evaluate(result.model, data.x_test, data.y_test)
-        fit(result.model, data.x_train, data.y_train, epochs=100, max_steps=FINETUNE_STEPS, lr=FINETUNE_LR,
-            seed=seed, parameters=centroid_parameters(result.model))
+        fit(result.model, *_on_device(data.x_train, data.y_train), epochs=100, max_steps=FINETUNE_STEPS,
+            lr=FINETUNE_LR, seed=seed, parameters=centroid_parameters(result.model))
         tuned = evaluate(result.model, data.x_test, data.y_test)
         rows.append({"target": target, "ratio": result.ratio, "bytes": result.bytes_after,
                      "auc": plain["auc"], "logloss": plain["logloss"], "auc_finetuned": tuned["auc"],
@@ -109,8 +122,8 @@ def _same_bytes(config, data, budgets: list[int], seed: int, epochs: int, say) -
 
     answer = {}
     for kind in ("hashing", "qr"):
-        model = baseline_model(kind, config["fields"], int(config["dim"]), HIDDEN, budgets, seed=seed)
-        fit(model, data.x_train, data.y_train, epochs=epochs, seed=seed)
+        model = baseline_model(kind, config["fields"], int(config["dim"]), HIDDEN, budgets, seed=seed).to(DEVICE)
+        fit(model, *_on_device(data.x_train, data.y_train), epochs=epochs, seed=seed)
         metrics = evaluate(model, data.x_test, data.y_test)
         answer[kind] = {**metrics, "bytes": model.embedding_bytes()}
         say(f"  {kind}: {model.embedding_bytes():,} bytes, AUC {metrics['auc']:.4f}, log loss {metrics['logloss']:.4f}")
@@ -252,16 +265,19 @@ def figures(results: dict[str, Any]) -> list[Figure]:
 
 
 def main(quick: bool = False, output: str | None = None, seeds: int | None = None,
-         datasets: tuple[str, ...] = ("ctr-synthetic", "movielens-100k", "ctr-large")) -> int:
+         datasets: tuple[str, ...] = ("ctr-synthetic", "movielens-100k", "ctr-large"), device: str | None = None
+         ) -> int:
+    global DEVICE
     say = progress("[embeddings] ")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    DEVICE = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    say(f"device: {DEVICE}" + (f" ({torch.cuda.get_device_name(0)})" if DEVICE.startswith("cuda") else ""))
     count = seeds or (1 if quick else 3)
     results = {name: run_timing(list(range(count)), quick, say) if name == "ctr-large"
                else run_dataset(name, list(range(count)), quick, say) for name in datasets}
     doc = document("embeddings", quick, figures(results), details=results,
                    settings={"tolerance": TOLERANCE, "target_ratio": TARGET_RATIO, "finetune_steps": FINETUNE_STEPS,
                              "ladders": LADDERS, "epochs": EPOCHS, "hidden": HIDDEN, "seeds": count,
-                             "large_sizes": QUICK_LARGE_SIZES if quick else LARGE_SIZES})
+                             "large_sizes": QUICK_LARGE_SIZES if quick else LARGE_SIZES, "device": DEVICE})
     write(doc, output)
     print(figures_table(doc))
     return 0
@@ -273,5 +289,7 @@ if __name__ == "__main__":
     parser.add_argument("--output")
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--datasets", default="ctr-synthetic,movielens-100k,ctr-large")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when there is a GPU)")
     arguments = parser.parse_args()
-    sys.exit(main(arguments.quick, arguments.output, arguments.seeds, tuple(arguments.datasets.split(","))))
+    sys.exit(main(arguments.quick, arguments.output, arguments.seeds, tuple(arguments.datasets.split(",")),
+                  arguments.device))

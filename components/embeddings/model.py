@@ -188,7 +188,7 @@ def fit(model: DLRM, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_siz
     optimizer = torch.optim.Adam(model.parameters() if parameters is None else parameters, lr=lr)
     steps, loss = 0, float("nan")
     for epoch in range(epochs):
-        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).to(x.device)
         for start in range(0, len(x), batch_size):
             rows = order[start:start + batch_size]
             value, _ = step(model, optimizer, x[rows], y[rows])
