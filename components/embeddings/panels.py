@@ -69,6 +69,16 @@ class _CompressionPanel(Panel):
     def applies(self, job: dict[str, Any]) -> bool:
         return job.get("kind") == KIND
 
+    def render(self, data: PanelData) -> dict[str, Any] | None:
+        if not data.job:
+            return None
+        report = latest_report(data)
+        return {"text": NO_REPORT} if report is None else self.render_report(report)
+
+    def render_report(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The panel for the job's latest report."""
+        raise NotImplementedError
+
 
 class CompressionSummaryPanel(_CompressionPanel):
     """Where the compression stands: phase, ratio reached against the target, embedding bytes, clustering time,
@@ -77,12 +87,7 @@ class CompressionSummaryPanel(_CompressionPanel):
     slug: ClassVar[str] = "embeddings-summary"
     title: ClassVar[str] = "Embedding compression"
 
-    def render(self, data: PanelData) -> dict[str, Any] | None:
-        if not data.job:
-            return None
-        report = latest_report(data)
-        if report is None:
-            return {"text": NO_REPORT}
+    def render_report(self, report: dict[str, Any]) -> dict[str, Any]:
         target = report.get("ratio_target")
         reached = f"{report['ratio']:.1f}x" if _is_number(report.get("ratio")) else DASH
         ratio = f"{reached} (target {target:.1f}x)" if _is_number(target) else reached
@@ -116,12 +121,7 @@ class FieldCompressionPanel(_CompressionPanel):
     COLUMNS: ClassVar[list[str]] = ["field", "features", "seen", "clusters", "bytes before", "bytes after",
                                     "ratio", "ΔAUC", "lossless"]
 
-    def render(self, data: PanelData) -> dict[str, Any] | None:
-        if not data.job:
-            return None
-        report = latest_report(data)
-        if report is None:
-            return {"text": NO_REPORT}
+    def render_report(self, report: dict[str, Any]) -> dict[str, Any]:
         fields = [field for field in report.get("fields") or [] if isinstance(field, dict)]
         if not fields:
             return {"text": f"No field compressed yet (phase: {report.get('phase') or DASH})."}
