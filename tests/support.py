@@ -43,15 +43,27 @@ def group_processes(pgid: int) -> list[psutil.Process]:
 def kill_group(process: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the group's leader (started with ``start_new_session=True``), wait up to ``grace`` seconds, then
     SIGKILL whatever is left of its process group, and wait until none of it is left."""
-    pgid = process.pid
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    process.wait(timeout=10)
-    wait_for(lambda: not group_processes(pgid), 10, message=f"process group {pgid} to exit")
+    kill_groups([process], grace)
+
+
+def kill_groups(processes: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """:func:`kill_group` for several groups at once: SIGTERM every leader, one shared ``grace`` for all of them
+    (not one after the other), then SIGKILL what is left of every group and wait until none of it is left."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    for process in processes:
+        process.wait(timeout=10)
+    pgids = [process.pid for process in processes]
+    wait_for(lambda: not any(group_processes(pgid) for pgid in pgids), 10,
+             message=f"process groups {pgids} to exit")
 
 
 @contextlib.contextmanager
@@ -70,8 +82,7 @@ def reaper(grace: float = 5.0) -> Iterator[Callable[..., subprocess.Popen]]:
     try:
         yield start
     finally:
-        for process in reversed(started):
-            kill_group(process, grace=grace)
+        kill_groups(list(reversed(started)), grace=grace)
 
 
 # -- the GPU-sharing device service (gpushare's node service hosts attempts) ------------------------------

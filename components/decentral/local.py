@@ -146,14 +146,14 @@ class LocalSwarm:
         return json.loads(path.read_text()) if path.exists() else None
 
     def close(self) -> None:
+        """Stop the peers still running as :meth:`kill` does (SIGKILL to each and to everything it started), then
+        reap every peer. SIGTERM would end a peer alone (it has no handler: no summary either way), and its
+        hivemind processes, holding its sentinel open, would make the join wait its whole timeout and then live on."""
         for process in self.processes.values():
-            if process.is_alive():
-                process.terminate()
-        for process in self.processes.values():
-            process.join(10)
             if process.is_alive():
                 _kill_tree(process.pid)
-                process.join(5)
+        for process in self.processes.values():
+            process.join(10)
         self.ready.close()
 
     def __enter__(self) -> LocalSwarm:

@@ -139,7 +139,9 @@ def test_cli_errors_and_listings(cluster, tmp_path):
 def test_node_killed_mid_job_is_requeued_and_resumes(bare_cluster):
     cluster = bare_cluster
     node = cluster.start_node("n1")
-    job_id = cluster.submit(long_job("e2e-node-lost", epochs=60, max_attempts=2))["id"]
+    # 25 epochs (2250 steps): room enough past step 600 for the kill to land mid-job, no more (the retry trains
+    # the rest of them).
+    job_id = cluster.submit(long_job("e2e-node-lost", epochs=25, max_attempts=2))["id"]
     cluster.wait_state(job_id, {"RUNNING"}, 60)
     # Two checkpoints (every 250 steps) are in by step 500.
     wait_for(lambda: latest_step(cluster, job_id) >= 600, 60, interval=0.2, message="training progress")

@@ -39,15 +39,17 @@ def test_a_swarm_takes_a_volunteer_with_a_job_token_and_stops_it_on_cancel(bare_
     assert any(event["kind"] == "rendezvous" and "/p2p/" in event["message"] for event in events), events
 
     token = cluster.api("POST", f"jobs/{job_id}/tokens/", json={"name": "volunteer"})["token"]
-    refused = subprocess.run([*strata_command(), "peer", "join", job_id, "--token", "sj_not_a_token",
-                              "--server", cluster.url], env=e2e_env(), capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0
-    assert "Traceback" not in refused.stderr and refused.stderr.strip().count("\n") == 0, refused.stderr
-
     volunteer = subprocess.Popen([*strata_command(), "peer", "join", job_id, "--token", token, "--server", cluster.url,
                                   "--name", "ann"], env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, start_new_session=True)
     try:
+        # While the volunteer starts: a peer without a valid token is refused (and is no participant below).
+        refused = subprocess.run([*strata_command(), "peer", "join", job_id, "--token", "sj_not_a_token",
+                                  "--server", cluster.url], env=e2e_env(), capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode != 0
+        assert "Traceback" not in refused.stderr and refused.stderr.strip().count("\n") == 0, refused.stderr
+
         def joined() -> bool:
             peers = swarm_report(cluster, job_id).get("peers") or []
             return any(peer.get("volunteer") and (peer.get("rounds_ok") or 0) >= 1 for peer in peers)

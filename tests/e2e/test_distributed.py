@@ -70,7 +70,9 @@ def test_a_gang_trains_one_model_across_two_nodes_and_survives_a_lost_worker(bar
 
     # A worker dies mid-job: the attempt ends (the other rank is stopped, not left waiting), the job is
     # retried, and the retry resumes from the checkpoint.
-    job_id = cluster.submit(gang_job("e2e-ddp-lost", epochs=60, max_attempts=2))["id"]
+    # 40 epochs (880 gang steps): room enough past step 100 for the kill to land mid-job, no more (the retry
+    # trains the rest of them).
+    job_id = cluster.submit(gang_job("e2e-ddp-lost", epochs=40, max_attempts=2))["id"]
     cluster.wait_state(job_id, {"RUNNING"}, 90)
     wait_for(lambda: last_step(cluster, job_id) >= 100, 120, interval=0.3, message="training progress")
     victims = training_children(nodes["n2"].pid)

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import time
 
+# Imported once, here: LocalSwarm forks every peer from this process, so a peer starts without importing torch
+# and hivemind again (as in a whole run, where earlier tests imported them), and a newcomer comes up sooner.
+import hivemind  # noqa: F401
 import pytest
 
+import components.decentral.peer  # noqa: F401
 from components.decentral.local import LocalSwarm
 
 pytestmark = pytest.mark.timeout(600)
@@ -27,11 +31,24 @@ def _agree(prints: list[float]) -> bool:
     return max(prints) - min(prints) <= 1e-6 * max(1.0, abs(prints[0]))
 
 
+def _join(swarm: LocalSwarm, *names: str, **options: dict) -> dict[str, dict]:
+    """Start peers at once (``options[name]``: their start options), each bootstrapping from the peers already
+    up, instead of one after the other; their start-up answers, by name."""
+    for name in names:
+        swarm.start(name, wait=False, **options.get(name, {}))
+    return {name: swarm.wait_ready(name) for name in names}
+
+
+def _start(swarm: LocalSwarm, first: str, *others: str, **options: dict) -> dict[str, dict]:
+    """``first`` founds the swarm, then the others join it at once."""
+    return {first: swarm.start(first), **_join(swarm, *others, **options)}
+
+
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory):
     with LocalSwarm(tmp_path_factory.mktemp("clean"), {"steps": 200, "peers": {"min": 3, "max": 8}}) as swarm:
-        for name in ("a", "b", "c"):
-            assert "error" not in swarm.start(name)
+        for name, started in _start(swarm, "a", "b", "c").items():
+            assert "error" not in started, (name, started)
         swarm.wait(400)
         yield {name: swarm.result(name) for name in ("a", "b", "c")}
 
@@ -55,13 +72,22 @@ def test_three_peers_average_agree_and_learn(clean_run):
     assert any(len(prints) == 3 for group, prints in groups.items() if group in agreeing)
 
 
-def test_a_hostile_peer_is_dropped_and_reported(tmp_path, clean_run):
+def test_a_peer_without_credentials_cannot_join_and_a_hostile_peer_is_dropped_and_reported(tmp_path, clean_run):
+    """One swarm for both: while its founder waits for the others (nobody trains before four peers are there), a
+    peer without credentials tries to join it and is refused; then the others, a hostile one among them, join."""
     with LocalSwarm(tmp_path, {"steps": 200, "peers": {"min": 4, "max": 8}}) as swarm:
-        for name in ("a", "b", "c"):
-            swarm.start(name)
-        swarm.start("evil", corrupt={"mode": "nan"})
+        founder = swarm.start("a")
+        intruder = swarm.start("intruder", credentialed=False)
+        # The same bootstrap peer, still up, takes credentialed peers.
+        members = {"a": founder, **_join(swarm, "b", "c", "evil", evil={"corrupt": {"mode": "nan"}})}
+        assert swarm.processes["a"].is_alive()
         swarm.wait(400)
         results = {name: swarm.result(name) for name in ("a", "b", "c")}
+    assert all("error" not in member for member in members.values()), members
+    assert "error" in intruder, intruder
+    # libp2p connected (the address was right), but no peer answered its DHT requests: its token was refused.
+    assert "none of the initial_peers responded" in intruder["error"], intruder
+
     evil = swarm.info.get("evil", {}).get("p2p") if swarm.info.get("evil") else None
     rejections = [rejection for result in results.values() for rejection in result["rejections"]]
     assert rejections, "no honest peer dropped anything"
@@ -76,9 +102,10 @@ def test_a_hostile_peer_is_dropped_and_reported(tmp_path, clean_run):
 
 def test_a_crash_leaves_the_swarm_training_and_a_newcomer_catches_up(tmp_path):
     with LocalSwarm(tmp_path, {"steps": 300, "peers": {"min": 3, "max": 8}}) as swarm:
-        for name in ("a", "b", "c"):
-            swarm.start(name)
-        time.sleep(6)
+        _start(swarm, "a", "b", "c")
+        # The three train as soon as they see each other; c crashes a moment later. Not much later: the newcomer
+        # must come up (seconds) and average with a and b before their 300 steps are done.
+        time.sleep(3)
         swarm.kill("c")  # a crash: SIGKILL, no goodbye
         swarm.start("late")  # bootstraps from a and b, downloads their parameters
         swarm.wait(400)
@@ -94,15 +121,3 @@ def test_a_crash_leaves_the_swarm_training_and_a_newcomer_catches_up(tmp_path):
     assert late["downloaded"] is not None
     assert any(record.get("ok") for record in late["rounds"])
     assert late["test_loss"] < 3.0
-
-
-def test_a_peer_without_credentials_cannot_join(tmp_path):
-    with LocalSwarm(tmp_path, {"steps": 100_000, "peers": {"min": 1, "max": 8}}) as swarm:
-        swarm.start("a")
-        intruder = swarm.start("intruder", credentialed=False)
-        member = swarm.start("b")  # the same bootstrap peer, still up, takes a credentialed peer
-        assert swarm.processes["a"].is_alive()
-    assert "error" not in member, member
-    assert "error" in intruder, intruder
-    # libp2p connected (the address was right), but no peer answered its DHT requests: its token was refused.
-    assert "none of the initial_peers responded" in intruder["error"], intruder

@@ -6,7 +6,9 @@ checked: no 5xx, a status code the schema declares for the operation, the declar
 validates against the declared schema. Three runs, each with a real token:
 
 - ``user``: a team member's user token, on every operation but ``DELETE /tokens/{id}/`` (which could revoke
-  the token in use; tests/platform/api/test_schema.py covers it); admin-only and node routes answer it 403;
+  the token in use; tests/platform/api/test_schema.py covers it); admin-only and node routes answer it 403
+  (those with a few fuzzed examples each and no coverage phase: the ``admin`` and ``node`` runs cover them in
+  full);
 - ``admin``: a cluster admin's user token, on the admin routes (``/quotas/``, ``/pools/``);
 - ``node``: a node token, on ``/api/v1/node/``.
 
@@ -23,8 +25,8 @@ on that server, dropped afterwards; otherwise SQLite in the temporary home. The 
 broker in that home, and scheduling passes run inline (STRATA_SCHEDULE_INLINE), so fuzzed submissions go
 through admission and placement on the registered node (two virtual GPUs).
 
-Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 25), each run killed (and
-failed) after STRATA_FUZZ_MAX_SECONDS (default 120 s); the three runs take about a minute and a half on two
+Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 25; 15 for the user run), each
+run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 120 s); the three runs take about a minute on two
 cores, seeding and the server's start included.
 """
 
@@ -47,6 +49,10 @@ from support import free_port, kill_group, wait_for
 pytestmark = pytest.mark.e2e
 
 MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "25"))
+# The user run (55 operations, most of the three runs' time, a third of it job submissions that each run a
+# scheduling pass) draws 15 per operation and phase unless STRATA_FUZZ_MAX_EXAMPLES says otherwise; its coverage
+# phase (the boundary and negative cases) is whole either way.
+USER_MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "15"))
 MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "120"))
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", "20240601"))
 # Every check of schemathesis but the two that test the schema's strictness rather than the API's answers:
@@ -57,6 +63,13 @@ CHECKS = ",".join([
     "response_headers_conformance", "ignored_auth", "unsupported_method", "allow_header_conformance",
     "missing_required_header", "use_after_free", "ensure_resource_availability",
 ])
+
+# The user run also calls the node routes and the admin-only writes (PATCH and PUT of /quotas/ and /pools/), only
+# to be refused (403) on every one: the node and admin runs fuzz them with their own tokens (every phase,
+# MAX_EXAMPLES); here a few fuzzed examples per operation and the stateful phase check the refusals, without the
+# coverage phase's hundreds of boundary cases. (path regex, methods excluded) of each group.
+USER_REFUSED_ROUTES = [("^/api/v1/node/", None), ("^/api/v1/(quotas|pools)/", "GET")]
+USER_REFUSED_EXAMPLES = min(USER_MAX_EXAMPLES, 5)
 
 # run -> (token in the seeded credentials, schemathesis filter options)
 RUNS = {
@@ -117,8 +130,9 @@ print(json.dumps({"token": token, "admin_token": admin_token, "node_token": node
 """
 
 
-def schemathesis_config(seeded: dict) -> str:
-    """schemathesis.toml: where path, query and body values come from the seeded objects part of the time."""
+def schemathesis_config(seeded: dict, run: str) -> str:
+    """schemathesis-RUN.toml: where path, query and body values come from the seeded objects part of the time
+    (and, for the user run, fewer cases on the routes it is refused on)."""
     dictionaries = {
         "jobs": seeded["jobs"], "artifacts": [seeded["artifact"]], "teams": ["fuzz", "other"],
         "nodes": [seeded["node"]], "devices": seeded["devices"], "sessions": [seeded["session"]],
@@ -140,6 +154,11 @@ def schemathesis_config(seeded: dict) -> str:
         bindings = ", ".join(f'"{key}" = {{ dictionary = "{dictionary}", probability = 0.6 }}'
                              for key, dictionary in parameters.items())
         lines += ["[[operations]]", f"include-path-regex = {json.dumps(regex)}", f"parameters = {{ {bindings} }}", ""]
+    for regex, excluded in USER_REFUSED_ROUTES if run == "user" else ():
+        lines += ["[[operations]]", f"include-path-regex = {json.dumps(regex)}",
+                  *([f"exclude-method = {json.dumps(excluded)}"] if excluded else []),
+                  f"generation = {{ max-examples = {USER_REFUSED_EXAMPLES} }}",
+                  "phases = { coverage = { enabled = false } }", ""]
     return "\n".join(lines)
 
 
@@ -196,7 +215,8 @@ def fuzz_server(tmp_path_factory):
                 return False
 
         wait_for(healthy, 90, message="strata server to answer /healthz")
-        (home / "schemathesis.toml").write_text(schemathesis_config(credentials))
+        for run in RUNS:
+            (home / f"schemathesis-{run}.toml").write_text(schemathesis_config(credentials, run))
         yield url, credentials, home
     finally:
         if process is not None:
@@ -214,10 +234,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_server,
     st = Path(sys.executable).with_name("st")
     assert st.exists(), f"schemathesis is not installed next to {sys.executable}: pip install -e '.[dev]'"
     command = [
-        str(st), "--config-file", str(home / "schemathesis.toml"),
+        str(st), "--config-file", str(home / f"schemathesis-{run}.toml"),
         "run", f"{url}/api/v1/schema/", "--header", f"Authorization: Bearer {token}",
         "--checks", CHECKS, *filters,
-        "--mode", "all", "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED),
+        "--mode", "all", "--max-examples", str(USER_MAX_EXAMPLES if run == "user" else MAX_EXAMPLES), "--seed", str(SEED),
         "--workers", "1", "--request-timeout", "30", "--generation-database", "none",
         "--suppress-health-check", "all", "--no-color", "--output-truncate", "false",
         "--report", "junit", "--report-dir", str(home / f"schemathesis-{run}"),
