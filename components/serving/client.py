@@ -126,12 +126,30 @@ def close_channels() -> None:
         channel.close()
 
 
+def _forget(address: str, tls_ca: bytes | None) -> None:
+    """Drop the cached channel to ``address`` (the next call opens a fresh one)."""
+    with _channels_lock:
+        entry = _channels.pop((address, tls_ca), None)
+    if entry is not None:
+        entry[0].close()
+
+
 def _call(address: str, method: str, request: Any, timeout: float | None, token: str | None = None,
           tls_ca: bytes | str | Path | None = None) -> Any:
-    try:
-        return getattr(_stub(address, _ca(tls_ca)), method)(request, timeout=timeout, metadata=_metadata(token))
-    except grpc.RpcError as error:
-        raise ServingError(error.code(), error.details() or "") from None
+    ca = _ca(tls_ca)
+    for attempt in range(2):
+        try:
+            return getattr(_stub(address, ca), method)(request, timeout=timeout, metadata=_metadata(token))
+        except grpc.RpcError as error:
+            details = error.details() or ""
+            if attempt == 0 and error.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details:
+                # The call never reached a server. A cached channel whose server went away backs off before it
+                # reconnects (up to minutes), failing every call at once even when a new server (a replica
+                # restarted on the same port) listens there now: try once more on a fresh channel.
+                _forget(address, ca)
+                continue
+            raise ServingError(error.code(), details) from None
+    raise AssertionError("unreachable")
 
 
 def predict(address: str, array_like: Any, *, dtype: str | None = None, timeout: float | None = 10.0,

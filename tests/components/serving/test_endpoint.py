@@ -295,3 +295,21 @@ def test_serving_next_to_staged_training_keeps_training_bit_identical(executor, 
     for (name, shared), solo_tensor in zip(training.workload.model.state_dict().items(),
                                            alone.workload.model.state_dict().values(), strict=True):
         assert torch.equal(shared, solo_tensor), name
+
+
+def test_a_new_server_on_a_port_an_old_one_left_is_reached_at_once(executor, served, digits_test_set):
+    """The client caches one channel per address; when its server goes away the channel backs off before it
+    reconnects. A new endpoint on the same port is still reached by the very next call."""
+    features, _ = digits_test_set
+    first = start_serving(executor, "first", served, max_rows=32, source_job=SOURCE_JOB)
+    port = first.port
+    assert predict(first.address, features[:2]).shape == (2, 10)
+    first.stop(grace=0.5)
+    expect_status(grpc.StatusCode.UNAVAILABLE, predict, first.address, features[:2], timeout=2)
+    second = start_serving(executor, "second", served, max_rows=32, source_job=SOURCE_JOB, port=port)
+    try:
+        assert second.address == first.address
+        np.testing.assert_allclose(predict(second.address, features[:2], timeout=5), local_output(served, features[:2]),
+                                   rtol=1e-5, atol=1e-5)
+    finally:
+        second.stop(grace=0.5)
