@@ -78,7 +78,7 @@ def test_a_trained_model_is_compressed_evaluated_and_stored(compressed, movielen
 def test_the_compressed_model_served_over_grpc_predicts_what_it_predicts_in_memory(compressed):
     from components.embeddings.datasets import movielens_100k
     from components.gpushare.executor import DeviceExecutor
-    from components.serving.client import describe, predict
+    from components.serving.client import close_channels, describe, predict
     from components.serving.endpoint import start_serving
     from components.serving.model import load_served_model
 
@@ -97,6 +97,7 @@ def test_the_compressed_model_served_over_grpc_predicts_what_it_predicts_in_memo
                                       for start in range(0, len(rows), 32)])
         finally:
             handle.stop(grace=0.5)
+            close_channels()  # no gRPC channel left open in this process: later tests fork node services
     assert answers.shape == (96, 1) and answers.dtype == np.float32
     np.testing.assert_allclose(answers, expected, rtol=1e-5, atol=1e-6)
     assert np.isfinite(answers).all() and ((answers > 0) & (answers < 1)).all()
