@@ -16,5 +16,6 @@ PLUGIN = Plugin(
     node_services=("components.datacache.service:DataCacheService",),
     data_providers=("components.datacache.provider:DataCacheProvider",),
     collections={"datasets": "components.datacache.datasets:Datasets"},
+    metrics="components.datacache.metrics:metrics",
     benchmarks={"datacache": "components.datacache.bench:main"},
 )

@@ -11,5 +11,6 @@ PLUGIN = Plugin(
     node_services=("components.gpushare.node:DeviceSharingService",),
     reports="components.gpushare.report:GpuShareReport",
     hooks=("components.gpushare.scheduling:LendMeasuredMemory",),
+    metrics="components.gpushare.metrics:metrics",
     benchmarks={"gpushare": "components.gpushare.bench:main"},
 )

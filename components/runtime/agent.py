@@ -5,6 +5,7 @@ heartbeat and restarted with backoff, their reports sent with each heartbeat, st
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.runtime.client import ApiError, ControlPlaneClient
+from components.runtime.metrics import NodeMetrics
 from components.runtime.services import NodeInfo, Supervisor, disabled_plugins, set_parent_death_signal
 
 log = logging.getLogger("strata.node")
+LEAVE_MARGIN_S = 10.0  # leave this long before ``end_time``: before the batch system signals the node's processes
 
 
 
@@ -35,6 +38,12 @@ class NodeOptions:
     slots: int | None = None
     broker_url: str | None = None
     address: str = "127.0.0.1"
+    # When the node's allocation ends (a batch system's time limit), in Unix seconds, and how long before then
+    # it drains (takes no new work, finishes what it runs); it leaves LEAVE_MARGIN_S before the end.
+    end_time: float | None = None
+    drain_before: float | None = None
+    metrics_port: int = 0  # expose Prometheus metrics on this port (0: off; components.runtime.metrics)
+    metrics_bind: str | None = None  # the metrics server's address (default: ``address``)
 
 
 class NodeAgent:
@@ -46,9 +55,15 @@ class NodeAgent:
         self.worker: subprocess.Popen | None = None
         self.registration: dict = {}
         self.stopping = False
-        from components.runtime.devices import detect_devices
+        self.drain_requested = False  # SIGUSR1, or drain_before the end of the allocation
+        self.draining = False  # the control plane knows: no new work, leave when nothing is left
+        from components.runtime.devices import detect_devices, visible_ids
 
         self.devices = detect_devices(options.virtual_gpus, options.virtual_gpu_memory)
+        if any(not d.virtual for d in self.devices) and visible_ids() is not None:
+            # The devices carry the ids CUDA_VISIBLE_DEVICES gave (a batch system's grant): the node's processes
+            # see them all under those ids, and each attempt's ranks are narrowed to their own.
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         self.services: Supervisor | None = None
 
     # -- registration --------------------------------------------------------------------------------------
@@ -146,6 +161,7 @@ class NodeAgent:
             if reports:
                 body["reports"] = reports
             reported = ["reports"] if reports else []
+        self.metrics.observe(samples, body.get("reports"), running)
         try:
             answer = self.client.post("node/heartbeat/", body)
         except ApiError as error:
@@ -168,6 +184,9 @@ class NodeAgent:
                 answer = self._heartbeat_without(body, reported, error)
         if self.services is not None and isinstance(answer, dict):
             self.services.configure(answer)
+        if isinstance(answer, dict):
+            self._note_state(answer)
+        self.metrics.heartbeat_ok()
         return answer
 
     def _heartbeat_without(self, body: dict, reported: list[str], error: ApiError):
@@ -181,6 +200,7 @@ class NodeAgent:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_drain_signal)
         self.register()
         self.services = self.node_services()
         # What the services tell every attempt (a node-local cache's directory, say): the worker, its attempts'
@@ -188,13 +208,19 @@ class NodeAgent:
         os.environ.update(self.services.environment())
         self.services.start_all()
         self.start_worker()
+        self.start_metrics()
         interval = float(self.registration.get("heartbeat_seconds", 3.0))
         try:
             while not self.stopping:
+                self._drain_due()
                 try:
                     self.heartbeat()
                 except ApiError as error:
-                    if error.status == 409:  # our session was replaced or expired: start a new one
+                    self.metrics.heartbeat_failed()
+                    if error.status == 409 and (self.draining or self.drain_requested):
+                        log.warning("%s; the node was draining: stopping", error.message)
+                        self.stopping = True
+                    elif error.status == 409:  # our session was replaced or expired: start a new one
                         log.warning("%s; registering again", error.message)
                         self.stop_worker()
                         self.register()
@@ -208,10 +234,77 @@ class NodeAgent:
                     self.services.check()
                 self._sleep(interval)
         finally:
+            # Leave first: the attempts still here end as for a lost node (requeued, no failure counted), so the
+            # worker's reports about the children it loses while it stops are refused as stale.
+            self.leave()
+            self.metrics.stop()
             self.stop_worker()
             if self.services is not None:
                 self.services.stop_all()
         return 0
+
+    @functools.cached_property
+    def metrics(self) -> NodeMetrics:
+        """What ``--metrics-port`` exposes: the latest heartbeat's observations (components.runtime.metrics)."""
+        return NodeMetrics(self)
+
+    def start_metrics(self) -> int | None:
+        """Serve the node's Prometheus metrics when ``--metrics-port`` is set; the bound port, or None."""
+        if not self.options.metrics_port:
+            return None
+        return self.metrics.start(self.options.metrics_port, self.options.metrics_bind or self.options.address)
+
+    # -- drain and leave -----------------------------------------------------------------------------------
+    def _drain_due(self) -> None:
+        """Drain on SIGUSR1 or ``drain_before`` the end of the allocation; stop ``LEAVE_MARGIN_S`` before it."""
+        end, before = self.options.end_time, self.options.drain_before
+        if end is not None:
+            now = time.time()
+            if now >= end - LEAVE_MARGIN_S:
+                log.warning("the node's allocation ends in %.0f s: leaving", max(end - now, 0.0))
+                self.stopping = True
+                return
+            if before is not None and now >= end - before and not self.drain_requested:
+                log.warning("the node's allocation ends in %.0f s: draining", end - now)
+                self.drain_requested = True
+        if self.drain_requested and not self.draining:
+            self.drain()
+
+    def drain(self) -> dict | None:
+        """Tell the control plane the node takes no new work (DRAINING); its attempts run on. It leaves once
+        none is left (see ``_note_state``). Retried at the next beat when the call fails."""
+        self.drain_requested = True
+        try:
+            answer = self.client.post("node/drain/", {"node": self.registration["node"],
+                                                      "session": self.registration["session"]})
+        except ApiError as error:
+            log.warning("drain not recorded (%s); retrying", error.message)
+            return None
+        log.warning("draining: no new work; %s attempt(s) left", answer.get("attempts_left"))
+        self._note_state(answer)
+        return answer
+
+    def _note_state(self, answer: dict) -> None:
+        """What the control plane says of the node: draining, and how many attempts it still holds."""
+        if answer.get("state") == "draining":
+            self.draining = True
+            if answer.get("attempts_left") == 0 and not self.stopping:
+                log.warning("drained: no attempt left; leaving")
+                self.stopping = True
+
+    def leave(self) -> None:
+        """Tell the control plane the node goes away: DOWN, its remaining attempts requeued without counting a
+        failure. Best effort: when it cannot be told, the lease reaper does the same once the lease expires."""
+        if not self.registration:
+            return
+        try:
+            answer = self.client.post("node/leave/", {"node": self.registration["node"],
+                                                      "session": self.registration["session"]})
+        except ApiError as error:
+            log.warning("leave not recorded (%s): the node's attempts are requeued when its lease expires",
+                        error.message)
+            return
+        log.warning("left the cluster; %s attempt(s) requeued", answer.get("released"))
 
     def node_services(self) -> Supervisor:
         """Every plugin's node services for this node, minus the plugins ``STRATA_NODE_SERVICES_DISABLE`` names."""
@@ -228,3 +321,6 @@ class NodeAgent:
 
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
+
+    def _on_drain_signal(self, signum, frame) -> None:
+        self.drain_requested = True

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,32 @@ def detect_devices(
         return virtual_devices(virtual_gpus, virtual_gpu_memory)
     cuda = _probe_cuda()
     if cuda:
-        return cuda
+        return visible_indices(cuda)
     return virtual_devices(1, virtual_gpu_memory)
+
+
+def visible_ids() -> list[int] | None:
+    """The device ids ``CUDA_VISIBLE_DEVICES`` lists when it is set to integers (the GPUs a batch system such as
+    Slurm granted, say), else None (unset, or devices named by UUID)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    if not parts or not all(part.isdigit() for part in parts):
+        return None
+    return [int(part) for part in parts]
+
+
+def visible_indices(devices: list[DeviceInfo]) -> list[DeviceInfo]:
+    """CUDA devices as torch numbers them under ``CUDA_VISIBLE_DEVICES`` (0, 1, ...) renumbered with the ids it
+    lists ("2,3": 2 and 3), so that an index means the same device in every process of the node: the agent drops
+    the variable and the worker narrows each attempt's ranks to their own ids. Unchanged when it is unset or
+    names devices by UUID."""
+    ids = visible_ids()
+    if ids is None or len(ids) < len(devices):
+        return devices
+    return [replace(device, index=ids[position]) if not device.virtual else device
+            for position, device in enumerate(devices)]
 
 
 _CUDA_PROBE = """

@@ -26,6 +26,7 @@ seam               path points at                                               
 ``benchmarks``     ``{name: "module:main"}``; ``main(quick, output) -> int``       no      ``strata bench``
 ``job_routes``     ``{name: "module:function"}``; ``function(PanelData) -> JSON``  yes     API
 ``collections``    ``{name: "module:Class"}``: a ``collections.Collection``       yes     API, CLI
+``metrics``        a callable ``(report) -> Iterable[Sample]`` (node metrics)       yes     node agent
 =================  =============================================================  ======  =================
 
 The registry (:mod:`components.runtime.registry`) reads every manifest once, checks it, and freezes the result.
@@ -70,6 +71,10 @@ class Plugin:
     job_routes: Mapping[str, str] = field(default_factory=dict)
     # Team-owned named records served at ``/api/v1/{name}/`` (components.runtime.collections.Collection).
     collections: Mapping[str, str] = field(default_factory=dict)
+    # The plugin's own Prometheus metrics on the node's /metrics: a light callable ``metrics(report) ->
+    # Iterable[Sample]`` turning the plugin's latest node-services report (what its services' report() sent with
+    # the last heartbeat, merged) into samples named ``strata_<plugin>_...`` (components.runtime.metrics).
+    metrics: str | None = None
 
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
@@ -77,6 +82,8 @@ class Plugin:
                                            "node_services", "data_providers", "strategies") for path in getattr(self, seam)]
         if self.reports:
             found.append(("reports", self.reports))
+        if self.metrics:
+            found.append(("metrics", self.metrics))
         found.extend(("benchmarks", path) for path in self.benchmarks.values())
         found.extend(("job_routes", path) for path in self.job_routes.values())
         found.extend(("collections", path) for path in self.collections.values())
@@ -100,12 +107,90 @@ class Plugin:
             for name in value:
                 if not isinstance(name, str) or not NAME_RE.match(name):
                     problems.append(f"{seam[:-1].replace('_', ' ')} name {name!r} must match {NAME_RE.pattern}")
+        if self.metrics is not None and not isinstance(self.metrics, str):
+            problems.append("metrics must be a 'module:function' path or None")
         if problems:
             return problems
         for seam, path in self.paths():
             if not isinstance(path, str) or not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", path):
                 problems.append(f"{seam}: {path!r} is not a 'module:attribute' path")
         return problems
+
+
+METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+"""A valid Prometheus metric name."""
+LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+"""A valid Prometheus label name (``__``-prefixed ones are reserved)."""
+SAMPLE_KINDS = ("gauge", "counter")
+
+
+def metric_prefix(plugin: str) -> str:
+    """The prefix every metric of ``plugin`` carries: ``strata_<plugin>_`` (dashes become underscores)."""
+    return f"strata_{plugin.replace('-', '_')}_"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One metric sample a plugin's ``metrics`` function yields (see :attr:`Plugin.metrics`).
+
+    ``name`` is the full Prometheus name, prefixed ``strata_<plugin>_``; a ``counter``'s ends in ``_total``.
+    ``labels`` are string pairs (the node agent adds ``node``); ``value`` a finite number. Samples of one name
+    share ``kind``, ``help`` and label names."""
+
+    name: str
+    value: float
+    help: str = ""
+    kind: str = "gauge"  # "gauge" or "counter"
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def sample_problems(plugin: str, samples: list[Any]) -> list[str]:
+    """What is wrong with ``samples`` of ``plugin`` (empty when they are all valid); pure and cheap."""
+    import math
+
+    problems: list[str] = []
+    prefix = metric_prefix(plugin)
+    shapes: dict[str, tuple[str, tuple[str, ...]]] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for sample in samples:
+        if not isinstance(sample, Sample):
+            problems.append(f"{sample!r} is not a components.runtime.plugins.Sample")
+            continue
+        name = sample.name
+        if not isinstance(name, str) or not METRIC_NAME_RE.match(name) or not name.startswith(prefix):
+            problems.append(f"{name!r} is not a Prometheus name starting {prefix!r}")
+            continue
+        if sample.kind not in SAMPLE_KINDS:
+            problems.append(f"{name}: kind {sample.kind!r} is not one of {', '.join(SAMPLE_KINDS)}")
+        elif sample.kind == "counter" and (not name.endswith("_total") or name == prefix + "total"):
+            problems.append(f"{name}: a counter's name ends in '_total'")
+        elif sample.kind == "gauge" and name.endswith(("_total", "_created", "_bucket", "_count", "_sum")):
+            problems.append(f"{name}: a gauge's name may not end in a reserved suffix")
+        if not isinstance(sample.help, str):
+            problems.append(f"{name}: help must be a string")
+        value = sample.value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"{name}: value {value!r} is not a finite number")
+        elif sample.kind == "counter" and value < 0:
+            problems.append(f"{name}: a counter is never negative ({value!r})")
+        labels = sample.labels
+        if not isinstance(labels, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            problems.append(f"{name}: labels must map str to str")
+            continue
+        bad = [k for k in labels if not LABEL_NAME_RE.match(k) or k.startswith("__") or k == "node"]
+        if bad:
+            problems.append(f"{name}: bad label name(s) {', '.join(map(repr, bad))} ('node' is the agent's)")
+        shape = (sample.kind, tuple(sorted(labels)))
+        if shapes.setdefault(name, shape) != shape:
+            problems.append(f"{name}: every sample of one name needs the same kind and label names")
+        key = (name, tuple(sorted(labels.items())))
+        if key in seen:
+            problems.append(f"{name}: the same labels {dict(labels)!r} twice")
+        seen.add(key)
+    clash = sorted(name for name, (kind, _) in shapes.items() if kind == "counter" and shapes.get(name[:-6]))
+    problems.extend(f"{name}: a counter and a gauge {name[:-6]!r} share one name" for name in clash)
+    return problems
 
 
 class ReportError(ValueError):

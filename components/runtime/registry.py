@@ -71,6 +71,7 @@ class LoadedPlugin:
     data_providers: tuple[Any, ...] = ()  # DataProvider instances
     collections: dict[str, Any] = field(default_factory=dict)  # name -> Collection instance
     strategies: dict[str, Any] = field(default_factory=dict)  # name -> distributed.Strategy instance
+    metrics: Any = None  # function(report) -> Iterable[plugins.Sample]: the plugin's node metrics, or None
 
     @property
     def name(self) -> str:
@@ -170,9 +171,15 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         if strategy.name in strategies:
             raise ValueError(f"{path}: strategy {strategy.name!r} is named twice")
         strategies[strategy.name] = strategy
+    metrics = None
+    if plugin.metrics:
+        metrics = import_path(plugin.metrics)
+        if not callable(metrics) or isinstance(metrics, type):
+            raise TypeError(f"{plugin.metrics} is not a function (metrics(report) -> samples)")
     return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
                         hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes,
-                        data_providers=providers, collections=collections, strategies=strategies)
+                        data_providers=providers, collections=collections, strategies=strategies,
+                        metrics=metrics)
 
 
 def _hook(path: str) -> Any:
@@ -367,6 +374,11 @@ def data_providers() -> list[Any]:
 def strategies() -> dict[str, Any]:
     """Plugins' distributed-training strategies: ``{name: components.runtime.distributed.Strategy}``."""
     return {name: strategy for loaded in plugins().values() for name, strategy in loaded.strategies.items()}
+
+
+def metrics() -> dict[str, Any]:
+    """Plugins' node metrics functions: ``{plugin: function(report) -> Iterable[plugins.Sample]}``."""
+    return {loaded.name: loaded.metrics for loaded in plugins().values() if loaded.metrics is not None}
 
 
 def benchmarks() -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -29,13 +30,40 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("STRATA_DEBUG", False)
 ALLOWED_HOSTS = env_list("STRATA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+STRATA_PUBLIC_URL = env_str("STRATA_PUBLIC_URL", "http://127.0.0.1:8000")
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+
+
+# The public URL's origin is trusted for CSRF (the browser's Origin behind a proxy), plus any listed.
 CSRF_TRUSTED_ORIGINS = env_list("STRATA_CSRF_TRUSTED_ORIGINS", [])
+if _origin(STRATA_PUBLIC_URL).startswith("https://") and _origin(STRATA_PUBLIC_URL) not in CSRF_TRUSTED_ORIGINS:
+    CSRF_TRUSTED_ORIGINS.append(_origin(STRATA_PUBLIC_URL))
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
-SESSION_COOKIE_SECURE = env_bool("STRATA_SECURE_COOKIES", False)
+# --- HTTPS (docs/operations-production.md): TLS ends at a proxy in front of `strata server` ----------------
+# STRATA_HTTPS=1: redirect plain HTTP to HTTPS (except the probes), HSTS, Secure cookies.
+STRATA_HTTPS = env_bool("STRATA_HTTPS", False)
+SESSION_COOKIE_SECURE = env_bool("STRATA_SECURE_COOKIES", STRATA_HTTPS)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("STRATA_SSL_REDIRECT", STRATA_HTTPS)
+# Load balancers and Prometheus probe the replicas over plain HTTP, straight, not through the proxy.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("STRATA_HSTS_SECONDS", 31_536_000 if STRATA_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("STRATA_HSTS_INCLUDE_SUBDOMAINS", STRATA_HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("STRATA_HSTS_PRELOAD", False)
+# The header the TLS proxy sets to say a request came over HTTPS, e.g. "X-Forwarded-Proto" (value: https).
+# Only with a proxy that always sets (overwrites) it: otherwise a client could claim HTTPS.
+_PROXY_SSL_HEADER = env_str("STRATA_SECURE_PROXY_SSL_HEADER")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _PROXY_SSL_HEADER.strip().upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None)
+# Checks an operator has decided about (e.g. security.W021, HSTS preload): `strata check --deploy` skips them.
+SILENCED_SYSTEM_CHECKS = env_list("STRATA_SILENCED_CHECKS", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -213,6 +241,9 @@ STRATA_NODE_BROKER_URL = env_str("STRATA_NODE_BROKER_URL") or CELERY_BROKER_URL
 STRATA_NODE_LEASE_SECONDS = env_float("STRATA_NODE_LEASE_SECONDS", 15.0, minimum=1.0)
 STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.1)
 STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
+# Of several `strata scheduler` replicas one leads (reaper, reconciler, telemetry rollups): its lease lasts this
+# long and is renewed every tick, so a dead leader is replaced within it (scheduling/leader.py).
+STRATA_LEADER_LEASE_SECONDS = env_float("STRATA_LEADER_LEASE_SECONDS", 15.0, minimum=1.0)
 STRATA_DISPATCH_REPUBLISH_SECONDS = env_float("STRATA_DISPATCH_REPUBLISH_SECONDS", 30.0, minimum=1.0)
 STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
 # Participants (machines outside the cluster that joined a running job): one whose last heartbeat is older than
@@ -225,7 +256,6 @@ STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifact
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
 STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
-STRATA_PUBLIC_URL = env_str("STRATA_PUBLIC_URL", "http://127.0.0.1:8000")
 
 LOGGING = {
     "version": 1,
@@ -242,3 +272,11 @@ LOGGING = {
 STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)  # hour rollups
 STRATA_TELEMETRY_RAW_DAYS = env_int("STRATA_TELEMETRY_RAW_DAYS", 2, minimum=1)  # raw heartbeat samples
+
+# --- metrics (docs/operations-metrics.md) -------------------------------------------------------------------
+# Set: /metrics asks for "Authorization: Bearer <token>"; unset: it is open (aggregate counts only).
+STRATA_METRICS_TOKEN = env_str("STRATA_METRICS_TOKEN") or None
+# `strata scheduler` serves its own process's metrics (pass latency) here; 0 turns it off.
+STRATA_SCHEDULER_METRICS_PORT = env_int("STRATA_SCHEDULER_METRICS_PORT", 9109, minimum=0)
+# Where the scheduler's metrics server listens: loopback unless an operator opens it.
+STRATA_METRICS_BIND = env_str("STRATA_METRICS_BIND", "127.0.0.1")

@@ -13,6 +13,7 @@ subclass in a plugin's tests says how to build its object, and inherits every ch
   ``PanelData`` twin for tests.
 - :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
 - :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
+- :mod:`~components.runtime.conformance.metrics`: a plugin's node metrics function (the manifest's ``metrics``).
 """
 
 import time

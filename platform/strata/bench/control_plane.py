@@ -426,6 +426,10 @@ def _figures(results: dict, quick: bool) -> list[benchkit.Figure]:
             f"pass_{item['database']}", f"one scheduling pass, {item['jobs']:,} jobs / {item['nodes']:,} nodes "
             f"({item['database']}), against the 1 s target", item["seconds"], PASS_TARGET, "s",
             target=None if quick else 1.0, baseline_text="target 1 s"))
+    if results.get("heartbeats"):  # simulated nodes heartbeating at the real interval (strata.bench.heartbeats)
+        from strata.bench import heartbeats
+
+        figures.extend(heartbeats.figures(results["heartbeats"], quick))
     return figures
 
 
@@ -460,6 +464,12 @@ def main(quick: bool = False, output: str | None = None) -> int:
         _say(f"  {backend}: pass {outcome['seconds']:.3f} s, placed {outcome['placed']:,} jobs "
              f"({outcome['placed_gpus']:g} of {outcome['capacity_gpus']:g} GPUs), "
              f"{outcome['still_queued']:,} still queued (rows created in {outcome['populate_seconds']:.1f} s)")
+
+    if not services_problem:
+        from strata.bench import heartbeats
+
+        _say("\n[heartbeats] simulated nodes heartbeating at the real interval while scheduling passes run")
+        results["heartbeats"] = heartbeats.main(quick)
 
     rows = []
     for item in results["latency"]:

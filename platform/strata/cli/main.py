@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--threads", type=int, default=16)
 
+    check = commands.add_parser("check", help="check the configuration (--deploy: for production), one line "
+                                               "per problem; exit 1 on errors")
+    check.add_argument("--deploy", action="store_true",
+                       help="also run the production checks (Django's and Strata's, docs/operations-production.md)")
+    check.add_argument("--fail-level", default="ERROR", choices=["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"],
+                       help="exit 1 on problems of this level or worse (default ERROR)")
+
     scheduler = commands.add_parser("scheduler", help="run the scheduler (Celery worker with beat)")
     scheduler.add_argument("--loglevel", default="WARNING")
 
@@ -40,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--address", default="127.0.0.1",
                       help="this node's address as other nodes reach it: where a gang's ranks meet and "
                            "listen (default 127.0.0.1: one machine)")
+    node.add_argument("--end-time", type=float,
+                      help="when the node's allocation ends, in Unix seconds (a batch system's time limit; or "
+                           "STRATA_NODE_END_TIME): it leaves shortly before")
+    node.add_argument("--drain-before", type=float, metavar="SECONDS",
+                      help="drain this long before --end-time: take no new work, leave once idle (SIGUSR1 "
+                           "drains at once)")
+    node.add_argument("--metrics-port", type=int, default=0,
+                      help="expose the node's Prometheus metrics on this port (default 0: off; 9108 is usual)")
+    node.add_argument("--metrics-bind",
+                      help="address the metrics server listens on (default: the node's --address)")
 
     token = commands.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
     create = token.add_parser("create", help="create a token (printed once)")
@@ -137,6 +154,7 @@ def dispatch(args) -> int:
     if args.command == "job-token":
         return client.job_token(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
+                "check": local.check,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
                 "quota": client.quota, "participants": client.participants}
     if args.command in handlers:

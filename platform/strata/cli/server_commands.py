@@ -64,10 +64,40 @@ def scheduler(args) -> int:
     from strata.celery import app
 
     schedule_file = str(Path(settings.HOME) / "celerybeat-schedule")
+    # This process runs the passes (solo pool): expose its metrics (docs/operations-metrics.md).
+    from strata.telemetry.metrics import start_scheduler_server
+
+    start_scheduler_server(settings.STRATA_SCHEDULER_METRICS_PORT, settings.STRATA_METRICS_BIND)
     app.worker_main(["worker", "-Q", "control", "-B", "-s", schedule_file, "--pool", "solo", "--concurrency", "1",
                      "-n", "scheduler@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
                      "--loglevel", args.loglevel])
     return 0
+
+
+def check(args) -> int:
+    """``strata check [--deploy]``: Django's system checks (with ``--deploy`` its deployment checks and Strata's,
+    strata/checks.py), one line per problem; exit 1 when one is at ``--fail-level`` (ERROR) or worse."""
+    _django()
+    from django.core import checks
+
+    levels = {"DEBUG": checks.DEBUG, "INFO": checks.INFO, "WARNING": checks.WARNING, "ERROR": checks.ERROR,
+              "CRITICAL": checks.CRITICAL}
+    problems = [message for message in checks.run_checks(include_deployment_checks=args.deploy)
+                if not message.is_silenced()]
+    names = {checks.DEBUG: "DEBUG", checks.INFO: "INFO", checks.WARNING: "WARNING", checks.ERROR: "ERROR",
+             checks.CRITICAL: "CRITICAL"}
+    for message in sorted(problems, key=lambda m: (-m.level, m.id or "")):
+        text = " ".join(str(message.msg).split())
+        hint = f" HINT: {' '.join(str(message.hint).split())}" if message.hint else ""
+        where = f"{message.obj}: " if message.obj is not None else ""
+        print(f"{names.get(message.level, message.level)} {message.id}: {where}{text}{hint}")
+    failing = [message for message in problems if message.level >= levels[args.fail_level]]
+    counts = {name: sum(1 for m in problems if names.get(m.level) == name) for name in names.values()}
+    summary = ", ".join(f"{count} {name.lower()}{'s' if count != 1 else ''}" for name, count in counts.items()
+                        if count)
+    print(f"strata check{' --deploy' if args.deploy else ''}: "
+          f"{'no problems' if not problems else summary}", flush=True)
+    return 1 if failing else 0
 
 
 def node(args) -> int:
@@ -85,11 +115,21 @@ def node(args) -> int:
         labels[key] = value
     options = NodeOptions(server=args.server, token=token, virtual_gpus=args.virtual_gpus,
                           virtual_gpu_memory=parse_bytes(args.virtual_gpu_memory), labels=labels,
-                          slots=args.slots, broker_url=args.broker, address=args.address)
+                          slots=args.slots, broker_url=args.broker, address=args.address,
+                          metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
     if args.name:
         options.name = args.name
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
+    end_time = args.end_time if args.end_time is not None else os.environ.get("STRATA_NODE_END_TIME") or None
+    options.end_time = float(end_time) if end_time is not None else None
+    if args.drain_before is not None:
+        if args.drain_before < 0:
+            raise ValueError(f"--drain-before cannot be negative, got {args.drain_before:g}")
+        if options.end_time is None:
+            print("strata node: --drain-before without --end-time (or STRATA_NODE_END_TIME): drains on SIGUSR1 "
+                  "only", file=sys.stderr)
+        options.drain_before = args.drain_before
     return NodeAgent(options).run()
 
 

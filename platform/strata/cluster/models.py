@@ -43,7 +43,12 @@ class Node(models.Model):
 
     @property
     def lease_valid(self) -> bool:
-        return self.state == self.State.UP and self.lease_expires_at > timezone.now()
+        # A DRAINING node still holds its lease (and runs its attempts); it only takes no new work.
+        return self.state in LIVE_STATES and self.lease_expires_at > timezone.now()
+
+
+# Nodes that hold a lease: UP takes new work, DRAINING only finishes what it runs.
+LIVE_STATES = (Node.State.UP, Node.State.DRAINING)
 
 
 class Device(models.Model):

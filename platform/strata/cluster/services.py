@@ -277,11 +277,8 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     uses."""
     from strata.telemetry.services import samples_record
 
-    if str(node.session) != str(session):
-        raise StaleSession("this node session was replaced; register again")
+    _check_session(node, session)
     now = timezone.now()
-    if node.state == Node.State.DOWN:
-        raise StaleSession("the node's lease expired and its attempts were requeued; register again")
     Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
     devices = {device.index: device for device in node.devices.all()}
     rows = []
@@ -299,5 +296,57 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
     stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
-    return {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop,
-            "sharing_policy": pool_policy(node_pool(node.labels))}
+    answer = {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop,
+              "sharing_policy": pool_policy(node_pool(node.labels)), "state": node.state}
+    if node.state == Node.State.DRAINING:
+        answer["attempts_left"] = node_attempts_left(node)
+    return answer
+
+
+def _check_session(node: Node, session) -> None:
+    """Fencing of the node's own calls: only its current session, and not after it went DOWN."""
+    if str(node.session) != str(session):
+        raise StaleSession("this node session was replaced; register again")
+    if node.state == Node.State.DOWN:
+        raise StaleSession("the node's lease expired or it left, and its attempts were requeued; register again")
+
+
+def node_attempts_left(node: Node) -> int:
+    """How many attempts that have not ended hold a device on ``node`` (dispatched, claimed or running)."""
+    return (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node, allocations__active=True)
+            .distinct().count())
+
+
+def node_drain(node: Node, session) -> dict:
+    """The node stops taking work: DRAINING until it leaves or registers again. The scheduler places nothing new
+    on it (its capacity counts only UP nodes); its attempts keep their devices and run on, and its lease goes
+    on with its heartbeats. Draining twice is the same as once. Raises StaleSession (another session, or DOWN)."""
+    _check_session(node, session)
+    if Node.objects.filter(pk=node.pk, session=node.session, state=Node.State.UP).update(state=Node.State.DRAINING):
+        log.info("node %s is draining", node.name)
+    node.refresh_from_db(fields=["state"])
+    if node.state == Node.State.DOWN:
+        raise StaleSession("the node's lease expired or it left, and its attempts were requeued; register again")
+    return {"state": node.state, "attempts_left": node_attempts_left(node),
+            "lease_seconds": settings.STRATA_NODE_LEASE_SECONDS}
+
+
+def node_leave(node: Node, session, reason: str = "node left") -> dict:
+    """The node goes away on purpose (its agent stops, or its allocation ends): DOWN at once, and its remaining
+    attempts end as for a lost node (``node_lost``: requeued without counting a failure, unless a kind's failure
+    policy says otherwise), so the worker's late reports about them are refused as stale. A pass is requested.
+    Leaving again (the same session, already DOWN) is harmless. Raises StaleSession (another session)."""
+    from strata.celery import request_pass
+    from strata.scheduling.services import release_node_attempts
+
+    if str(node.session) != str(session):
+        raise StaleSession("this node session was replaced; register again")
+    with transaction.atomic():
+        left = Node.objects.filter(pk=node.pk, session=node.session).exclude(state=Node.State.DOWN).update(
+            state=Node.State.DOWN, lease_expires_at=timezone.now())
+        # Attempts of every session: a node that leaves has nothing running any more.
+        released = release_node_attempts(node, reason)
+    if left:
+        log.info("node %s left; %d attempt(s) requeued", node.name, released)
+    transaction.on_commit(request_pass)
+    return {"state": Node.State.DOWN.value, "released": released}

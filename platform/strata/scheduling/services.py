@@ -22,7 +22,7 @@ from django.db.models import F, Max, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from strata.cluster.models import Device, Node
+from strata.cluster.models import LIVE_STATES, Device, Node
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.participants import participants_expire
 from strata.jobs.services import attempt_drop_node, attempt_lost
@@ -30,6 +30,7 @@ from strata.jobs.states import InvalidTransition, transition
 from strata.quotas.models import Quota
 from strata.quotas.services import admit_pending, teams_with_pending
 from strata.scheduling.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot
+from strata.telemetry.metrics import timed_pass
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -270,6 +271,7 @@ def _held_by_team() -> dict[int, float]:
     return held
 
 
+@timed_pass  # strata_scheduler_pass_seconds (strata.telemetry.metrics)
 def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassResult:
     """Admit pending jobs, then place queued jobs in priority and weighted fair-share order."""
     from components.runtime import registry
@@ -579,10 +581,11 @@ def reap(now=None) -> dict:
     """Requeue the attempts of nodes whose lease expired (not counted as failures), fail attempts that
     overran their job's time limit by more than the grace period, and end participants that missed their lease."""
     now = now or timezone.now()
-    lost_nodes = list(Node.objects.filter(state=Node.State.UP, lease_expires_at__lte=now))
+    # A DRAINING node holds its lease like an UP one (it only takes no new work): it is lost the same way.
+    lost_nodes = list(Node.objects.filter(state__in=LIVE_STATES, lease_expires_at__lte=now))
     requeued = 0
     for node in lost_nodes:
-        if Node.objects.filter(pk=node.pk, state=Node.State.UP, lease_expires_at__lte=now).update(
+        if Node.objects.filter(pk=node.pk, state__in=LIVE_STATES, lease_expires_at__lte=now).update(
                 state=Node.State.DOWN):
             log.warning("node %s missed its lease; requeueing its attempts", node.name)
         requeued += release_node_attempts(node, "node lease expired")
@@ -619,7 +622,7 @@ def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:
         if hooks and any(hook.applies(attempt.job.kind) for hook in hooks):
             others = (Allocation.objects.filter(attempt=attempt, active=True).exclude(device__node=node)
                       .values_list("device__node_id", flat=True).distinct())
-            left = Node.objects.filter(pk__in=list(others), state=Node.State.UP).count()
+            left = Node.objects.filter(pk__in=list(others), state__in=LIVE_STATES).count()
             decision = node_loss(LostAttempt(
                 job_id=str(attempt.job_id), attempt_id=str(attempt.pk), team_id=attempt.job.team_id,
                 kind=attempt.job.kind, number=attempt.number, node=node.name, primary=primary,
@@ -657,8 +660,24 @@ def reconcile(now=None) -> int:
 
 
 def tick() -> dict:
-    """The beat: reap, reconcile, then a scheduling pass."""
-    reaped = reap()
-    republished = reconcile()
+    """The beat: renew (or take) the leader lease; the leader reaps and reconciles; then a scheduling pass, on
+    every replica (passes are serialized by their own lock, so a pass on a non-leader is safe)."""
+    from strata.scheduling.leader import lease_acquire
+
+    lease = lease_acquire()
+    reaped = {"lost_nodes": 0, "requeued": 0, "overdue": 0, "lost_participants": 0, "stopped_participants": 0}
+    republished = 0
+    if lease is not None:
+        reaped = reap()
+        republished = reconcile()
     result = schedule_pass()
-    return {**reaped, "republished": republished, "placed": result.placed, "admitted": result.admitted}
+    return {**reaped, "republished": republished, "placed": result.placed, "admitted": result.admitted,
+            "leader": lease is not None, "epoch": lease.epoch if lease is not None else None}
+
+
+def leader_status() -> dict:
+    """Whether this process leads the scheduler replicas, and who does (for metrics): see
+    :func:`strata.scheduling.leader.leader_status`."""
+    from strata.scheduling.leader import leader_status as status
+
+    return status()

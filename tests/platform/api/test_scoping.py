@@ -12,7 +12,7 @@ from strata.api import urls as api_urls
 from strata.jobs.models import Attempt, Job, JobState
 
 PREFIX = "/api/v1/"
-NODE_ROUTES = {"node-register", "node-heartbeat", "attempt-claim", "attempt-report", "attempt-finish",
+NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "attempt-claim", "attempt-report", "attempt-finish",
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",

@@ -151,6 +151,29 @@ class HeartbeatAnswerSerializer(serializers.Serializer):
     stop = serializers.ListField(child=serializers.CharField(), help_text="Attempts the node must stop.")
     sharing_policy = serializers.ChoiceField(choices=DevicePool.Policy.choices,
                                              help_text="The GPU-sharing policy of the node's pool.")
+    state = serializers.ChoiceField(choices=Node.State.choices, help_text=(
+        "The node's state: draining after POST node/drain/ (no new work is placed on it) until it leaves or "
+        "registers again."))
+    attempts_left = serializers.IntegerField(required=False, help_text=(
+        "Only while draining: the attempts that still hold a device on the node (0: it may leave)."))
+
+
+class NodeSessionSerializer(serializers.Serializer):
+    """A node's call about itself (drain, leave), fenced like a heartbeat: its id and current session."""
+
+    node = serializers.UUIDField()
+    session = serializers.UUIDField()
+
+
+class DrainAnswerSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=Node.State.choices)
+    attempts_left = serializers.IntegerField(help_text="The attempts that still hold a device on the node.")
+    lease_seconds = serializers.FloatField()
+
+
+class LeaveAnswerSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=Node.State.choices)
+    released = serializers.IntegerField(help_text="The attempts ended (or shrunk) as for a lost node.")
 
 
 class ClaimDeviceSerializer(serializers.Serializer):

@@ -118,6 +118,32 @@ class HeartbeatView(NodeAPIView):
         return Response(answer)
 
 
+class DrainView(NodeAPIView):
+    """The node stops taking work (DRAINING): nothing new is placed on it, its attempts run on, and its
+    heartbeats keep its lease; it leaves (POST node/leave/) when they are done. A new registration makes it UP."""
+
+    @extend_schema(request=s.NodeSessionSerializer, responses={200: s.DrainAnswerSerializer, 404: UNKNOWN_NODE,
+                                                               409: error_response(409, STALE_SESSION)})
+    def post(self, request):
+        serializer = s.NodeSessionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        return Response(services.node_drain(_node(data), str(data["session"])))
+
+
+class LeaveView(NodeAPIView):
+    """The node goes away on purpose: DOWN at once, its remaining attempts ended as for a lost node (requeued
+    without counting a failure, unless their kind's failure policy says otherwise)."""
+
+    @extend_schema(request=s.NodeSessionSerializer, responses={200: s.LeaveAnswerSerializer, 404: UNKNOWN_NODE,
+                                                               409: error_response(409, STALE_SESSION)})
+    def post(self, request):
+        serializer = s.NodeSessionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        return Response(services.node_leave(_node(data), str(data["session"])))
+
+
 class AttemptClaimView(NodeAPIView):
     @extend_schema(request=s.AttemptCallSerializer,
                    responses={200: s.ClaimAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})

@@ -45,6 +45,7 @@ from strata.jobs.api.serializers import (
 from strata.jobs.models import Artifact, JobState
 from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
 from strata.jobs.storage import get_storage
+from strata.telemetry.metrics import SUBMIT_SECONDS
 
 MAX_STREAM_ITEMS = 1000
 
@@ -118,6 +119,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
                                      description="Submit at most once: a retry with the same key and body "
                                                  "returns the same job (200).")],
     )
+    @SUBMIT_SECONDS.time()  # strata_job_submit_seconds (strata.telemetry.metrics)
     def create(self, request, *args, **kwargs):
         serializer = JobSubmitSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
