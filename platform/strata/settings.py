@@ -28,6 +28,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# Rotating the key: the old one here keeps sessions and signed values valid until they expire (docs/operations.md).
+SECRET_KEY_FALLBACKS = env_list("STRATA_SECRET_KEY_FALLBACKS", [])
 DEBUG = env_bool("STRATA_DEBUG", False)
 ALLOWED_HOSTS = env_list("STRATA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 STRATA_PUBLIC_URL = env_str("STRATA_PUBLIC_URL", "http://127.0.0.1:8000")
@@ -87,6 +89,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "strata.api.head.HeadResponseMiddleware",  # outermost: a HEAD response keeps its headers, loses its body
+    "strata.api.middleware.ProbeMiddleware",  # /healthz, /readyz, /metrics answer any Host (probes, Prometheus)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "strata.api.middleware.BodySizeLimitMiddleware",

@@ -74,3 +74,26 @@ class RequestTextMiddleware:
                 if problem := text_problem(text):
                     return JsonResponse({safe_name(key): [f"query parameter {problem}"]}, status=400)
         return self.get_response(request)
+
+
+class ProbeMiddleware:
+    """``/healthz``, ``/readyz`` and ``/metrics`` answer whatever ``Host`` a request names: load balancers,
+    Kubernetes probes and Prometheus call a replica by its pod or host address, which ``ALLOWED_HOSTS`` (the
+    public names) does not list, and Django's host check would answer them 400. These three views read nothing
+    from the host and reveal no team data (``/metrics`` has its own optional token), so they are answered here,
+    before any middleware that validates the host; every other path still is validated."""
+
+    VIEWS = {"/healthz": "strata.urls.health", "/readyz": "strata.api.metrics.readyz",
+             "/metrics": "strata.api.metrics.metrics"}
+
+    def __init__(self, get_response):
+        from django.utils.module_loading import import_string
+
+        self.get_response = get_response
+        self.views = {path: import_string(view) for path, view in self.VIEWS.items()}
+
+    def __call__(self, request):
+        view = self.views.get(request.path_info)
+        if view is not None and request.method in ("GET", "HEAD"):
+            return view(request)
+        return self.get_response(request)

@@ -178,6 +178,7 @@ class LoadGenerator:
         self.sent: list[float] = []  # slot times of the heartbeats sent (offered load)
         self.skipped = 0  # slots skipped because the node was still waiting for an answer a whole interval late
         self.reregistered = 0
+        self.register_retries = 0
         self.interval = 3.0
         self.lease = 15.0
         self.stopping = False
@@ -191,11 +192,23 @@ class LoadGenerator:
             "info": {"python": "sim", "pid": 0},
         }).encode()
 
-    async def _register(self, node: SimNode) -> None:
-        status, payload = await asyncio.wait_for(
-            node.connection.post("/api/v1/node/register/", self._register_body(node)), REQUEST_TIMEOUT_S)
-        if status != 200:
-            raise RuntimeError(f"register {node.name}: HTTP {status}: {payload[:300]!r}")
+    async def _register(self, node: SimNode, wait: float = 120.0) -> None:
+        """As ``NodeAgent.register``: retried for up to ``wait`` seconds while the server cannot be reached
+        (a connection closed or refused, 502/503/504)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                status, payload = await asyncio.wait_for(
+                    node.connection.post("/api/v1/node/register/", self._register_body(node)), REQUEST_TIMEOUT_S)
+            except (TimeoutError, ConnectionError, HttpError, OSError, ValueError, asyncio.IncompleteReadError) as error:
+                node.connection.close()
+                status, payload = 0, repr(error).encode()
+            if status == 200:
+                break
+            if status not in (0, 502, 503, 504) or time.monotonic() > deadline:
+                raise RuntimeError(f"register {node.name}: HTTP {status}: {payload[:300]!r}")
+            self.register_retries += 1
+            await asyncio.sleep(1.0)
         answer = json.loads(payload)
         node.id, node.session = answer["node"], answer["session"]
         self.interval = float(answer["heartbeat_seconds"])
@@ -306,7 +319,8 @@ class LoadGenerator:
     def lease_summary(self) -> dict:
         return {"nodes_lost_lease": sum(1 for node in self.nodes if node.lost), "lease_losses": sum(
             node.lost for node in self.nodes), "max_gap_s": max((node.max_gap for node in self.nodes), default=0.0),
-            "reregistered": self.reregistered, "skipped_slots": self.skipped,
+            "reregistered": self.reregistered, "register_retries": self.register_retries,
+            "skipped_slots": self.skipped,
             "connections_opened": sum(node.connection.connects for node in self.nodes)}
 
 

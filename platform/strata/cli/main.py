@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--threads", type=int, default=16)
 
+    commands.add_parser("migrate", help="apply the database migrations (replicas take turns; docs/operations.md)")
+
     check = commands.add_parser("check", help="check the configuration (--deploy: for production), one line "
                                                "per problem; exit 1 on errors")
     check.add_argument("--deploy", action="store_true",
@@ -154,7 +156,7 @@ def dispatch(args) -> int:
     if args.command == "job-token":
         return client.job_token(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
-                "check": local.check,
+                "check": local.check, "migrate": local.migrate_command,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
                 "quota": client.quota, "participants": client.participants}
     if args.command in handlers:

@@ -21,11 +21,27 @@ def _django():
     django.setup()
 
 
+MIGRATE_LOCK_KEY = 0x5374726174614D67  # PostgreSQL advisory lock held while migrating ("StrataMg")
+
+
 def migrate(quiet: bool = True) -> None:
+    """Apply the migrations. Every server and scheduler replica does this at start; on PostgreSQL they take turns
+    under an advisory lock (two replicas migrating one empty database at once would collide), on SQLite the
+    write lock serializes them."""
     _django()
     from django.core.management import call_command
+    from django.db import connection
 
-    call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+    if connection.vendor != "postgresql":
+        call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
+    try:
+        call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
 
 
 def server_limits():
@@ -69,8 +85,14 @@ def scheduler(args) -> int:
 
     start_scheduler_server(settings.STRATA_SCHEDULER_METRICS_PORT, settings.STRATA_METRICS_BIND)
     app.worker_main(["worker", "-Q", "control", "-B", "-s", schedule_file, "--pool", "solo", "--concurrency", "1",
-                     "-n", "scheduler@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                     "-n", f"scheduler-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
                      "--loglevel", args.loglevel])
+    return 0
+
+
+def migrate_command(args) -> int:
+    """``strata migrate``: apply the migrations, saying which (an upgrade's first step; docs/operations.md)."""
+    migrate(quiet=False)
     return 0
 
 

@@ -195,3 +195,12 @@ def test_the_scheduler_process_exposes_its_passes_on_its_own_port(db, run_pass):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_probes_and_metrics_answer_any_host_while_other_paths_check_it(db, client):
+    # Kubernetes probes and Prometheus call a replica by its pod address, which ALLOWED_HOSTS does not list.
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert client.get(path, HTTP_HOST="10.1.2.3:8000").status_code == 200, path
+        assert client.head(path, HTTP_HOST="10.1.2.3:8000").status_code == 200, path
+    assert client.get("/api/v1/jobs/", HTTP_HOST="10.1.2.3:8000").status_code == 400
+    assert client.get("/login/", HTTP_HOST="10.1.2.3:8000").status_code == 400
