@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser run test lint bench bench-peers screenshots protos clean
+.PHONY: install browser slurm run test lint bench bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,10 +29,21 @@ browser:
 	  echo "make: installing Debian's chromium for the browser tests"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's Slurm (slurm-wlm 22.05) and munge for tests/e2e/test_slurm.py, which starts its own munged, slurmctld and
+# slurmd as root. Needs root or sudo; without either the Slurm tests skip (CI sets STRATA_REQUIRE_SERVICES=1, which
+# turns that skip into a failure).
+slurm:
+	@{ test -x /usr/sbin/slurmctld && test -x /usr/sbin/slurmd && test -x /usr/sbin/munged && \
+	   test -x /usr/sbin/mungekey && command -v sbatch; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; else \
+	    echo "make: slurm-wlm or munge is missing and there is no root or sudo to install them; the Slurm tests will skip"; exit 0; fi; \
+	  echo "make: installing Debian's slurm-wlm and munge for the Slurm tests"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq slurm-wlm munge >/dev/null; }
+
 run: install
 	$(BIN)/strata up --port $(PORT)
 
-test: install browser
+test: install browser slurm
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 

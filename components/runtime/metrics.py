@@ -1,4 +1,4 @@
-"""The node agent's Prometheus metrics (``strata node --metrics-port``; docs/operations-metrics.md).
+"""The node agent's Prometheus metrics (``strata node --metrics-port``; docs/operations/metrics.md).
 
 :class:`NodeMetrics` keeps what the agent saw at its latest heartbeat (device samples, running attempts, the node
 services' reports) and counts heartbeats; :class:`NodeCollector` turns it into metric families at scrape time:

@@ -1,5 +1,5 @@
 """Strata's production checks: Django system checks with the ``deploy`` tag, so ``strata check --deploy`` and
-``manage.py check --deploy`` report them next to Django's own (docs/operations-production.md lists every id).
+``manage.py check --deploy`` report them next to Django's own (docs/operations/production.md lists every id).
 
 They run only with ``--deploy``: the broker check opens a connection (2 s timeout), nothing else does.
 """
@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import Tags, Warning, register
 
-DOCS = "docs/operations-production.md"
+DOCS = "docs/operations/production.md"
 LOOPBACK_NAMES = {"localhost", "testserver", "[::1]", "::1"}
 BROKER_TIMEOUT_S = 2.0
 SECRET_KEY_MIN_BITS = 256

@@ -48,7 +48,7 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
-# --- HTTPS (docs/operations-production.md): TLS ends at a proxy in front of `strata server` ----------------
+# --- HTTPS (docs/operations/production.md): TLS ends at a proxy in front of `strata server` ----------------
 # STRATA_HTTPS=1: redirect plain HTTP to HTTPS (except the probes), HSTS, Secure cookies.
 STRATA_HTTPS = env_bool("STRATA_HTTPS", False)
 SESSION_COOKIE_SECURE = env_bool("STRATA_SECURE_COOKIES", STRATA_HTTPS)
@@ -276,7 +276,7 @@ STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)  # hour rollups
 STRATA_TELEMETRY_RAW_DAYS = env_int("STRATA_TELEMETRY_RAW_DAYS", 2, minimum=1)  # raw heartbeat samples
 
-# --- metrics (docs/operations-metrics.md) -------------------------------------------------------------------
+# --- metrics (docs/operations/metrics.md) -------------------------------------------------------------------
 # Set: /metrics asks for "Authorization: Bearer <token>"; unset: it is open (aggregate counts only).
 STRATA_METRICS_TOKEN = env_str("STRATA_METRICS_TOKEN") or None
 # `strata scheduler` serves its own process's metrics (pass latency) here; 0 turns it off.

@@ -18,7 +18,7 @@ handler500 = "strata.api.errors.server_error"
 urlpatterns = [
     path("healthz", health),
     path("readyz", readyz),  # readiness: database, migrations, broker (strata.api.metrics)
-    path("metrics", metrics),  # Prometheus (docs/operations-metrics.md)
+    path("metrics", metrics),  # Prometheus (docs/operations/metrics.md)
     path("admin/", admin.site.urls),
     path("api/v1/", include("strata.api.urls")),
     path("api-auth/", include("rest_framework.urls")),

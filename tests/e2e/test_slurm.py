@@ -5,7 +5,8 @@ The test starts munged, slurmctld and slurmd itself (tests/e2e/slurm_support.py:
 submitted to Strata runs on the Slurm-launched node; ``scancel`` of that Slurm job makes the node leave, so its
 attempt is requeued without counting a failure and finishes on another node. ``scancel --signal=USR1 --batch``
 (what ``--signal=B:USR1@<s>`` sends before the time limit) drains it: new work goes elsewhere, its own attempt
-finishes there, then it leaves by itself and its Slurm job ends.
+finishes there, then it leaves by itself and its Slurm job ends. A short allocation drains before its time limit
+(the script reads the end time from squeue) and ends early.
 
 Like the other services the suite needs, Slurm is never silently skipped where it is required: with
 STRATA_REQUIRE_SERVICES=1 (CI) a Slurm that is missing or does not start fails the test, with the daemons' logs.
@@ -60,13 +61,15 @@ def slurm(tmp_path):
         assert not left, f"processes left after the Slurm teardown: {left}"
 
 
-def start_slurm_node(cluster, slurm: SlurmCluster, virtual_gpus: int = 2) -> str:
-    """sbatch the node script pointed at ``cluster``; the Slurm job's id."""
+def start_slurm_node(cluster, slurm: SlurmCluster, virtual_gpus: int = 2, time_limit: str = "30",
+                     extra: dict | None = None) -> str:
+    """sbatch the node script pointed at ``cluster``; the Slurm job's id. The default 30 minutes: the drain
+    before the time limit (300 s by default) never starts during the test."""
     env = e2e_env(STRATA_SERVER=cluster.url, STRATA_NODE_TOKEN=cluster.credentials["node_token"],
                   STRATA=shlex.join(strata_command()), STRATA_VIRTUAL_GPUS=str(virtual_gpus),
-                  STRATA_NODE_ADDRESS="127.0.0.1", STRATA_NODE_STATE_DIR=str(cluster.home / "node-slurm"))
-    # 30 minutes: the drain before the time limit (300 s by default) never starts during the test.
-    return slurm.sbatch(SCRIPT, "--time=30", env=env)
+                  STRATA_NODE_ADDRESS="127.0.0.1", STRATA_NODE_STATE_DIR=str(cluster.home / "node-slurm"),
+                  **(extra or {}))
+    return slurm.sbatch(SCRIPT, f"--time={time_limit}", env=env)
 
 
 def node(cluster, name: str) -> dict | None:
@@ -120,6 +123,7 @@ def test_a_slurm_node_runs_a_job_and_scancel_requeues_it_elsewhere(bare_cluster,
     wait_for(lambda: slurm.job_state(slurm_job) is None, 90, message=f"Slurm job {slurm_job} to leave squeue")
     log = (slurm.root / "jobs" / f"slurm-{slurm_job}.out").read_text(errors="replace")
     assert "left the cluster; 1 attempt(s) requeued" in log, log[-3000:]
+    assert "ends 20" in log, log[-3000:]  # the script read the allocation's end from squeue
 
     cluster.start_node("other")
     job = cluster.wait_state(job_id, TERMINAL, 300)
@@ -160,3 +164,17 @@ def test_usr1_drains_the_slurm_node_which_leaves_when_its_work_is_done(bare_clus
     wait_for(lambda: slurm.job_state(slurm_job) is None, 90, message=f"Slurm job {slurm_job} to end")
     log = (slurm.root / "jobs" / f"slurm-{slurm_job}.out").read_text(errors="replace")
     assert "drained: no attempt left; leaving" in log, log[-3000:]
+
+
+def test_the_node_drains_before_the_time_limit_and_ends_its_slurm_job_early(bare_cluster, slurm):
+    cluster = bare_cluster
+    # A 3-minute allocation drained 170 s before its end: at once, as the script read the end time from squeue.
+    slurm_job = start_slurm_node(cluster, slurm, time_limit="3", extra={"STRATA_DRAIN_BEFORE": "170"})
+    name = f"slurm-{slurm_job}"
+    wait_for(lambda: node(cluster, name), 120, message=f"node {name} to register")
+    # Nothing to finish: drained at once, it leaves, and its Slurm job ends long before the time limit.
+    wait_node(cluster, slurm, name, "down", timeout=120)
+    wait_for(lambda: slurm.job_state(slurm_job) is None, 90, message=f"Slurm job {slurm_job} to end")
+    log = (slurm.root / "jobs" / f"slurm-{slurm_job}.out").read_text(errors="replace")
+    assert ": draining" in log and "drained: no attempt left; leaving" in log, log[-3000:]
+    assert "ends ?" not in log, log[-3000:]

@@ -1,4 +1,4 @@
-"""Two `strata scheduler` replicas at once against one PostgreSQL and one Redis (docs/operations-production.md,
+"""Two `strata scheduler` replicas at once against one PostgreSQL and one Redis (docs/operations/production.md,
 Replicas and leadership): every job runs exactly once, one scheduler holds the leader lease at a time, and when
 the leader is killed the other takes over: it reaps a node lost meanwhile, and later jobs still run.
 

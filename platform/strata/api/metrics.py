@@ -1,4 +1,4 @@
-"""``/metrics`` (Prometheus) and ``/readyz`` (readiness) of the web process (docs/operations-metrics.md).
+"""``/metrics`` (Prometheus) and ``/readyz`` (readiness) of the web process (docs/operations/metrics.md).
 
 ``/metrics`` answers aggregate counts only (:mod:`strata.telemetry.metrics`). When ``STRATA_METRICS_TOKEN`` is
 set, it asks for ``Authorization: Bearer <token>`` (a 401 otherwise); unset, it is open like ``/healthz``.

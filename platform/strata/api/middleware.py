@@ -95,5 +95,8 @@ class ProbeMiddleware:
     def __call__(self, request):
         view = self.views.get(request.path_info)
         if view is not None and request.method in ("GET", "HEAD"):
-            return view(request)
+            response = view(request)
+            if not response.streaming and not response.has_header("Content-Length"):
+                response["Content-Length"] = str(len(response.content))  # as CommonMiddleware would: keep-alive
+            return response
         return self.get_response(request)

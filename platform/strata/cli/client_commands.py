@@ -150,6 +150,7 @@ def plugins(args) -> int:
                               ("report", [loaded.plugin.reports] if loaded.plugin.reports else []),
                               ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
                               ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
+                              ("metrics", [loaded.plugin.metrics] if loaded.plugin.metrics else []),
                               ("benchmarks", sorted(loaded.plugin.benchmarks)),
                               ("job routes", [f"/jobs/{{id}}/{route}/" for route in sorted(loaded.job_routes)]),
                               ("data options", sorted(o for p in loaded.data_providers for o in p.options)),

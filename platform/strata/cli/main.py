@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check the configuration (--deploy: for production), one line "
                                                "per problem; exit 1 on errors")
     check.add_argument("--deploy", action="store_true",
-                       help="also run the production checks (Django's and Strata's, docs/operations-production.md)")
+                       help="also run the production checks (Django's and Strata's, docs/operations/production.md)")
     check.add_argument("--fail-level", default="ERROR", choices=["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"],
                        help="exit 1 on problems of this level or worse (default ERROR)")
 

@@ -80,7 +80,7 @@ def scheduler(args) -> int:
     from strata.celery import app
 
     schedule_file = str(Path(settings.HOME) / "celerybeat-schedule")
-    # This process runs the passes (solo pool): expose its metrics (docs/operations-metrics.md).
+    # This process runs the passes (solo pool): expose its metrics (docs/operations/metrics.md).
     from strata.telemetry.metrics import start_scheduler_server
 
     start_scheduler_server(settings.STRATA_SCHEDULER_METRICS_PORT, settings.STRATA_METRICS_BIND)

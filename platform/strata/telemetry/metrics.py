@@ -1,4 +1,4 @@
-"""Prometheus metrics of the control plane (docs/operations-metrics.md).
+"""Prometheus metrics of the control plane (docs/operations/metrics.md).
 
 Two kinds of metrics live here:
 

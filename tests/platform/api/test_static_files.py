@@ -1,5 +1,5 @@
 """Static files are served by WhiteNoise (in MIDDLEWARE) with DEBUG off, from the installed packages through
-the finders: no collectstatic step (docs/operations-production.md, Static files)."""
+the finders: no collectstatic step (docs/operations/production.md, Static files)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`strata check --deploy`: clean on the documented production environment (docs/operations-production.md),
+"""`strata check --deploy`: clean on the documented production environment (docs/operations/production.md),
 the expected warnings on the laptop defaults, the broker persistence check against Redis (a stand-in that
 answers CONFIG as told, and this machine's Redis where one is reachable)."""
 
@@ -19,7 +19,7 @@ import pytest
 from strata import checks
 
 ROOT = Path(__file__).resolve().parents[3]
-DOCS = ROOT / "docs" / "operations-production.md"
+DOCS = ROOT / "docs" / "operations" / "production.md"
 
 
 def documented_environment() -> dict[str, str]:
