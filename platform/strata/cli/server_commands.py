@@ -127,8 +127,15 @@ def node(args) -> int:
     from components.runtime.units import parse_bytes
 
     token = args.token or os.environ.get("STRATA_NODE_TOKEN")
+    token_file = os.environ.get("STRATA_NODE_TOKEN_FILE")
+    if not token and token_file:  # a mounted secret (Kubernetes, systemd credentials): never in the process list
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as error:
+            raise ValueError(f"STRATA_NODE_TOKEN_FILE={token_file!r} cannot be read: {error}") from None
     if not token:
-        raise ValueError("a node token is required: --token or STRATA_NODE_TOKEN (strata token create --kind node)")
+        raise ValueError("a node token is required: --token, STRATA_NODE_TOKEN or STRATA_NODE_TOKEN_FILE "
+                         "(strata token create --kind node)")
     labels = {}
     for item in args.label or []:
         key, sep, value = item.partition("=")
