@@ -202,13 +202,13 @@ class NodeAgent:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGUSR1, self._on_drain_signal)
         self.register()
+        self.start_metrics()  # first: a node whose services are still starting is already worth watching
         self.services = self.node_services()
         # What the services tell every attempt (a node-local cache's directory, say): the worker, its attempts'
         # child processes and the service processes inherit it.
         os.environ.update(self.services.environment())
         self.services.start_all()
         self.start_worker()
-        self.start_metrics()
         interval = float(self.registration.get("heartbeat_seconds", 3.0))
         try:
             while not self.stopping:

@@ -18,7 +18,7 @@ import sys
 import psutil
 import pytest
 
-from strata.bench.hosts import HostCluster, Hosts, NamespaceError
+from strata.bench.hosts import NODE_METRICS_PORT, HostCluster, Hosts, NamespaceError, get_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -109,6 +109,37 @@ def test_jobs_run_on_both_hosts_and_a_gang_spans_them(multihost):
     rendezvous = [event["message"] for event in events if event["kind"] == "rendezvous"]
     addresses = {cluster.hosts.address("n1"), cluster.hosts.address("n2")}
     assert rendezvous and any(address + ":" in rendezvous[-1] for address in addresses), rendezvous
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape(hosts, url: str) -> dict | None:
+    import requests
+
+    try:
+        return samples(hosts.call("cp", get_text, url))
+    except requests.RequestException:
+        return None
+
+
+def test_metrics_are_scraped_across_hosts(multihost):
+    cluster, hosts = multihost, multihost.hosts
+    # Prometheus on the control-plane host scrapes the web process, and each node agent at its own address.
+    web = samples(hosts.call("cp", get_text, f"{cluster.url}/metrics"))
+    assert web[("strata_nodes_schedulable", ())] == 2
+    assert web[("strata_jobs", (("state", "SUCCEEDED"),))] >= 0
+    for host in ("n1", "n2"):
+        url = f"http://{hosts.address(host)}:{NODE_METRICS_PORT}/metrics"
+        beats = ("strata_node_heartbeats_total", (("node", f"host-{host}"),))
+        node = cluster.wait(lambda: (found := scrape(hosts, url)) and found.get(beats, 0) >= 1 and found,  # noqa: B023
+                            60, f"{url} to count a heartbeat")
+        labels = (("device", "0"), ("kind", "virtual"), ("node", f"host-{host}"))
+        assert node[("strata_node_device_memory_total_bytes", labels)] > 0
 
 
 def test_a_serve_deployment_on_one_host_answers_from_the_other(multihost):

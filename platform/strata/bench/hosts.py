@@ -46,6 +46,7 @@ PG_SOCKET_DIR = os.environ.get("STRATA_MULTIHOST_PG_SOCKET", "/var/run/postgresq
 FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
         "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 SERVER_PORT = 8000
+NODE_METRICS_PORT = 9108  # each node serves Prometheus metrics on its own address
 REDIS_PORT = 6379
 
 
@@ -317,7 +318,8 @@ class HostCluster:
                      "STRATA_SERVING_HOST": "0.0.0.0", "STRATA_SERVING_ADVERTISE_HOST": address, **env}
         process = self.hosts.start(
             host, [*strata_command(), "node", "--server", self.url, "--name", f"host-{host}", "--address", address,
-                   "--virtual-gpus", str(virtual_gpus), "--state-dir", str(self.home / f"node-{host}")],
+                   "--virtual-gpus", str(virtual_gpus), "--state-dir", str(self.home / f"node-{host}"),
+                   "--metrics-port", str(NODE_METRICS_PORT)],
             env=variables, stdout=self._log(f"node-{host}"), stderr=subprocess.STDOUT)
         self.processes[f"node-{host}"] = process
         return process
@@ -373,6 +375,13 @@ def _session():
     if not hasattr(_sessions, "session"):
         _sessions.session = requests.Session()
     return _sessions.session
+
+
+def get_text(url: str) -> str:
+    """GET ``url`` (no token), for :meth:`Hosts.call`: ``hosts.call("cp", get_text, url)``."""
+    response = _session().get(url, timeout=10)
+    response.raise_for_status()
+    return response.text
 
 
 def _get_ok(url: str) -> bool:
