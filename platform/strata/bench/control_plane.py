@@ -452,6 +452,17 @@ def main(quick: bool = False, output: str | None = None) -> int:
             continue
         results["latency"].append(measure_latency(backend, sizes["latency_jobs"], sizes["rate"],
                                                   sizes["virtual_gpus"]))
+    # The same jobs with the control plane and the node on separate hosts (network namespaces on a bridge).
+    from strata.bench import hosts, multihost
+
+    cross_problem = services_problem or hosts.unavailable()
+    if cross_problem:
+        _say(f"  note: the cross-host measurement is skipped: {cross_problem}")
+        results["cross_host_skipped"] = cross_problem
+    else:
+        _say("  two-hosts: control plane and node on separate hosts (PostgreSQL + Redis)")
+        results["latency"].append(multihost.measure_cross_host_latency(sizes["latency_jobs"], sizes["rate"],
+                                                                       sizes["virtual_gpus"]))
 
     _say(f"\n[2/2] one scheduling pass: {sizes['pass_jobs']:,} queued jobs, {sizes['pass_nodes']:,} nodes x "
          f"{DEVICES_PER_NODE} devices (mixed whole/fractional/2-GPU requests)")

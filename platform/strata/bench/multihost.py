@@ -77,7 +77,7 @@ def measure_cross_host_latency(jobs: int, rate: float, virtual_gpus: int = 8) ->
             records = started(ids, 180)
             latencies = [(_parse_time(job["started_at"]) - _parse_time(job["created_at"])).total_seconds()
                          for job in records.values() if job.get("started_at")]
-            result = {"backend": "postgres+redis, two hosts", "jobs": jobs, "rate_per_s": rate,
+            result = {"backend": "two-hosts", "jobs": jobs, "rate_per_s": rate,
                       "started": len(latencies), "not_started": len(ids) - len(latencies),
                       "p50_s": _percentile(latencies, 0.50), "p90_s": _percentile(latencies, 0.90),
                       "p99_s": _percentile(latencies, 0.99), "max_s": max(latencies, default=float("nan")),
