@@ -14,6 +14,10 @@ from components.runtime.policies import Candidate, PlacementScore, QueuedJob
 
 class PreferCachedPipeline(PlacementScore):
     kinds = None  # any job whose spec's data names a dataset (train, tune ...)
+    reads = PLUGIN  # no node reports this plugin: no opinion, the pass builds no candidates for it
+
+    def wants(self, job: QueuedJob) -> bool:
+        return dataset_pipeline(job.spec) is not None  # a job naming no dataset gets the core's best fit
 
     def score(self, job: QueuedJob, candidate: Candidate) -> float:
         pipeline = dataset_pipeline(job.spec)

@@ -189,7 +189,19 @@ class PlacementScore(Policy):
 
     A hook scores one place at a time with :meth:`score`, or overrides :meth:`scores` to see all the places one
     worker could take at once (choosing a group of nodes for a whole gang, say); the scheduler calls
-    :meth:`scores`, whose default maps :meth:`score` over the candidates."""
+    :meth:`scores`, whose default maps :meth:`score` over the candidates.
+
+    A hook whose opinion rests on one plugin's node reports names that plugin in :attr:`reads`: in a pass where
+    no node carries such a report the hook has nothing to go on, and the pass does not ask it (nor build the
+    candidates for it)."""
+
+    reads: ClassVar[str | None] = None  # the plugin whose node reports the scores depend on, if only those
+
+    def wants(self, job: QueuedJob) -> bool:
+        """Whether the hook has an opinion about this job at all (its kind already applies). False spares the
+        pass building the job's candidates: a hook of every kind (``kinds = None``) that cares only about jobs
+        whose spec names something should say so here. Must be cheap; one that raises counts as True."""
+        return True
 
     def score(self, job: QueuedJob, candidate: Candidate) -> float:
         return 0.0
@@ -199,13 +211,23 @@ class PlacementScore(Policy):
         return [self.score(job, candidate) for candidate in candidates]
 
 
+def wanting(hook: PlacementScore, job: QueuedJob) -> bool:
+    """``hook.wants(job)``, True when it raises or answers something other than a bool (an opinion is never
+    lost to a broken ``wants``)."""
+    try:
+        answer = ask(hook, "wants", job)
+    except HookFailed:
+        return True
+    return answer if isinstance(answer, bool) else True
+
+
 def best(job: QueuedJob, candidates: list[Candidate], hooks: list[PlacementScore]) -> int | None:
     """The index in ``candidates`` (the core's best-fit order) with the lowest total score; the earliest among
     equals, so that without an opinion the core's choice stands. None when there is no candidate.
 
     Each hook answers for all the candidates at once (:meth:`PlacementScore.scores`); a hook that raises, or
     answers something other than one number (not NaN) per candidate, costs only its own opinion."""
-    applying = [hook for hook in hooks if hook.applies(job.kind)]
+    applying = [hook for hook in hooks if hook.applies(job.kind) and wanting(hook, job)]
     if not candidates:
         return None
     if not applying:

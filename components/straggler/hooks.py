@@ -88,6 +88,7 @@ class AvailabilityAwarePlacement(PlacementScore):
     """SAS: place a training gang on the node group most likely to stay available (see the module docstring)."""
 
     kinds: ClassVar[tuple[str, ...]] = ("train",)
+    reads = PLUGIN  # no node reports this plugin: no opinion, the pass builds no candidates for it
 
     def __init__(self) -> None:
         self._decisions: OrderedDict[str, tuple[dict[str, tuple], dict[str, float]]] = OrderedDict()

@@ -12,8 +12,9 @@ Subclass the one for your hook's seam and point it at the hook; give it inputs i
 Every suite checks that the hook is a light, pure policy: the same input gives the same answer, the input is
 not mutated, answers have the seam's type, and the module imports nothing heavy. :class:`QueueOrderConformance`
 also checks that the result is a permutation that leaves other kinds' jobs and the priority levels where they
-were; :class:`PlacementScoreConformance` checks ``score`` and ``scores`` (one finite number per candidate, also
-for no candidate, odd candidates and jobs it knows nothing about).
+were; :class:`PlacementScoreConformance` checks ``wants`` (a stable bool, true for the suite's job) and ``score``
+and ``scores`` (one finite number per candidate, also for no candidate, odd candidates and jobs it knows nothing
+about).
 """
 
 from __future__ import annotations
@@ -199,6 +200,19 @@ class PlacementScoreConformance(_SeamConformance):
                    for score in scores), f"scores {scores!r}"
         assert hook.scores(job, copy.deepcopy(before)) == scores, "the same candidates gave other scores"
         assert best(job, candidates, [hook]) in range(len(candidates))
+
+    def test_reads_names_a_plugin_or_nothing(self):
+        reads = self.hook().reads
+        assert reads is None or (isinstance(reads, str) and reads), f"reads = {reads!r}"
+
+    def test_wants_answers_a_bool_and_is_stable(self):
+        hook, job = self.hook(), self.job()
+        for case in (job, replace(job, id="zz-other-job", spec={"zz": [1, 2]}, resources={"workers": 8})):
+            before = copy.deepcopy(case)
+            answer = hook.wants(case)
+            assert isinstance(answer, bool), f"wants answered {answer!r}"
+            assert case == before and hook.wants(case) == answer
+        assert hook.wants(job), "the suite's own job (self.job()) should be one the hook has an opinion about"
 
     def test_scores_take_odd_input_without_raising(self):
         hook, job = self.hook(), self.job()

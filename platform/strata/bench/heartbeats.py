@@ -329,7 +329,7 @@ class LoadGenerator:
 
 class CpuMeter:
     """CPU seconds (user + system) of the server and the scheduler (each with its children), the PostgreSQL
-    backends serving the bench database, every PostgreSQL process of the machine (other users' included), this
+    backends of the bench database, every PostgreSQL process of the machine (other users' included), this
     process (the load generator), and the machine. Per process, so that processes that come and go between two
     snapshots never make a negative sum (one that exits in between loses its last seconds: a slight undercount)."""
 

@@ -41,6 +41,7 @@ def share_to_milli(share: float) -> int:
 class CapacityIndex:
     def __init__(self, nodes: list[NodeSlot]):
         self.nodes = {node.id: node for node in nodes}
+        self._order = {node.id: str(node.id) for node in nodes}  # the nodes' sort key, made once per pass
         self.devices: dict[int, DeviceSlot] = {}
         self._by_free: dict[int, set[int]] = defaultdict(set)  # free milli -> device ids
         self._levels: list[int] = []  # sorted distinct free levels with devices in them
@@ -121,7 +122,7 @@ class CapacityIndex:
         :meth:`wholes`; within a node by id): a whole device taken as a fraction packs like a whole one."""
         most = max((k for k, nodes in self._nodes_by_whole.items() if nodes), default=0)
         for available in range(1, most + 1):
-            for node_id in sorted(self._nodes_by_whole.get(available, ()), key=str):
+            for node_id in sorted(self._nodes_by_whole.get(available, ()), key=self._order.__getitem__):
                 yield from sorted(self._whole_free[node_id])
 
     def find_fraction(self, share: float, memory: int | None, selector=None, exclude=None):

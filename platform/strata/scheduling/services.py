@@ -232,33 +232,65 @@ def _view(team_id: int, item: tuple, spec: dict | None):
                      spec=dict(spec or {}))
 
 
-def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex):
+class _HookInputs:
+    """What the placement hooks see, read once per pass rather than once per job: the specs of the queued jobs
+    whose kind a hook applies to (one bulk read), and the nodes' latest plugin reports (read on first use)."""
+
+    def __init__(self, queues: dict, hooks: list):
+        self._reports: dict | None = None
+        self._keys: dict = {}
+        self.hooks = self.relevant(hooks)
+        wanted = [item[2] for queue in queues.values() for item in queue
+                  if any(hook.applies(item[5]) for hook in self.hooks)]
+        self.specs = _specs(wanted) if wanted else {}
+
+    def relevant(self, hooks: list) -> list:
+        """The hooks with something to go on this pass: those that read no particular plugin's node reports
+        (``PlacementScore.reads``), and those whose plugin some node reports."""
+        if all(hook.reads is None for hook in hooks):
+            return hooks
+        self.reports(None)  # loads every node's reports once
+        present = {plugin for reports in self._reports.values() for plugin in reports}
+        return [hook for hook in hooks if hook.reads is None or hook.reads in present]
+
+    def node_key(self, node_id) -> str:
+        key = self._keys.get(node_id)
+        if key is None:
+            key = self._keys[node_id] = str(node_id)
+        return key
+
+    def reports(self, node_id) -> dict:
+        if self._reports is None:
+            self._reports = {}
+            for found, stored in Node.objects.values_list("id", "reports"):
+                self._reports[found] = {plugin: (entry or {}).get("payload") for plugin, entry in (stored or {}).items()
+                                        if isinstance(entry, dict) and entry.get("payload") is not None}
+        return self._reports.get(node_id) or {}
+
+
+def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex, inputs: _HookInputs):
     """``choose(rank, options)`` for CapacityIndex.place: the plugins' placement-score hooks pick among the
-    places that fit (best fit first); None when no hook applies to the job's kind."""
+    places that fit (best fit first); None when no hook applies to the job's kind or wants the job
+    (``PlacementScore.wants``), so such a job costs no candidate list."""
     if not any(hook.applies(item[5]) for hook in hooks):
         return None
-    from components.runtime.policies import Candidate, best
+    from components.runtime.policies import Candidate, best, wanting
 
-    view = _view(team_id, item, _specs([item[2]]).get(item[2]))
-
-    reports: dict = {}  # node id -> its latest plugin reports, read once per job
+    view = _view(team_id, item, inputs.specs.get(item[2]))
+    hooks = [hook for hook in hooks if hook.applies(item[5]) and wanting(hook, view)]
+    if not hooks:
+        return None
 
     def choose(rank: int, options: list) -> int | None:
-        missing = {option[0][0].node_id for option in options} - set(reports)
-        if missing:
-            for node_id, stored in Node.objects.filter(pk__in=list(missing)).values_list("id", "reports"):
-                reports[node_id] = {plugin: (entry or {}).get("payload") for plugin, entry in (stored or {}).items()
-                                    if isinstance(entry, dict) and entry.get("payload") is not None}
-            reports.update({node_id: {} for node_id in missing - set(reports)})
         candidates = []
         for option in options:
             device = option[0][0]
             node = capacity.nodes[device.node_id]
             candidates.append(Candidate(
-                rank=rank, node_id=str(node.id), node=node.name, labels=dict(node.labels),
+                rank=rank, node_id=inputs.node_key(node.id), node=node.name, labels=dict(node.labels),
                 devices=tuple(slot.index for slot, _, _ in option), share=option[0][1] / FULL,
                 memory=option[0][2], free_share=device.free / FULL, free_memory=device.free_memory,
-                memory_total=device.memory_total, reports=dict(reports.get(device.node_id) or {})))
+                memory_total=device.memory_total, reports=dict(inputs.reports(device.node_id))))
         return best(view, candidates, hooks)
 
     return choose
@@ -294,6 +326,8 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         capacity = load_capacity(now)
         held = _held_by_team()
         scorers = registry.hooks(PlacementScore)
+        hook_inputs = _HookInputs(queues, scorers) if scorers else None
+        scorers = hook_inputs.hooks if hook_inputs is not None else []
         weight = {team: max(quotas[team].weight if team in quotas else 1.0, 1e-6) for team in queues}
         # Teams take turns: highest head priority first, then the lowest held share per unit of weight.
         heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items()]
@@ -311,10 +345,10 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
             workers = int(resources.get("workers", 1))
             selector = resources.get("node_labels") or None
             key = repr(sorted(selector.items())) if selector else ""
-            choose = _chooser(team, item, scorers, capacity) if scorers else None
             # A request at least as large as one that already failed in this pass cannot fit either (whatever
             # a placement hook would choose: it only chooses among places that fit).
             doomed = any(gpus >= g and memory >= m and workers >= w and key == k for g, m, w, k in failed_shapes)
+            choose = _chooser(team, item, scorers, capacity, hook_inputs) if scorers and not doomed else None
             taken = None if doomed else capacity.place(resources, selector, choose)
             if taken:
                 share = sum(milli for _, _, milli, _ in taken) / FULL
