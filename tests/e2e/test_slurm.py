@@ -139,7 +139,8 @@ def test_usr1_drains_the_slurm_node_which_leaves_when_its_work_is_done(bare_clus
     slurm_job = start_slurm_node(cluster, slurm, virtual_gpus=2)
     name = f"slurm-{slurm_job}"
     wait_node(cluster, slurm, name, "up")
-    first = cluster.submit(long_job("slurm-drained", epochs=60))["id"]
+    # Long enough (about 13,500 steps) to be still running on the draining node when the second job comes.
+    first = cluster.submit(long_job("slurm-drained", epochs=150))["id"]
     wait_running_on(cluster, slurm, first, name)
 
     # What --signal=B:USR1@<s> sends before the time limit: the batch shell (the agent, after exec) only.

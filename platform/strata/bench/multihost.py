@@ -87,3 +87,70 @@ def measure_cross_host_latency(jobs: int, rate: float, virtual_gpus: int = 8) ->
             return result
         finally:
             cluster.stop()
+
+
+def _standalone(argv: list[str]) -> int:
+    """``python -m strata.bench.multihost [--runs N] [--jobs J] [--rate R] [--output F]``: the cross-host latency
+    and, in the same run, the single-host PostgreSQL + Redis latency of ``strata bench control-plane`` (the
+    baseline), N times each; each figure is the median over the runs with their range (never the best run)."""
+    import argparse
+    import os
+    import platform
+
+    from components.runtime import benchkit
+    from strata.bench.control_plane import LATENCY_P50_TARGET, _services_available, measure_latency
+    from strata.bench.hosts import unavailable
+
+    parser = argparse.ArgumentParser(prog="strata.bench.multihost")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+    problem = _services_available() or unavailable()
+    if problem:
+        _say(f"the cross-host figure needs PostgreSQL, Redis and network namespaces: {problem}")
+        return 2
+    runs: list[dict] = []
+    for run in range(args.runs):
+        _say(f"[cross-host latency] run {run + 1}/{args.runs}")
+        runs.append({"two_hosts": measure_cross_host_latency(args.jobs, args.rate),
+                     "one_host": measure_latency("postgres+redis", args.jobs, args.rate, 8)})
+
+    def spread(key: str, value: str) -> tuple[float, list[float]]:
+        values = [run[key][value] for run in runs]
+        return statistics.median(values), [min(values), max(values)]
+
+    across, across_range = spread("two_hosts", "p50_s")
+    local, local_range = spread("one_host", "p50_s")
+    p99, p99_range = spread("two_hosts", "p99_s")
+    over = f"median of {len(runs)} runs"
+    made = [
+        benchkit.Figure("latency_p50_two_hosts", f"submit -> RUNNING p50 with the control plane and the node on "
+                        f"separate hosts (PostgreSQL + Redis), against the 100 ms target ({over})", across,
+                        LATENCY_P50_TARGET, "s", target=1.0, baseline_text="target 100 ms",
+                        mechanism_text=f"{across * 1000:.1f} ms ({across_range[0] * 1000:.1f}-"
+                                       f"{across_range[1] * 1000:.1f}); p99 {p99 * 1000:.0f} ms",
+                        extra={"range": across_range, "p99_s": p99, "p99_range": p99_range}),
+        benchkit.Figure("cross_host_overhead", f"submit -> RUNNING p50 across hosts against the same stack on one "
+                        f"host, same run ({over})", across, local, "s", target=None,
+                        mechanism_text=f"two hosts {across * 1000:.1f} ms",
+                        baseline_text=f"one host {local * 1000:.1f} ms ({local_range[0] * 1000:.1f}-"
+                                      f"{local_range[1] * 1000:.1f})",
+                        extra={"one_host_range": local_range}),
+    ]
+    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+               "platform": platform.platform(), "python": platform.python_version()}
+    doc = benchkit.document("control-plane-hosts", False, made, details={"runs": runs, "jobs": args.jobs,
+                                                                          "rate_per_s": args.rate}, machine=machine)
+    _say(benchkit.figures_table(doc))
+    if args.output:
+        benchkit.write(doc, args.output)
+        _say(f"results written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_standalone(sys.argv[1:]))

@@ -278,20 +278,26 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     from strata.telemetry.services import samples_record
 
     _check_session(node, session)
-    now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
-    devices = {device.index: device for device in node.devices.all()}
-    rows = []
-    for sample in samples:
-        device = devices.get(int(sample.get("index", -1)))
-        if device is None:
-            continue
-        utilization = max(0.0, min(100.0, float(sample.get("utilization", 0.0))))
-        memory = max(0, int(sample.get("memory_used", 0)))
-        Device.objects.filter(pk=device.pk).update(utilization=utilization, memory_used=memory, updated_at=now)
-        rows.append((device.pk, utilization, memory))
-    samples_record(rows, now)
-    reports_record(node, devices, reports or {}, now)
+    # One transaction, so one commit per heartbeat (a thousand nodes heartbeat 333 times a second: the commits,
+    # each a WAL flush, were what the database spent its time on), and the device rows in one UPDATE.
+    with transaction.atomic():
+        now = timezone.now()
+        Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
+        devices = {device.index: device for device in node.devices.all()}
+        rows, changed = [], []
+        for sample in samples:
+            device = devices.get(int(sample.get("index", -1)))
+            if device is None:
+                continue
+            device.utilization = max(0.0, min(100.0, float(sample.get("utilization", 0.0))))
+            device.memory_used = max(0, int(sample.get("memory_used", 0)))
+            device.updated_at = now
+            changed.append(device)
+            rows.append((device.pk, device.utilization, device.memory_used))
+        if changed:
+            Device.objects.bulk_update(changed, ["utilization", "memory_used", "updated_at"])
+        samples_record(rows, now)
+        reports_record(node, devices, reports or {}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
