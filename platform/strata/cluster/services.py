@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
@@ -295,7 +295,7 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
             changed.append(device)
             rows.append((device.pk, device.utilization, device.memory_used))
         if changed:
-            Device.objects.bulk_update(changed, ["utilization", "memory_used", "updated_at"])
+            _devices_update(changed)
         samples_record(rows, now)
         reports_record(node, devices, reports or {}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
@@ -307,6 +307,21 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     if node.state == Node.State.DRAINING:
         answer["attempts_left"] = node_attempts_left(node)
     return answer
+
+
+def _devices_update(devices: list[Device]) -> None:
+    """Store the devices' sampled utilization and memory: one prepared UPDATE run for each (the ORM's
+    ``bulk_update`` builds a CASE expression per row and cost more CPU than the database work it saved)."""
+    table = connection.ops.quote_name(Device._meta.db_table)
+    columns = {name: connection.ops.quote_name(Device._meta.get_field(name).column)
+               for name in ("utilization", "memory_used", "updated_at", "id")}
+    field = Device._meta.get_field("updated_at")
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {table} SET {columns['utilization']} = %s, {columns['memory_used']} = %s, "
+            f"{columns['updated_at']} = %s WHERE {columns['id']} = %s",
+            [(device.utilization, device.memory_used, field.get_db_prep_value(device.updated_at, connection),
+              device.pk) for device in devices])
 
 
 def _check_session(node: Node, session) -> None:
