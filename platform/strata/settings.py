@@ -184,6 +184,8 @@ STRATA_SERVER_CONNECTION_LIMIT = env_int("STRATA_SERVER_CONNECTION_LIMIT", 1000,
 STRATA_SERVER_IDLE_TIMEOUT = env_float("STRATA_SERVER_IDLE_TIMEOUT", 30.0, minimum=1.0)
 STRATA_SERVER_HEADER_TIMEOUT = env_float("STRATA_SERVER_HEADER_TIMEOUT", 10.0, minimum=1.0)
 STRATA_SERVER_NODE_THREADS = env_int("STRATA_SERVER_NODE_THREADS", 4, minimum=0)
+# `strata server` processes sharing the port (SO_REUSEPORT): one waitress process is one interpreter, ~one core.
+STRATA_SERVER_WORKERS = env_int("STRATA_SERVER_WORKERS", 1, minimum=1)
 
 # --- REST framework -------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

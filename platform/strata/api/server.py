@@ -28,6 +28,7 @@ import heapq
 import logging
 import math
 import resource
+import socket
 import threading
 import time
 from collections import deque
@@ -53,6 +54,7 @@ class ServerLimits:
     header_timeout: float = 10.0
     node_threads: int = 4
     max_body_bytes: int = 2**31
+    reuse_port: bool = False  # SO_REUSEPORT: several server processes accept on one port (strata server --workers)
     maintenance_interval: int = 1  # seconds between sweeps for the idle and header deadlines
     log_interval: float = 60.0  # eviction and deadline closures are logged at most this often
 
@@ -277,6 +279,11 @@ class HardenedServer(TcpWSGIServer):
         self.closures = closures
         self.hard_limit = limits.connection_limit + max(16, limits.connection_limit // 10)
         super().__init__(application, **kw)
+
+    def set_reuse_addr(self):
+        super().set_reuse_addr()
+        if self.limits.reuse_port:  # the kernel spreads new connections over the processes bound to the port
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 
     def readable(self):
         now = time.time()

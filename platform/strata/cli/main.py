@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--threads", type=int, default=16)
+    server.add_argument("--workers", type=int, default=None,
+                        help="server processes sharing the port (SO_REUSEPORT; default STRATA_SERVER_WORKERS or 1): "
+                             "one process uses about one core")
+    server.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of --workers' processes
 
     commands.add_parser("migrate", help="apply the database migrations (replicas take turns; docs/operations.md)")
 

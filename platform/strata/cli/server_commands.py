@@ -61,15 +61,65 @@ def server_limits():
 
 
 def server(args) -> int:
-    migrate()
+    from dataclasses import replace
+
+    _django()
+    from django.conf import settings
+
+    if not args.worker:
+        migrate()
     from strata.api.server import create_server
     from strata.wsgi import application
 
-    http = create_server(application, host=args.host, port=args.port, threads=args.threads,
-                         limits=server_limits())
+    workers = args.workers if args.workers is not None else settings.STRATA_SERVER_WORKERS
+    if workers < 1:
+        raise ValueError("--workers must be at least 1")
+    if workers > 1 and not args.worker:
+        return _server_workers(args, workers)
+    limits = replace(server_limits(), reuse_port=args.worker)
+    http = create_server(application, host=args.host, port=args.port, threads=args.threads, limits=limits)
     port = getattr(http, "effective_port", args.port)  # --port 0 picks a free port: say which
-    print(f"strata server listening on http://{args.host}:{port}", flush=True)
+    if not args.worker:
+        print(f"strata server listening on http://{args.host}:{port}", flush=True)
     http.run()
+    return 0
+
+
+def _server_workers(args, workers: int) -> int:
+    """``strata server --workers N``: N server processes bound to one port with SO_REUSEPORT (the kernel spreads
+    the connections over them), each a whole hardened server with its own threads and connection limit. This
+    process supervises them: one that exits is started again (at most 5 times a minute), SIGTERM stops all."""
+    if args.port == 0:
+        raise ValueError("--workers needs a fixed --port (each process binds the same port)")
+    command = [sys.executable, "-m", "strata.cli.main", "server", "--host", args.host, "--port", str(args.port),
+               "--threads", str(args.threads), "--worker"]
+    env = {**os.environ, "STRATA_SERVER_WORKERS": "1"}
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    processes = [subprocess.Popen(command, env=env) for _ in range(workers)]
+    print(f"strata server listening on http://{args.host}:{args.port} ({workers} processes)", flush=True)
+    restarts: list[float] = []
+    try:
+        while not stopping:
+            for index, process in enumerate(processes):
+                if process.poll() is not None and not stopping:
+                    restarts = [t for t in restarts if time.monotonic() - t < 60] + [time.monotonic()]
+                    if len(restarts) > 5:
+                        raise RuntimeError(f"server processes keep exiting (last code {process.returncode})")
+                    print(f"strata server: process {process.pid} exited with {process.returncode}; starting "
+                          "another", flush=True)
+                    processes[index] = subprocess.Popen(command, env=env)
+            time.sleep(0.5)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
     return 0
 
 

@@ -511,3 +511,50 @@ def test_head_middleware_closes_streams_and_keeps_headers(tmp_path):
 
     get = RequestFactory().get("/anything")
     assert HeadResponseMiddleware(lambda request: HttpResponse(b"hello"))(get).content == b"hello"
+
+
+# --- several server processes on one port ---------------------------------------------------------------
+
+
+def _listening(pid: int, port: int) -> bool:
+    import psutil
+
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
+
+
+def test_workers_share_one_port_and_a_dead_one_is_replaced(tmp_path):
+    import psutil
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    env = server_env(tmp_path)
+    process, _ = start_listening([sys.executable, "-m", "strata.cli.main", "server", "--port", str(port),
+                                  "--workers", "2", "--threads", "4"], env, tmp_path / "server.log",
+                                 r"listening on http://127\.0\.0\.1:(\d+) \(2 processes\)")
+    try:
+        def workers() -> list[int]:
+            return [child.pid for child in psutil.Process(process.pid).children() if _listening(child.pid, port)]
+
+        first = wait_for(lambda: len(found := workers()) == 2 and found, 120, message="two processes listening")
+        assert all(get(port, "GET", "/healthz").status == 200 for _ in range(6))
+        os.kill(first[0], signal.SIGKILL)
+        wait_for(lambda: len(found := workers()) == 2 and first[0] not in found and found, 120,
+                 message="the killed process to be replaced")
+        assert get(port, "GET", "/healthz").status == 200
+        assert "exited with -9; starting another" in (tmp_path / "server.log").read_text()
+    finally:
+        reap(process)
+    assert not psutil.pid_exists(first[1]) or psutil.Process(first[1]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_workers_need_a_fixed_port(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "strata.cli.main", "server", "--port", "0", "--workers", "2"],
+                          env=server_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--workers needs a fixed --port" in done.stderr
+    assert "Traceback" not in done.stderr
