@@ -604,8 +604,9 @@ async def _measure(stack, credentials: dict, env: dict, database_url: str, sizes
             "error_samples": generator.error_samples}
 
 
-def measure(quick: bool = False, sizes: dict | None = None) -> dict:
-    """Start a stack on PostgreSQL + Redis, run the heartbeat load at each size, return everything measured."""
+def measure(quick: bool = False, sizes: dict | None = None, server_workers: int = 1) -> dict:
+    """Start a stack on PostgreSQL + Redis, run the heartbeat load at each size, return everything measured.
+    ``server_workers``: the server's processes on its port (``strata server --workers``)."""
     from strata.bench.control_plane import (
         REDIS_URL,
         Stack,
@@ -622,7 +623,8 @@ def measure(quick: bool = False, sizes: dict | None = None) -> dict:
     prefix = f"strata-bench-{secrets.token_hex(4)}:"
     home = Path(tempfile.mkdtemp(prefix="strata-bench-heartbeats-"))
     database_url = _database_url(database)
-    extra_env = {"STRATA_DATABASE_URL": database_url, "STRATA_BROKER_URL": REDIS_URL, "STRATA_BROKER_PREFIX": prefix}
+    extra_env = {"STRATA_DATABASE_URL": database_url, "STRATA_BROKER_URL": REDIS_URL, "STRATA_BROKER_PREFIX": prefix,
+                 "STRATA_SERVER_WORKERS": str(server_workers)}
     port = _free_port()
     _say(f"  starting strata up --virtual-gpus 0 (server + scheduler, PostgreSQL + Redis) on port {port}, "
          f"state in {home}")
@@ -638,6 +640,7 @@ def measure(quick: bool = False, sizes: dict | None = None) -> dict:
         except ImportError:
             runner = asyncio.run
         result = runner(_measure(stack, credentials, env, database_url, sizes))
+        result["server_workers"] = server_workers
         result["event_loop"] = "uvloop" if runner is not asyncio.run else "asyncio"
         ok = True
         return result
@@ -676,6 +679,8 @@ def figures(result: dict | list[dict], quick: bool) -> list[benchkit.Figure]:
     quiet = [item["pass_quiet"]["median"] for item in results]
     nodes, jobs = lasts[0]["nodes"], lasts[0]["pass_under_heartbeats"]["details"][0]["jobs"]
     over = f" (median of {len(results)} runs)" if len(results) > 1 else ""
+    workers = results[0].get("server_workers", 1)
+    over = f", {workers} server process{'es' if workers > 1 else ''}{over}"
     return [
         benchkit.Figure(
             "heartbeats_per_s", f"heartbeats/s sustained with {nodes:,} nodes at the real {beats[0]['interval_s']:g} s "
@@ -718,9 +723,9 @@ def report(result: dict) -> str:
                    f"{quiet['range'][0]:.3f}-{quiet['range'][1]:.3f} s"
 
 
-def main(quick: bool = False) -> dict:
+def main(quick: bool = False, server_workers: int = 1) -> dict:
     """What ``strata bench control-plane`` calls: measure, print the table, return the details."""
-    result = measure(quick)
+    result = measure(quick, server_workers=server_workers)
     _say(report(result))
     return result
 
@@ -735,6 +740,7 @@ def _standalone(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="strata.bench.heartbeats")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--server-workers", type=int, default=1, help="strata server --workers for the stack")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     # Stopped with SIGTERM (or SIGINT, which a background shell job ignores): unwind, so the stack, the pass
@@ -752,7 +758,7 @@ def _standalone(argv: list[str]) -> int:
     results = []
     for run in range(args.runs):
         _say(f"[heartbeats] run {run + 1}/{args.runs}")
-        results.append(main(args.quick))
+        results.append(main(args.quick, server_workers=args.server_workers))
     made = figures(results, args.quick)
     doc = benchkit.document("control-plane-heartbeats", args.quick, made, details={"runs": results},
                             machine=machine)

@@ -94,8 +94,6 @@ def _standalone(argv: list[str]) -> int:
     and, in the same run, the single-host PostgreSQL + Redis latency of ``strata bench control-plane`` (the
     baseline), N times each; each figure is the median over the runs with their range (never the best run)."""
     import argparse
-    import os
-    import platform
 
     from components.runtime import benchkit
     from strata.bench.control_plane import LATENCY_P50_TARGET, _services_available, measure_latency
@@ -139,13 +137,11 @@ def _standalone(argv: list[str]) -> int:
                                       f"{local_range[1] * 1000:.1f})",
                         extra={"one_host_range": local_range}),
     ]
-    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-               "platform": platform.platform(), "python": platform.python_version()}
-    doc = benchkit.document("control-plane-hosts", False, made, details={"runs": runs, "jobs": args.jobs,
-                                                                          "rate_per_s": args.rate}, machine=machine)
+    doc = benchkit.document("control-plane-hosts", False, made,  # machine: benchkit.machine_facts()
+                            details={"runs": runs, "jobs": args.jobs, "rate_per_s": args.rate})
     _say(benchkit.figures_table(doc))
+    benchkit.write(doc, args.output)  # nothing without --output
     if args.output:
-        benchkit.write(doc, args.output)
         _say(f"results written to {args.output}")
     return 0
 
