@@ -261,6 +261,9 @@ STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifact
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
 STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
+# The operation history (strata.jobs.history): one JSON line per committed job and attempt change, appended to this
+# file by every control-plane process. Off when empty. The chaos suite checks it (strata.bench.history_check).
+STRATA_HISTORY_LOG = env_str("STRATA_HISTORY_LOG", "") or ""
 
 LOGGING = {
     "version": 1,

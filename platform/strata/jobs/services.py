@@ -19,6 +19,7 @@ from django.utils import timezone
 from components.runtime import protocol
 from components.runtime.registry import subscribers as registry_subscribers
 from components.runtime.tokens import token_digest
+from strata.jobs import history
 from strata.jobs.events import emit
 from strata.jobs.models import (
     TERMINAL_STATES,
@@ -100,6 +101,8 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
         with transaction.atomic():
             job.save()
             job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
+            history.record("submit", job=job, kind=job.kind, team=team.slug, max_attempts=job.max_attempts,
+                           parent=str(parent.pk) if parent is not None else None)
             if registry_subscribers():
                 from components.runtime.events import JobTransitioned
 
@@ -278,6 +281,7 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
     attempt keeps its devices until its node confirms the child process is gone."""
     from strata.celery import request_pass
 
+    history.record("cancel", job=job, now=True, terminal=job.terminal, reason=reason[:200])
     if job.terminal:
         return job
     with transaction.atomic():
@@ -425,14 +429,19 @@ def attempt_for_node(attempt_id, fencing_token: str, node=None, *, lock: bool = 
     if lock:
         queryset = queryset.select_for_update()
     attempt = queryset.filter(pk=attempt_id).first()
+    problem = None
     if attempt is None or attempt.fencing_token != fencing_token:
-        raise StaleAttempt("unknown attempt or fencing token mismatch")
-    if node is not None and attempt.node_id != node.pk \
+        problem = "unknown attempt or fencing token mismatch"
+    elif node is not None and attempt.node_id != node.pk \
             and not attempt.allocations.filter(device__node_id=node.pk).exists():
         # A gang spans nodes: every node holding one of the attempt's allocations runs its own ranks.
-        raise StaleAttempt("attempt belongs to another node")
-    if attempt.ended_at is not None:
-        raise StaleAttempt(f"attempt already ended ({attempt.outcome})")
+        problem = "attempt belongs to another node"
+    elif attempt.ended_at is not None:
+        problem = f"attempt already ended ({attempt.outcome})"
+    if problem:
+        history.record("rejected", job=attempt.job_id if attempt else None, attempt=attempt_id, token=fencing_token,
+                       now=True, node=getattr(node, "name", None), problem=problem)
+        raise StaleAttempt(problem)
     return attempt
 
 
@@ -451,6 +460,8 @@ def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
     if attempt.started_at is None:
         attempt.started_at = timezone.now()
         attempt.save(update_fields=["started_at"])
+    history.record("start", job=attempt.job_id, attempt=attempt, token=fencing_token, number=attempt.number,
+                   node=node.name, started_at=history.timestamp(attempt.started_at))
     if attempt.job.state == S.SCHEDULED:
         fields = {} if attempt.job.started_at else {"started_at": attempt.started_at}
         transition(attempt.job, S.SCHEDULED, S.RUNNING, f"attempt {attempt.number} started on {node.name}", **fields)
@@ -487,6 +498,8 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
     """Append log lines and metric points sent by a running attempt; record where it serves requests and the
     plugins' reports about it (already checked by their schemas)."""
     now = timezone.now()
+    history.record("heartbeat", job=attempt.job_id, attempt=attempt, token=attempt.fencing_token,
+                   number=attempt.number, logs=len(logs), metrics=len(metrics))
     if reports:
         from strata.cluster.services import reports_merge
 
@@ -523,9 +536,13 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
 
 def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
     """End an attempt and free its devices. False if it had already ended (someone else won)."""
+    now = timezone.now()
     ended = Attempt.objects.filter(pk=attempt.pk, ended_at__isnull=True).update(
-        ended_at=timezone.now(), outcome=outcome, exit_reason=reason[:500])
+        ended_at=now, outcome=outcome, exit_reason=reason[:500])
     if ended:
+        history.record("finish", job=attempt.job_id, attempt=attempt, token=attempt.fencing_token,
+                       number=attempt.number, outcome=str(outcome), reason=reason[:200],
+                       ended_at=now.timestamp(), share=attempt.gpu_share)
         Allocation.objects.filter(attempt=attempt).update(active=False)
         # Nested children ran inside this attempt's allocation: they stop with it, and wait for its next one.
         for child in Job.objects.filter(parent_id=attempt.job_id, nested=True, state__in=[S.RUNNING, S.SCHEDULED]):

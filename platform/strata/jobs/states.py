@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from strata.jobs import history
 from strata.jobs.models import TERMINAL_STATES, Job, JobEvent, JobState
 
 S = JobState
@@ -52,6 +53,8 @@ def transition(job: Job | str, sources, target: str, reason: str = "", **fields)
         raise InvalidTransition(job_id, sources, target, actual)
     JobEvent.objects.create(job_id=job_id, kind="state", message=f"{target}: {reason}" if reason else target,
                             data={"state": target})
+    history.record("state", job=job_id, source=job.state if isinstance(job, Job) else
+                   (sources[0] if len(sources) == 1 else None), target=target, reason=reason[:200])
     if target in TERMINAL_STATES:
         _stop_participants(job_id, target, now)
     _announce(job, job_id, sources, target, reason)

@@ -23,6 +23,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from strata.cluster.models import LIVE_STATES, Device, Node
+from strata.jobs import history
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.participants import participants_expire
 from strata.jobs.services import attempt_drop_node, attempt_lost
@@ -515,6 +516,11 @@ def _create_attempts(placements, now, notes=None, *, nested: bool = False) -> li
     insert_rows(Allocation, ["attempt", "device", "rank", "share", "memory", "active", "nested"], allocations)
     insert_rows(JobEvent, ["job", "attempt", "time", "kind", "data", "message"], events)
     _announce_scheduled(job_ids)
+    if history.enabled():
+        for attempt_id, job_id, number, _, _, token, share, _, dispatched, *_ in attempts:
+            history.record("state", job=job_id, source=S.QUEUED, target=S.SCHEDULED, reason="placed")
+            history.record("dispatch", job=job_id, attempt=attempt_id, token=token, number=number, share=share,
+                           dispatched_at=dispatched.timestamp(), nested=nested)
     return dispatches
 
 
