@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser slurm run test lint bench bench-peers screenshots protos clean
+.PHONY: install browser slurm run test chaos lint bench soak bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ test: install browser slurm
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
+# The chaos suite (tests/chaos): a stream of real jobs of every kind on a multi-host cluster (network namespaces, as
+# root) over the machine's PostgreSQL and a Redis of its own, under faults; the history is checked at the end.
+# CHAOS=full (three node hosts, three rounds, about 20 minutes) or CHAOS=bounded (what .ci/run runs, about 6).
+CHAOS ?= full
+chaos: install
+	STRATA_CHAOS=$(CHAOS) $(BIN)/python -m pytest -s tests/chaos
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
@@ -54,6 +61,16 @@ lint: install
 bench: install
 	$(BIN)/strata bench control-plane
 	$(BIN)/strata bench dashboard
+
+# The soak test (strata.bench.soak): a real strata server + scheduler + node on 127.0.0.1 under a steady mix of
+# submits, reads and cancels of two teams for DURATION seconds at RATE calls/s; reports p50/p99, throughput and
+# errors, and checks that the server's RSS and the database connections stay flat. On PostgreSQL + Redis when
+# STRATA_DATABASE_URL / STRATA_BROKER_URL name them (a fresh database and key prefix), else SQLite.
+DURATION ?= 300
+RATE ?= 10
+SOAK_OUTPUT ?= soak.json
+soak: install
+	$(BIN)/python -m strata.bench.soak --duration $(DURATION) --rate $(RATE) --output $(SOAK_OUTPUT)
 
 # The real peer systems the benchmarks compare with (Ray Tune and Ray Serve 2.60), in their own virtual environment, never in
 # make test's: .venv-peers holds the CPU torch, ray[tune,serve] and this project; then the tuning and serving

@@ -229,12 +229,17 @@ class AttemptRunner:
 
     def claim(self) -> dict | None:
         try:
-            return self.client.post(self._path("claim/"), self._auth())
+            claim = self.client.post(self._path("claim/"), self._auth())
         except ApiError as error:
             if error.status in (404, 409):
                 log.info("attempt %s is no longer runnable: %s", self.attempt_id, error)
                 return None
             raise
+        # Listed in the node's heartbeats from the claim on (its processes are added once they start): the
+        # control plane ends a started attempt its node stops listing (cluster.services._reconcile_unreported).
+        self.running_file.parent.mkdir(parents=True, exist_ok=True)
+        self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "pids": {}}))
+        return claim
 
     def _pump(self, stream, rank: int) -> None:
         for line in iter(stream.readline, ""):

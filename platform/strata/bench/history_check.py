@@ -8,7 +8,7 @@ The client's lines (written by the chaos driver) are ``{"op": ..., "time": ...}`
 ``submit-ack``     the API answered a submit with 201 or 200 (``job``, ``key``: its Idempotency-Key)
 ``submit-fail``    a submit got no acknowledgement (``key``, ``error``): it may or may not exist
 ``cancel-ack``     the API answered a cancel (``job``, ``state`` in the answer)
-``request``        a serving replica accepted a call (``rid``, ``endpoint``)
+``request``        a replica of a deployment accepted a call (``rid``, ``endpoint``)
 ``answer``         ... and answered it (``rid``)
 ``status``         ... or ended it with a gRPC status (``rid``, ``code``)
 ``fault``          a fault was injected (``name``, ``target``)
@@ -25,7 +25,7 @@ The client's lines (written by the chaos driver) are ``{"op": ..., "time": ...}`
 4. **terminal is final**: no state change after a terminal one;
 5. **billing**: the GPU-seconds the API bills each team equal the sum, over the history's attempts, of (end -
    dispatch) x share, and every attempt of a finished job ended;
-6. **serve requests**: every call a replica accepted got an answer or a status.
+6. **replica requests**: every call a replica accepted got an answer or a status.
 
 It returns the figures (jobs, attempts, faults, rejected stale calls, requests) and every violation, each one line
 naming the job or request.
@@ -43,7 +43,7 @@ from typing import Any
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 # Attempt outcomes that do not use up one of the job's attempts.
 UNCOUNTED = frozenset({"node_lost", "service_lost", "preempted", "cancelled"})
-CHECKS = ("one_terminal_state", "no_overlap", "bounded_attempts", "terminal_is_final", "billing", "serve_requests")
+CHECKS = ("one_terminal_state", "no_overlap", "bounded_attempts", "terminal_is_final", "billing", "replica_requests")
 BILLING_TOLERANCE_S = 0.05  # GPU-seconds; both sides are sums of the same database timestamps
 
 
@@ -208,7 +208,7 @@ def check(server: Iterable[dict], client: Iterable[dict], final: dict[str, dict]
     requests = {line["rid"]: line for line in client if line.get("op") == "request"}
     closed = {line["rid"]: line for line in client if line.get("op") in {"answer", "status"}}
     for rid in sorted(set(requests) - set(closed)):
-        bad["serve_requests"].append(f"request {rid} to {requests[rid].get('endpoint')}: no answer and no status")
+        bad["replica_requests"].append(f"request {rid} to {requests[rid].get('endpoint')}: no answer and no status")
 
     outcomes = Counter(line.get("outcome") for line in finishes.values())
     statuses = Counter(line.get("code") for line in client if line.get("op") == "status")
@@ -223,9 +223,9 @@ def check(server: Iterable[dict], client: Iterable[dict], final: dict[str, dict]
         "submits unacknowledged": sum(1 for line in client if line.get("op") == "submit-fail"),
         "faults injected": dict(sorted(Counter(line.get("name") for line in client
                                                 if line.get("op") == "fault").items())),
-        "serve requests": len(requests),
-        "serve answers": sum(1 for line in closed.values() if line["op"] == "answer"),
-        "serve statuses": dict(sorted(statuses.items())),
+        "replica requests": len(requests),
+        "replica answers": sum(1 for line in closed.values() if line["op"] == "answer"),
+        "replica statuses": dict(sorted(statuses.items())),
         "GPU-seconds billed": round(sum(v for v in billed.values() if v is not None), 3),
     }
     return report

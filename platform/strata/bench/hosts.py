@@ -188,6 +188,11 @@ class Hosts:
                                                initializer=_enter_namespace, initargs=(host.namespace,))
         return host.executor.submit(function, *args, **kwargs).result()
 
+    def enter(self, name: str) -> None:
+        """Move the calling thread into host ``name``'s network namespace for good: a long-running client thread
+        of its own (:meth:`call` runs one function at a time per host)."""
+        _enter_namespace(self.hosts[name].namespace)
+
     def close(self) -> None:
         for host in self.hosts.values():
             if host.executor is not None:
@@ -241,6 +246,7 @@ class HostCluster:
     database: str = "postgres"
     extra_env: dict[str, str] = field(default_factory=dict)
     fast: bool = True  # short leases and ticks (FAST) for tests; False: the production defaults
+    persistent_broker: bool = False  # redis-server with its append-only file (a restart keeps the queues)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     credentials: dict = field(default_factory=dict)
     database_name: str | None = None
@@ -275,13 +281,7 @@ class HostCluster:
             self.database_name = f"strata_multihost_{secrets.token_hex(4)}"
             with psycopg.connect(f"postgresql://postgres@/postgres?host={PG_SOCKET_DIR}", autocommit=True) as db:
                 db.execute(f'CREATE DATABASE "{self.database_name}"')
-        redis = shutil.which("redis-server")
-        if redis is None:
-            raise RuntimeError("redis-server is not installed: the control-plane host runs its own broker")
-        self.processes["redis"] = self.hosts.start(
-            "cp", [redis, "--bind", self.cp, "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
-                   "--protected-mode", "no", "--dir", str(self.home / "cp")],
-            stdout=self._log("redis"), stderr=subprocess.STDOUT)
+        self.start_broker()
         env = self.control_env()
         # The operator's first step on the control-plane host: migrate, then an admin, a team and the tokens.
         script = ("from pathlib import Path; from strata.cli.server_commands import migrate, bootstrap; migrate(); "
@@ -298,6 +298,50 @@ class HostCluster:
             stderr=subprocess.STDOUT)
         self.wait(lambda: self._healthy(), timeout, "the control plane to answer /healthz on its host address")
         return self
+
+    def start_broker(self) -> subprocess.Popen:
+        """The control-plane host's redis-server (again, after :meth:`stop_broker`): with its append-only file in
+        the control plane's home when ``persistent_broker``, so a restart finds the queues it had."""
+        redis = shutil.which("redis-server")
+        if redis is None:
+            raise RuntimeError("redis-server is not installed: the control-plane host runs its own broker")
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent_broker else \
+            ["--appendonly", "no"]
+        self.processes["redis"] = self.hosts.start(
+            "cp", [redis, "--bind", self.cp, "--port", str(REDIS_PORT), "--save", "", *persistence,
+                   "--protected-mode", "no", "--dir", str(self.home / "cp")],
+            stdout=self._log("redis"), stderr=subprocess.STDOUT)
+        return self.processes["redis"]
+
+    def stop_broker(self, wipe: bool = False) -> None:
+        """Stop the broker (SIGTERM: redis-server finishes its append-only file); ``wipe``: delete its data too,
+        so that it comes back empty (a broker without persistence that restarted, or a FLUSHALL)."""
+        process = self.processes.get("redis")
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        if wipe:
+            for path in [*(self.home / "cp").glob("appendonly*"), self.home / "cp" / "dump.rdb"]:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+
+    def database_connections(self, terminate: bool = False) -> int:
+        """How many connections the control plane holds to its PostgreSQL database; ``terminate``: end them all
+        (``pg_terminate_backend``, what a database restart or failover does to its clients). 0 on SQLite."""
+        if not self.database_name:
+            return 0
+        import psycopg
+
+        query = ("SELECT count(*) FILTER (WHERE {}) FROM pg_stat_activity WHERE datname = %s "
+                 "AND pid <> pg_backend_pid()").format("pg_terminate_backend(pid)" if terminate else "true")
+        with psycopg.connect(f"postgresql://postgres@/postgres?host={PG_SOCKET_DIR}", autocommit=True) as db:
+            return int(db.execute(query, (self.database_name,)).fetchone()[0])
 
     def _healthy(self) -> bool:
         for name in ("redis", "server", "scheduler"):

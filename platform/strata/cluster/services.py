@@ -298,6 +298,7 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
             _devices_update(changed)
         samples_record(rows, now)
         reports_record(node, devices, reports or {}, now)
+    _reconcile_unreported(node, {str(attempt_id) for attempt_id in attempt_ids}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
@@ -307,6 +308,35 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     if node.state == Node.State.DRAINING:
         answer["attempts_left"] = node_attempts_left(node)
     return answer
+
+
+def _reconcile_unreported(node: Node, listed: set[str], now) -> int:
+    """A heartbeat lists the attempts its node runs. One started on the node (a device of it allocated) that the
+    node has not listed for a whole node lease is no longer run there -- its worker died and restarted without
+    it, say, or could not report its end -- and ends as for a lost node (requeued without counting a failure,
+    or as the kind's failure policy says), instead of holding its devices while the node lives on. Tracked per
+    allocation (``unreported_since``), so each node of a gang answers for its own ranks. Returns how many
+    attempts were ended."""
+    from strata.scheduling.services import release_node_attempts
+
+    rows = list(Allocation.objects.filter(device__node=node, active=True, attempt__ended_at__isnull=True,
+                                          attempt__started_at__isnull=False)
+                .values_list("id", "attempt_id", "unreported_since"))
+    if not rows:
+        return 0
+    cutoff = now - timedelta(seconds=settings.STRATA_NODE_LEASE_SECONDS)
+    clear = [row for row, attempt, since in rows if str(attempt) in listed and since is not None]
+    mark = [row for row, attempt, since in rows if str(attempt) not in listed and since is None]
+    lost = {attempt for _, attempt, since in rows if str(attempt) not in listed and since is not None
+            and since < cutoff}
+    if clear:
+        Allocation.objects.filter(pk__in=clear).update(unreported_since=None)
+    if mark:
+        Allocation.objects.filter(pk__in=mark, unreported_since__isnull=True).update(unreported_since=now)
+    if not lost:
+        return 0
+    return release_node_attempts(node, f"node {node.name} no longer runs it (not in its heartbeats for "
+                                       f"{settings.STRATA_NODE_LEASE_SECONDS:g} s)", only=lost)
 
 
 def _devices_update(devices: list[Device]) -> None:

@@ -153,6 +153,10 @@ class Allocation(models.Model):
     # Carved out of the parent's allocation on the same device (a nested child's): the cluster's free capacity
     # does not change, so capacity counts skip it.
     nested = models.BooleanField(default=False, db_default=False)
+    # Since when the device's node has not listed the (started) attempt among those it runs, in its heartbeats;
+    # null while it does. After a node lease of that, the node no longer runs it (its worker died and forgot it,
+    # say): cluster.services.node_heartbeat ends it as for a lost node.
+    unreported_since = models.DateTimeField(null=True, blank=True)
 
 
 class JobEvent(models.Model):

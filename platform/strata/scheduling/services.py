@@ -644,10 +644,11 @@ def reap(now=None) -> dict:
             "lost_participants": participants["lost"], "stopped_participants": participants["stopped"]}
 
 
-def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:
+def release_node_attempts(node: Node, reason: str, *, keep_session=None, only=None) -> int:
     """End (or, where a plugin's failure policy carries on, shrink) every active attempt that has a device on
-    ``node``, except those of session ``keep_session``. Without a ``FailurePolicy`` hook for its kind an attempt
-    ends ``node_lost`` and its job is requeued. Returns how many attempts were affected."""
+    ``node``, except those of session ``keep_session`` (``only``: just these attempt ids). Without a
+    ``FailurePolicy`` hook for its kind an attempt ends ``node_lost`` and its job is requeued. Returns how many
+    attempts were affected."""
     from components.runtime import registry
     from components.runtime.policies import FailurePolicy, LostAttempt, NodeLoss, node_loss
 
@@ -656,6 +657,8 @@ def release_node_attempts(node: Node, reason: str, *, keep_session=None) -> int:
                 .select_related("job"))
     if keep_session is not None:
         attempts = attempts.exclude(node_session=keep_session)
+    if only is not None:
+        attempts = attempts.filter(pk__in=list(only))
     count = 0
     for attempt in attempts:
         decision, primary, left = NodeLoss.REQUEUE, attempt.node_id == node.pk, 0

@@ -40,7 +40,7 @@ def test_a_clean_history_passes_with_its_figures():
     assert report.ok, report.summary()
     assert report.figures["jobs acknowledged"] == 1 and report.figures["attempts"] == 2
     assert report.figures["stale calls rejected"] == 1 and report.figures["faults injected"] == {"sigkill-node": 1}
-    assert report.figures["serve answers"] == 1 and report.figures["serve statuses"] == {"UNAVAILABLE": 1}
+    assert report.figures["replica answers"] == 1 and report.figures["replica statuses"] == {"UNAVAILABLE": 1}
     assert "PASS" in report.summary()
 
 
@@ -68,7 +68,7 @@ CASES = {
     "attempt never ended": ("billing", lambda s, c, f, b: s.remove(s[8])),
     "attempt not in the history": ("billing", lambda s, c, f, b: f["j"]["attempts"].append(
         {"id": "a3", "outcome": "cancelled"})),
-    "unanswered request": ("serve_requests", lambda s, c, f, b: c.append({"op": "request", "rid": "r3", "time": 7})),
+    "unanswered request": ("replica_requests", lambda s, c, f, b: c.append({"op": "request", "rid": "r3", "time": 7})),
 }
 
 
