@@ -53,6 +53,7 @@ class NodeAgent:
         self.state_dir = Path(options.state_dir).expanduser().resolve()
         (self.state_dir / "running").mkdir(parents=True, exist_ok=True)
         self.worker: subprocess.Popen | None = None
+        self.worker_started_at = 0.0
         self.registration: dict = {}
         self.stopping = False
         self.drain_requested = False  # SIGUSR1, or drain_before the end of the allocation
@@ -116,8 +117,22 @@ class NodeAgent:
                    "--pool", "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat",
                    "--loglevel", "WARNING"]
         self.worker = subprocess.Popen(command, env=env, preexec_fn=set_parent_death_signal)
+        self.worker_started_at = time.monotonic()
         log.info("worker started on queue %s with %d slots (pid %d)", self.registration["queue"], slots,
                  self.worker.pid)
+
+    def _restart_stalled_worker(self, stalled: dict | None) -> None:
+        """The control plane says attempts dispatched here were never claimed: a worker that lives but takes no
+        work (celery can hang so after a broker outage) is restarted -- once it has had that long itself."""
+        if not stalled or self.stopping or self.worker is None:
+            return
+        after = float(stalled.get("after_seconds", 120.0))
+        if time.monotonic() - self.worker_started_at < after:
+            return
+        log.error("%s attempt(s) dispatched to this node were not started within %g s: restarting the worker",
+                  stalled.get("attempts"), after)
+        self.stop_worker()
+        self.start_worker()
 
     def stop_worker(self) -> None:
         if self.worker is None or self.worker.poll() is not None:
@@ -186,6 +201,7 @@ class NodeAgent:
             self.services.configure(answer)
         if isinstance(answer, dict):
             self._note_state(answer)
+            self._restart_stalled_worker(answer.get("stalled"))
         self.metrics.heartbeat_ok()
         return answer
 

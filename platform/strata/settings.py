@@ -250,6 +250,9 @@ STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, 
 # long and is renewed every tick, so a dead leader is replaced within it (scheduling/leader.py).
 STRATA_LEADER_LEASE_SECONDS = env_float("STRATA_LEADER_LEASE_SECONDS", 15.0, minimum=1.0)
 STRATA_DISPATCH_REPUBLISH_SECONDS = env_float("STRATA_DISPATCH_REPUBLISH_SECONDS", 30.0, minimum=1.0)
+# A node that leaves an attempt dispatched to it unclaimed this long is told so in its heartbeat answer, and its
+# agent restarts its worker (a worker that lives on but takes no work, as after some broker outages).
+STRATA_CLAIM_TIMEOUT_SECONDS = env_float("STRATA_CLAIM_TIMEOUT_SECONDS", 120.0, minimum=5.0)
 STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
 # Participants (machines outside the cluster that joined a running job): one whose last heartbeat is older than
 # this is no longer active (it stops counting against the quota at once; the reaper marks it lost). They are

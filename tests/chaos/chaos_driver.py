@@ -145,7 +145,8 @@ class ChaosRun:
         self.hosts = Hosts(["cp", *self.scale.node_hosts])
         self.cluster = HostCluster(self.hosts, self.home, database=self.database, persistent_broker=True,
                                    extra_env={"STRATA_HISTORY_LOG": str(self.server_log),
-                                              "STRATA_DISPATCH_REPUBLISH_SECONDS": "5"})
+                                              "STRATA_DISPATCH_REPUBLISH_SECONDS": "5",
+                                              "STRATA_CLAIM_TIMEOUT_SECONDS": "20"})
         self.cluster.start()
         for host in self.scale.node_hosts:
             self.cluster.start_node(host, virtual_gpus=2)

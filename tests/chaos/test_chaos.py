@@ -18,20 +18,22 @@ from pathlib import Path
 import pytest
 from chaos_driver import FAULTS, SCALES, ChaosRun
 
-from strata.bench.hosts import NamespaceError
+from strata.bench.hosts import PG_SOCKET_DIR, NamespaceError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 
 def test_nothing_is_lost_or_doubled_under_faults(tmp_path_factory):
+    import psycopg
+
     scale = SCALES[os.environ.get("STRATA_CHAOS", "bounded")]
-    if not os.environ.get("STRATA_DATABASE_URL", "").startswith("postgres"):
-        pytest.fail("the chaos suite runs on PostgreSQL and Redis: set STRATA_DATABASE_URL=postgres://...")
     run = ChaosRun(tmp_path_factory.mktemp("chaos"), scale)
     try:
         report = run.execute()
     except NamespaceError as error:
         pytest.fail(f"the chaos suite needs network namespaces and cannot make them here: {error}")
+    except psycopg.OperationalError as error:
+        pytest.fail(f"the chaos suite runs on the machine's PostgreSQL (Unix socket {PG_SOCKET_DIR}): {error}")
     finally:
         run.close()
     print(report.summary())

@@ -298,45 +298,51 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
             _devices_update(changed)
         samples_record(rows, now)
         reports_record(node, devices, reports or {}, now)
-    _reconcile_unreported(node, {str(attempt_id) for attempt_id in attempt_ids}, now)
+    stalled = _reconcile_attempts(node, {str(attempt_id) for attempt_id in attempt_ids}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
     stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
     answer = {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop,
               "sharing_policy": pool_policy(node_pool(node.labels)), "state": node.state}
+    if stalled:
+        # Dispatched here, never claimed: the node's worker takes no work (hung after a broker outage, say).
+        answer["stalled"] = {"attempts": stalled, "after_seconds": settings.STRATA_CLAIM_TIMEOUT_SECONDS}
     if node.state == Node.State.DRAINING:
         answer["attempts_left"] = node_attempts_left(node)
     return answer
 
 
-def _reconcile_unreported(node: Node, listed: set[str], now) -> int:
-    """A heartbeat lists the attempts its node runs. One started on the node (a device of it allocated) that the
-    node has not listed for a whole node lease is no longer run there -- its worker died and restarted without
-    it, say, or could not report its end -- and ends as for a lost node (requeued without counting a failure,
-    or as the kind's failure policy says), instead of holding its devices while the node lives on. Tracked per
-    allocation (``unreported_since``), so each node of a gang answers for its own ranks. Returns how many
-    attempts were ended."""
+def _reconcile_attempts(node: Node, listed: set[str], now) -> int:
+    """Hold a node to the attempts it says it runs; returns how many attempts dispatched to it it has left
+    unclaimed for longer than ``STRATA_CLAIM_TIMEOUT_SECONDS`` (its worker takes no work: the agent restarts it).
+
+    A heartbeat lists the attempts its node runs. One the node claimed but has not listed for a whole node lease is
+    no longer run there -- its worker died and restarted without it, say, or could not report its end -- and
+    ends as for a lost node (requeued without counting a failure, or as the kind's failure policy says), instead
+    of holding its devices while the node lives on. Tracked per allocation (``claimed_at``, ``unreported_since``),
+    so each node of a gang answers for its own ranks."""
     from strata.scheduling.services import release_node_attempts
 
-    rows = list(Allocation.objects.filter(device__node=node, active=True, attempt__ended_at__isnull=True,
-                                          attempt__started_at__isnull=False)
-                .values_list("id", "attempt_id", "unreported_since"))
+    rows = list(Allocation.objects.filter(device__node=node, active=True, attempt__ended_at__isnull=True)
+                .values_list("id", "attempt_id", "unreported_since", "claimed_at", "attempt__dispatched_at"))
     if not rows:
         return 0
     cutoff = now - timedelta(seconds=settings.STRATA_NODE_LEASE_SECONDS)
-    clear = [row for row, attempt, since in rows if str(attempt) in listed and since is not None]
-    mark = [row for row, attempt, since in rows if str(attempt) not in listed and since is None]
-    lost = {attempt for _, attempt, since in rows if str(attempt) not in listed and since is not None
-            and since < cutoff}
+    claimed = [(row, str(attempt), since) for row, attempt, since, claimed_at, _ in rows if claimed_at is not None]
+    clear = [row for row, attempt, since in claimed if attempt in listed and since is not None]
+    mark = [row for row, attempt, since in claimed if attempt not in listed and since is None]
+    lost = {attempt for _, attempt, since in claimed if attempt not in listed and since is not None and since < cutoff}
     if clear:
         Allocation.objects.filter(pk__in=clear).update(unreported_since=None)
     if mark:
         Allocation.objects.filter(pk__in=mark, unreported_since__isnull=True).update(unreported_since=now)
-    if not lost:
-        return 0
-    return release_node_attempts(node, f"node {node.name} no longer runs it (not in its heartbeats for "
-                                       f"{settings.STRATA_NODE_LEASE_SECONDS:g} s)", only=lost)
+    if lost:
+        release_node_attempts(node, f"node {node.name} no longer runs it (not in its heartbeats for "
+                                    f"{settings.STRATA_NODE_LEASE_SECONDS:g} s)", only=lost)
+    overdue = now - timedelta(seconds=settings.STRATA_CLAIM_TIMEOUT_SECONDS)
+    return len({attempt for _, attempt, _, claimed_at, dispatched in rows
+                if claimed_at is None and dispatched is not None and dispatched < overdue})
 
 
 def _devices_update(devices: list[Device]) -> None:

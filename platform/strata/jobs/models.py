@@ -157,6 +157,9 @@ class Allocation(models.Model):
     # null while it does. After a node lease of that, the node no longer runs it (its worker died and forgot it,
     # say): cluster.services.node_heartbeat ends it as for a lost node.
     unreported_since = models.DateTimeField(null=True, blank=True)
+    # When the device's node claimed the attempt (null until then): each node claims its part of an attempt once;
+    # a second claim (a duplicate or republished dispatch) is refused, so an attempt never runs twice on a node.
+    claimed_at = models.DateTimeField(null=True, blank=True)
 
 
 class JobEvent(models.Model):

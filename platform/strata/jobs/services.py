@@ -455,10 +455,20 @@ def attempt_stop_requested(attempt: Attempt) -> bool:
 
 @transaction.atomic
 def attempt_claim(attempt_id, fencing_token: str, node) -> Attempt:
-    """The node starts the attempt: SCHEDULED -> RUNNING. Claiming twice (a redelivered message) is fine."""
+    """The node starts the attempt: SCHEDULED -> RUNNING. Each node claims its part once: a second claim from the
+    same node (a redelivered or republished dispatch, or a restarted worker's) is refused as stale, so the
+    attempt never runs twice there; an attempt whose node lost it ends through its heartbeats instead
+    (cluster.services) and the job runs again as a new attempt."""
     attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
+    now = timezone.now()
+    mine = Allocation.objects.filter(attempt=attempt, device__node=node)
+    if mine.filter(claimed_at__isnull=False).exists():
+        history.record("rejected", job=attempt.job_id, attempt=attempt, token=fencing_token, now=True,
+                       node=node.name, problem="already claimed by this node")
+        raise StaleAttempt("already claimed by this node: a duplicate dispatch")
+    mine.update(claimed_at=now)
     if attempt.started_at is None:
-        attempt.started_at = timezone.now()
+        attempt.started_at = now
         attempt.save(update_fields=["started_at"])
     history.record("start", job=attempt.job_id, attempt=attempt, token=fencing_token, number=attempt.number,
                    node=node.name, started_at=history.timestamp(attempt.started_at))

@@ -107,3 +107,26 @@ def test_granted_devices_keep_the_ids_cuda_visible_devices_gives(monkeypatch):
     assert visible_ids() is None and visible_indices(cuda) == cuda
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")  # fewer ids than devices: not a list of these devices
     assert visible_indices(cuda) == cuda
+
+
+def test_a_stalled_worker_is_restarted_once_it_had_the_time_itself(monkeypatch):
+    node = agent()
+    events = []
+    monkeypatch.setattr(node, "stop_worker", lambda: events.append("stop"), raising=False)
+
+    def start():
+        events.append("start")
+        node.worker_started_at = time.monotonic()
+
+    monkeypatch.setattr(node, "start_worker", start, raising=False)
+    node.worker = object()
+    node.worker_started_at = time.monotonic()
+    node._restart_stalled_worker({"attempts": 2, "after_seconds": 60})
+    assert events == []  # a worker younger than the claim timeout is given its chance
+    node.worker_started_at = time.monotonic() - 61
+    node._restart_stalled_worker({"attempts": 2, "after_seconds": 60})
+    assert events == ["stop", "start"]
+    node._restart_stalled_worker({"attempts": 2, "after_seconds": 60})
+    assert events == ["stop", "start"]  # the fresh worker is not restarted again at once
+    node._restart_stalled_worker(None)
+    assert events == ["stop", "start"]

@@ -42,9 +42,12 @@ def test_claim_report_finish_success(cluster, submit, run_pass):
     assert claimed["allocations"][0]["device"]["share"] == 1.0
     job.refresh_from_db()
     assert job.state == JobState.RUNNING and job.started_at is not None
-    # A redelivered dispatch claims again harmlessly.
-    assert _call(cluster, attempt, "claim").status_code == 200
+    # A redelivered (or republished) dispatch cannot start the attempt a second time on the node: 409, and the
+    # attempt runs on undisturbed.
+    again = _call(cluster, attempt, "claim")
+    assert again.status_code == 409 and "already claimed" in again.json()["detail"]
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+    assert Attempt.objects.get(pk=attempt.pk).ended_at is None
 
     report = _call(cluster, attempt, "report", logs=[{"message": "epoch 1"}, {"level": "warning", "message": "hot"}],
                    metrics=[{"name": "loss", "step": 1, "value": 0.5}, {"name": "loss", "step": 2, "value": 0.25}])

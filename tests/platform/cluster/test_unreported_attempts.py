@@ -92,3 +92,20 @@ def test_attempts_not_yet_claimed_are_left_alone(cluster, submit, run_pass, sett
     job.refresh_from_db()
     # Waiting for the node's worker to claim it (the dispatch republisher's business), never ended here.
     assert attempt.ended_at is None and job.state == JobState.SCHEDULED
+
+
+def test_a_node_that_never_claims_its_dispatches_is_told_its_worker_stalled(cluster, submit, run_pass, settings):
+    job = submit(cluster["user"], cluster["team"])
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    assert "stalled" not in beat(cluster, [])
+    # Dispatched longer ago than the claim timeout, still unclaimed: the node's worker takes no work.
+    Attempt.objects.filter(pk=attempt.pk).update(
+        dispatched_at=timezone.now() - timedelta(seconds=settings.STRATA_CLAIM_TIMEOUT_SECONDS + 1))
+    answer = beat(cluster, [])
+    assert answer["stalled"] == {"attempts": 1, "after_seconds": settings.STRATA_CLAIM_TIMEOUT_SECONDS}
+    # Once claimed it is no longer stalled.
+    claimed = cluster["agent"].post(f"{NODE}/attempts/{attempt.pk}/claim/",
+                                    {"node": str(cluster["node"].pk), "token": attempt.fencing_token}, format="json")
+    assert claimed.status_code == 200
+    assert "stalled" not in beat(cluster, [attempt])

@@ -146,6 +146,11 @@ class RegisterAnswerSerializer(serializers.Serializer):
     lease_seconds = serializers.FloatField()
 
 
+class StalledSerializer(serializers.Serializer):
+    attempts = serializers.IntegerField(help_text="Attempts dispatched to the node and not claimed in time.")
+    after_seconds = serializers.FloatField(help_text="How long a dispatch may wait for its claim.")
+
+
 class HeartbeatAnswerSerializer(serializers.Serializer):
     lease_seconds = serializers.FloatField()
     stop = serializers.ListField(child=serializers.CharField(), help_text="Attempts the node must stop.")
@@ -156,6 +161,9 @@ class HeartbeatAnswerSerializer(serializers.Serializer):
         "registers again."))
     attempts_left = serializers.IntegerField(required=False, help_text=(
         "Only while draining: the attempts that still hold a device on the node (0: it may leave)."))
+    stalled = StalledSerializer(required=False, help_text=(
+        "Only when attempts dispatched to the node were not claimed within `after_seconds`: its worker takes no "
+        "work, and the agent restarts it."))
 
 
 class NodeSessionSerializer(serializers.Serializer):
