@@ -24,6 +24,7 @@ PLUGIN = "datacache"
 FORMAT_VERSION = 1
 FORMATS = ("image-folder", "npz")
 MAX_SIZE = 128
+MAX_PATH = 4096  # PATH_MAX on Linux
 
 # The default augmentation of image pipelines: the usual CIFAR-style recipe, CPU-heavy on purpose.
 DEFAULT_AUGMENT: dict[str, Any] = {"crop": [0.45, 1.0], "flip": True, "rotate": 20.0, "jitter": 0.4, "blur": 0.3}
@@ -80,6 +81,7 @@ def check_augment(check: Checker, name: str, default: dict[str, Any]) -> dict[st
         return None
     inner = Checker(value, where)
     inner.unknown(AUGMENT_FIELDS)
+    inner.not_null("flip", "rotate", "jitter", "blur")  # an explicit null is no number (was a 500)
     crop = value.get("crop", default.get("crop", [1.0, 1.0]))
     if not (isinstance(crop, list) and len(crop) == 2 and all(isinstance(c, int | float) and not isinstance(c, bool)
                                                               for c in crop) and 0.05 <= crop[0] <= crop[1] <= 1.0):
@@ -102,6 +104,34 @@ class Datasets(Collection):
 
     title: ClassVar[str] = "Datasets"
     description: ClassVar[str] = "Datasets jobs read by name (data: {dataset: NAME}), with their pipelines."
+    schema: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "source", "format"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"},
+            "description": {"type": "string"},
+            "source": {"type": "object", "additionalProperties": False, "required": ["path"],
+                       "properties": {"path": {"type": "string", "pattern": "^/[^\\x00]*$",
+                                               "description": "An absolute path on the nodes."}}},
+            "format": {"type": "string", "enum": list(FORMATS)},
+            "task": {"const": "classification"},
+            "size": {"type": "integer", "minimum": 4, "maximum": MAX_SIZE, "default": 32},
+            "channels": {"type": "integer", "enum": [1, 3], "default": 3},
+            "test_fraction": {"type": "number", "minimum": 0.05, "maximum": 0.5, "default": 0.2},
+            "augment": {"anyOf": [
+                {"type": "null"}, {"const": False},
+                {"type": "object", "additionalProperties": False, "properties": {
+                    "crop": {"type": "array", "minItems": 2, "maxItems": 2,
+                             "items": {"type": "number", "minimum": 0.05, "maximum": 1.0}},
+                    "flip": {"type": "boolean"},
+                    "rotate": {"type": "number", "minimum": 0.0, "maximum": 180.0},
+                    "jitter": {"type": "number", "minimum": 0.0, "maximum": 1.0},
+                    "blur": {"type": "number", "minimum": 0.0, "maximum": 1.0}}}],
+                "description": "Augmentation parameters; null (or false) for none."},
+        },
+        "examples": [{"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"}],
+    }
 
     def builtins(self) -> list[dict[str, Any]]:
         return builtin_records()
@@ -121,6 +151,9 @@ class Datasets(Collection):
             check.errors["source"] = "required: {path: an absolute path on the nodes}"
         elif not isinstance(source["path"], str) or not source["path"].startswith("/") or "\0" in source["path"]:
             check.errors["source.path"] = "must be an absolute path on the nodes"
+        elif len(source["path"]) > MAX_PATH or ".." in source["path"].split("/"):
+            # A path that climbs (/srv/../etc) says something else than it seems; longer ones no node can open.
+            check.errors["source.path"] = f"must be a plain absolute path (no '..'), at most {MAX_PATH} characters"
         fmt = check.string("format", None, choices=FORMATS)
         if fmt is None and "format" not in check.errors:
             check.errors["format"] = f"required: one of {', '.join(FORMATS)} (a directory with one sub-directory " \
@@ -130,6 +163,7 @@ class Datasets(Collection):
         if channels == 2:
             check.errors["channels"] = "must be 1 (grey) or 3 (colour)"
         test_fraction = check.number("test_fraction", 0.2, minimum=0.05, maximum=0.5)
+        check.not_null("description", "size", "channels", "test_fraction")
         augment = check_augment(check, "augment", DEFAULT_AUGMENT)
         if check.errors:
             raise SpecError(check.errors)

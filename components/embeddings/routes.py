@@ -16,4 +16,18 @@ def compression(data: Any) -> dict[str, Any]:
     return {"job": data.job["id"], "state": data.job.get("state"), **report}
 
 
+compression.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer schema)
+    "type": "object",
+    "description": "The latest compression report (phase, ratio, bytes, quality before and after, fields), with "
+                   "the job's id and state; phase null and no fields before the first report.",
+    "properties": {
+        "job": {"type": "string"},
+        "state": {"type": ["string", "null"]},
+        "phase": {"type": ["string", "null"]},
+        "fields": {"type": "array", "items": {}},
+    },
+    "required": ["phase", "fields"],
+    "additionalProperties": True,
+}
+
 __all__ = ["compression"]

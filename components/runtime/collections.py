@@ -13,6 +13,10 @@ that every job then reads by name. A plugin declares such a collection in its ma
 - ``GET`` and ``DELETE /api/v1/{collection}/{name}/``: one record; another team's record is a 404, and
   built-ins cannot be deleted.
 
+A collection may declare :attr:`Collection.schema`, the JSON Schema of the bodies it accepts: the served OpenAPI
+schema then types ``POST /api/v1/{collection}/`` with it (one path pair per registered collection), so clients
+and the API fuzzer build valid bodies. :meth:`Collection.validate` stays the authority.
+
 A record is plain JSON with a ``name``; jobs refer to records by name and the control plane resolves the name at
 submit (see :meth:`components.runtime.data.DataProvider.resolve`), so a node never has to look one up.
 
@@ -40,6 +44,11 @@ class Collection:
     name: str = ""
     title: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    schema: ClassVar[dict[str, Any] | None] = None
+    """The JSON Schema (2020-12) of a body :meth:`validate` accepts (``team`` aside, which the API takes off
+    first), with an ``examples`` list of valid bodies; None (the default): any JSON object. It may accept more
+    than :meth:`validate` does (that check stays the authority), never less: every body ``validate`` accepts
+    must match it (the conformance suite checks its ``good`` bodies)."""
 
     def validate(self, body: Any) -> dict[str, Any]:
         """The normalized record (with ``name``), or raise :class:`components.runtime.spec.SpecError` naming
@@ -59,6 +68,24 @@ class Collection:
         """What the API shows of one record (a built-in or a team's), given the viewer's cluster-wide
         :class:`PanelData` (``reports`` reads what the plugin's node services report). By default the record."""
         return record
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What is wrong with a JSON Schema a plugin declares (a collection's :attr:`Collection.schema`, a job
+    route's ``schema``), or None: it must be a JSON object schema (a dict that JSON can encode)."""
+    import json
+
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        return f"the schema must be a dict (a JSON Schema), not {type(schema).__name__}"
+    try:
+        json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        return f"the schema is not JSON: {error}"
+    if schema.get("type", "object") not in ("object", ["object"]):
+        return f"the schema must describe a JSON object (type object), not {schema.get('type')!r}"
+    return None
 
 
 def name_problem(name: Any) -> str | None:

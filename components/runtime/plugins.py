@@ -68,6 +68,9 @@ class Plugin:
     benchmarks: Mapping[str, str] = field(default_factory=dict)
     # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
     # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
+    # The function may carry ``function.schema``, the JSON Schema (2020-12) of its answer (an object): the
+    # served OpenAPI schema then declares it for the route's own path (checked by the conformance suite
+    # components.runtime.conformance.job_routes and by the API fuzzer).
     job_routes: Mapping[str, str] = field(default_factory=dict)
     # Team-owned named records served at ``/api/v1/{name}/`` (components.runtime.collections.Collection).
     collections: Mapping[str, str] = field(default_factory=dict)

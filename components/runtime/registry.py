@@ -144,6 +144,10 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         function = import_path(path)
         if not callable(function):
             raise TypeError(f"{path} is not callable")
+        from components.runtime.collections import schema_problem
+
+        if problem := schema_problem(getattr(function, "schema", None)):
+            raise TypeError(f"{path}.schema: {problem}")
         job_routes[name] = function
     from components.runtime.data import DataProvider
 
@@ -152,12 +156,14 @@ def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
         options = provider.options
         if not isinstance(options, frozenset | set) or not all(isinstance(o, str) and o for o in options):
             raise TypeError(f"{type(provider).__name__}.options must be a set of option names")
-    from components.runtime.collections import Collection
+    from components.runtime.collections import Collection, schema_problem
 
     collections: dict[str, Any] = {}
     for name, path in plugin.collections.items():
         collection = _subclass(path, Collection)()
         collection.name = name
+        if problem := schema_problem(collection.schema):
+            raise TypeError(f"{path}.schema: {problem}")
         collections[name] = collection
     from components.runtime.distributed import Strategy
 

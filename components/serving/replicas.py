@@ -195,3 +195,20 @@ def replicas_route(data) -> dict[str, Any]:
     live = [row for row in rows if row["state"] not in TERMINAL]
     return {"replicas": rows, "live": len(live), "wanted": spec.get("replicas", 1), "autoscale": spec.get("autoscale"),
             "endpoints": [row["endpoint"] for row in rows if row["state"] == "RUNNING" and row["endpoint"]]}
+
+
+replicas_route.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer schema)
+    "type": "object",
+    "description": "The deployment's replicas (the serve job first, then its child serve jobs), how many are live "
+                   "and wanted, and the addresses of the running ones.",
+    "properties": {
+        "replicas": {"type": "array", "items": {"type": "object", "properties": {
+            "job": {"type": "string"}, "state": {"type": "string"}, "endpoint": {"type": ["string", "null"]},
+            "primary": {"type": "boolean"}}, "required": ["job", "state", "endpoint", "primary"]}},
+        "live": {"type": "integer", "minimum": 0},
+        "wanted": {"type": "integer"},
+        "autoscale": {},
+        "endpoints": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["replicas", "live", "wanted", "autoscale", "endpoints"],
+}

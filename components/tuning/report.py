@@ -106,3 +106,22 @@ def trials(data) -> dict[str, Any]:
                      "state": child.get("state"), "name": child.get("name")})
     return {"metric": payload.get("metric"), "mode": payload.get("mode"), "budget": payload.get("budget"),
             "best": payload.get("best"), "rungs": payload.get("rungs", []), "trials": rows}
+
+
+trials.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer schema)
+    "type": "object",
+    "description": "The sweep's trials as its latest attempt reported them, each with its trial job's state, and "
+                   "the best so far; all null and empty before the first report.",
+    "properties": {
+        "metric": {"type": ["string", "null"]},
+        "mode": {"type": ["string", "null"]},
+        "budget": {},
+        "best": {},
+        "rungs": {"type": "array", "items": {}},
+        "trials": {"type": "array", "items": {"type": "object", "properties": {
+            "number": {}, "job": {"type": ["string", "null"]}, "params": {}, "status": {},
+            "state": {"type": ["string", "null"]}, "name": {"type": ["string", "null"]},
+            "jobs": {"type": "array"}, "exploits": {"type": "array"}}}},
+    },
+    "required": ["metric", "mode", "budget", "best", "rungs", "trials"],
+}

@@ -220,7 +220,8 @@ SPECTACULAR_SETTINGS = {
     "PARSER_WHITELIST": ["strata.api.parsers.StrictJSONParser"],
     # strata/api/schema.py: typed job bodies (a schema per kind), error answers on every operation.
     "PREPROCESSING_HOOKS": ["strata.api.schema.register_extensions"],
-    "POSTPROCESSING_HOOKS": ["strata.api.schema.postprocess_enums", "strata.api.schema.add_error_responses"],
+    "POSTPROCESSING_HOOKS": ["strata.api.schema.postprocess_enums", "strata.api.schema.add_error_responses",
+                             "strata.api.schema.add_plugin_routes"],
     "ENUM_NAME_OVERRIDES": {
         "TokenKindEnum": "strata.accounts.models.ApiToken.Kind",
         "DeviceKindEnum": "strata.cluster.models.Device.Kind",

@@ -14,6 +14,8 @@ subclass in a plugin's tests says how to build its object, and inherits every ch
 - :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
 - :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
 - :mod:`~components.runtime.conformance.metrics`: a plugin's node metrics function (the manifest's ``metrics``).
+- :mod:`~components.runtime.conformance.collections`: collections (:class:`components.runtime.collections.Collection`).
+- :mod:`~components.runtime.conformance.job_routes`: job routes (a manifest's ``job_routes``), with their answer schema.
 """
 
 import time

@@ -9,7 +9,9 @@ Subclass it, point it at your collection, and give bodies it accepts and some it
 
 It checks that the collection is light, that ``validate`` returns a JSON record with a valid ``name`` and is
 idempotent (a record validates to itself), that a refusal is a ``SpecError`` naming fields, that built-ins are
-named, JSON and unique, and that ``present`` answers JSON from a static PanelData.
+named, JSON and unique, that ``present`` answers JSON from a static PanelData, and that the collection's
+``schema`` (when it declares one) is a JSON Schema of an object that every good body, every record ``validate``
+returns and each of its ``examples`` match (the examples are bodies ``validate`` accepts).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from components.runtime.collections import Collection, name_problem
+from components.runtime.collections import Collection, name_problem, schema_problem
+from components.runtime.conformance.job_routes import schema_errors
 from components.runtime.conformance.kinds import light_import_problem
 from components.runtime.conformance.panels import StaticPanelData
 from components.runtime.registry import import_path
@@ -74,3 +77,15 @@ class CollectionConformance:
             shown = collection.present(dict(item), StaticPanelData())
             assert isinstance(shown, dict) and shown.get("name") == item["name"]
             json.dumps(shown, allow_nan=False)
+
+    def test_its_schema_describes_the_bodies_it_accepts(self):
+        collection = self.collection()
+        schema = collection.schema
+        assert schema_problem(schema) is None, schema_problem(schema)
+        if schema is None:
+            return
+        examples = schema.get("examples", [])
+        for body in (*self.good, *examples):
+            assert not schema_errors(schema, body), (body, schema_errors(schema, body))
+            record = collection.validate(dict(body))
+            assert not schema_errors(schema, record), (record, schema_errors(schema, record))

@@ -24,6 +24,24 @@ def bearer_value(request, keyword: str = "Bearer") -> str | None:
         raise exceptions.AuthenticationFailed("Token is not valid text.") from error
 
 
+MAX_TOKEN_DEPTH = 64
+
+
+def _ancestors_live(parent_id, now) -> bool:
+    """Whether every token above a child token (its parent, that one's parent, ...) is neither revoked nor
+    expired. A chain deeper than MAX_TOKEN_DEPTH (or a cycle) counts as dead."""
+    for _ in range(MAX_TOKEN_DEPTH):
+        row = ApiToken.objects.filter(pk=parent_id).values_list("revoked_at", "expires_at", "parent_id").first()
+        if row is None:
+            return True  # a deleted parent took its children with it (on_delete=CASCADE)
+        revoked_at, expires_at, parent_id = row
+        if revoked_at is not None or expires_at <= now:
+            return False
+        if parent_id is None:
+            return True
+    return False
+
+
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -41,6 +59,10 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Token has expired.")
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("User is inactive.")
+        if token.parent_id is not None and not _ancestors_live(token.parent_id, now):
+            # token_revoke cascades, but a parent revoked by a write that did not (the admin's form, a child
+            # created while its parent was being revoked) must not leave a working child behind.
+            raise exceptions.AuthenticationFailed("Token has been revoked.")
         if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token

@@ -7,6 +7,10 @@ check every answer against it:
   (converted from JSON Schema 2020-12 to OpenAPI 3.0), with typed ``resources`` and ``time_limit``;
 - jobs in replies have typed ``resources``; a quota's ``max_gpu_memory`` is bytes in replies and bytes or a
   size string in requests;
+- the plugins' routes, served by generic URL patterns (``/api/v1/jobs/{id}/{route}/``, ``/api/v1/{collection}/``
+  and ``/api/v1/{collection}/{name}/``), are described one path per registered job route and one path pair per
+  registered collection (:func:`add_plugin_routes`, from the registry), typed by what each plugin declares: a
+  job route's answer (its function's ``schema``), a collection's body (``Collection.schema``);
 - bearer tokens are a security scheme (``bearerAuth``);
 - every operation declares the error answers the API gives (:func:`add_error_responses`, a postprocessing
   hook): 400 with field errors, 401, 403, 404, 413, 415, 429 where they apply, each with a JSON error schema
@@ -415,3 +419,117 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer",
                 "description": "An API token (`st_...`): a user token for a team, or a node token on "
                                "/api/v1/node/ routes."}
+
+
+# --- the plugins' routes: one path per registered job route, one path pair per registered collection -----
+
+JOB_ROUTE_PATH = "/api/v1/jobs/{id}/{route}/"
+COLLECTION_PATH = "/api/v1/{collection}/"
+COLLECTION_ITEM_PATH = "/api/v1/{collection}/{name}/"
+
+RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One record as the collection shows it: its body, with what the API adds (and any live facts "
+                   "the collection's present() adds).",
+    "properties": {
+        "name": {"type": "string"},
+        "team": {"type": "string", "nullable": True, "description": "The team's slug; null for a built-in."},
+        "builtin": {"type": "boolean"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "created_by": {"type": "string", "nullable": True},
+    },
+    "required": ["name", "team", "builtin"],
+    "additionalProperties": {},
+}
+
+
+def _first_paragraph(text: str | None) -> str:
+    return " ".join((text or "").strip().split("\n\n")[0].split())
+
+
+def _plugin_schema(schema: dict[str, Any] | None, title: str) -> dict[str, Any]:
+    """A plugin's JSON Schema (a job route's answer, a collection's body) as an OpenAPI 3.0 schema object."""
+    if not schema:
+        return {"type": "object", "additionalProperties": {}, "title": title}
+    converted = openapi30(schema)
+    converted.setdefault("type", "object")
+    converted.setdefault("title", title)
+    return converted
+
+
+def _specialize(operation: dict[str, Any], operation_id: str, dropped: str, description: str) -> dict[str, Any]:
+    """A copy of a generic operation for one plugin's route: its own id, no ``dropped`` path parameter."""
+    import copy
+
+    own = copy.deepcopy(operation)
+    own["operationId"] = operation_id
+    own["parameters"] = [p for p in own.get("parameters", []) if not (p.get("in") == "path" and p["name"] == dropped)]
+    if description:
+        own["description"] = description
+    return own
+
+
+def _json_response(operation: dict[str, Any], code: str, ref: dict[str, Any]) -> None:
+    answer = operation.setdefault("responses", {}).setdefault(code, {"description": ""})
+    answer["content"] = {"application/json": {"schema": ref}}
+
+
+def add_plugin_routes(result, generator, request, public):
+    """Postprocessing hook (after the error answers): the generic plugin paths (``/api/v1/jobs/{id}/{route}/``,
+    ``/api/v1/{collection}/`` and ``/api/v1/{collection}/{name}/``, which still answer for every plugin)
+    are replaced by one path per route the registry holds, each typed by what its plugin declares: a job
+    route's answer (``function.schema``), a collection's body (``Collection.schema``) and its records."""
+    from components.runtime import registry
+
+    paths = result.get("paths", {})
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    route_template = paths.pop(JOB_ROUTE_PATH, None)
+    if route_template and "get" in route_template:
+        for route, function in sorted(registry.job_routes().items()):
+            prefix = kind_component_prefix(route)
+            name = f"{prefix}JobRoute"
+            schemas[name] = _plugin_schema(getattr(function, "schema", None), f"the {route} of a job")
+            operation = _specialize(route_template["get"], f"jobs_route_{route.replace('-', '_')}", "route",
+                                    _first_paragraph(function.__doc__))
+            operation["responses"].pop("500", None)  # a failing route is a bug, never an answer to declare
+            _json_response(operation, "200", {"$ref": f"#/components/schemas/{name}"})
+            paths[f"/api/v1/jobs/{{id}}/{route}/"] = {"get": operation}
+    listing, item = paths.pop(COLLECTION_PATH, None), paths.pop(COLLECTION_ITEM_PATH, None)
+    if not listing or not item:
+        return result
+    schemas.setdefault("CollectionRecord", RECORD_SCHEMA)
+    record_ref = {"$ref": "#/components/schemas/CollectionRecord"}
+    for collection_name, collection in sorted(registry.collections().items()):
+        prefix = kind_component_prefix(collection_name)
+        body = _plugin_schema(collection.schema, f"a {collection_name} record")
+        body.setdefault("properties", {})["team"] = {
+            "type": "string", "description": "The team to register it for (a slug); default: the token's team."}
+        schemas[f"{prefix}RecordRequest"] = body
+        schemas[f"{prefix}List"] = {
+            "type": "object",
+            "properties": {"collection": {"type": "string", "enum": [collection_name]}, "title": {"type": "string"},
+                           "results": {"type": "array", "items": record_ref},
+                           "summary": {"type": "object", "additionalProperties": {}}},
+            "required": ["collection", "title", "results"],
+        }
+        operation_id = f"collection_{collection_name.replace('-', '_')}"
+        description = _first_paragraph(collection.description) or _first_paragraph(type(collection).__doc__)
+        own: dict[str, Any] = {}
+        for method, operation in listing.items():
+            own[method] = _specialize(operation, f"{operation_id}_{'list' if method == 'get' else 'create'}",
+                                      "collection", description)
+        if "get" in own:
+            _json_response(own["get"], "200", {"$ref": f"#/components/schemas/{prefix}List"})
+        if "post" in own:
+            own["post"]["requestBody"] = {"content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{prefix}RecordRequest"}}}, "required": True}
+            _json_response(own["post"], "201", record_ref)
+        paths[f"/api/v1/{collection_name}/"] = own
+        own_item: dict[str, Any] = {}
+        for method, operation in item.items():
+            own_item[method] = _specialize(operation, f"{operation_id}_{'read' if method == 'get' else method}",
+                                           "collection", description)
+        if "get" in own_item:
+            _json_response(own_item["get"], "200", record_ref)
+        paths[f"/api/v1/{collection_name}/{{name}}/"] = own_item
+    return result

@@ -22,7 +22,9 @@ class TestDatasets(CollectionConformance):
     good = (PETS, {**PETS, "name": "grey", "channels": 1, "size": 48, "augment": None, "test_fraction": 0.1},
             {**PETS, "name": "arrays", "format": "npz", "source": {"path": "/data/arrays.npz"},
              "augment": {**DEFAULT_AUGMENT, "rotate": 0.0}})
-    bad = ({"name": "x"}, {**PETS, "size": 2}, {**PETS, "source": {"path": "data"}}, {**PETS, "task": "ranking"})
+    # An explicit null for a number (found by the API fuzzer: a null augment.blur was a 500) is refused too.
+    bad = ({"name": "x"}, {**PETS, "size": 2}, {**PETS, "source": {"path": "data"}}, {**PETS, "task": "ranking"},
+           {**PETS, "augment": {"blur": None}}, {**PETS, "size": None}, {**PETS, "test_fraction": None})
 
 
 class TestDataCacheProvider(DataProviderConformance):

@@ -12,6 +12,7 @@ from components.embeddings.panels import (
     signed,
 )
 from components.embeddings.report import CompressionReport
+from components.runtime.conformance.job_routes import JobRouteConformance
 from components.runtime.conformance.panels import PanelConformance
 from components.runtime.panels import StaticPanelData
 
@@ -123,3 +124,12 @@ def test_the_formatting_helpers():
     assert human_bytes(3 * 2**30) == "3.0 GiB" and human_bytes(None) == "—"
     assert ratio_text(12800, 640) == "20.0x" and ratio_text(10, 0) == "—" and ratio_text(None, 5) == "—"
     assert signed(0.00123) == "+0.0012" and signed(-0.5) == "-0.5000" and signed(None) == "—"
+
+
+class TestCompressionRoute(JobRouteConformance):
+    """``GET /api/v1/jobs/{id}/compression/`` answers JSON matching its declared schema, early and done."""
+
+    route_path = "components.embeddings.routes:compression"
+
+    def examples(self):
+        return [data(attempt(EARLY)), data(attempt(EARLY, 1, 1.0), attempt(DONE, 2, 2.0)), data()]

@@ -183,6 +183,41 @@ def test_collections_are_registered_and_their_names_are_unique(install_plugins):
     assert "is not a Collection subclass" in problems["not-a-collection"]
 
 
+class TypedNotes(Notes):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "text": {"type": "string"}}}
+
+
+class ListNotes(Notes):
+    schema = {"type": "array"}  # a record body is an object
+
+
+def answer_route(data):
+    return {"job": data.job["id"]}
+
+
+def broken_route(data):
+    return {}
+
+
+answer_route.schema = {"type": "object", "properties": {"job": {"type": "string"}}}
+broken_route.schema = {"type": "object", "properties": {"when": {"default": float("nan")}}}  # not JSON
+
+TYPED = Plugin(name="typed", collections={"typed-notes": f"{__name__}:TypedNotes"},
+               job_routes={"answer": f"{__name__}:answer_route"})
+LIST_NOTES = Plugin(name="list-notes", collections={"list-notes": f"{__name__}:ListNotes"})
+BROKEN_ROUTE = Plugin(name="broken-route", job_routes={"broken": f"{__name__}:broken_route"})
+
+
+def test_a_declared_schema_must_be_a_json_object_schema(install_plugins):
+    install_plugins(f"{__name__}:TYPED", f"{__name__}:LIST_NOTES", f"{__name__}:BROKEN_ROUTE")
+    assert registry.collections()["typed-notes"].schema == TypedNotes.schema
+    assert registry.job_routes()["answer"].schema == answer_route.schema
+    assert "list-notes" not in registry.collections() and "broken" not in registry.job_routes()
+    problems = registry.problems()
+    assert "ListNotes.schema: the schema must describe a JSON object" in problems["list-notes"]
+    assert "broken_route.schema: the schema is not JSON" in problems["broken-route"]
+
+
 # -- distributed-training strategies --------------------------------------------------------------------------------
 from components.runtime.distributed import Strategy  # noqa: E402
 

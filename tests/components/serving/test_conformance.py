@@ -1,5 +1,6 @@
 """The serve kind and its panel against the conformance suites shipped with the contracts."""
 
+from components.runtime.conformance.job_routes import JobRouteConformance
 from components.runtime.conformance.kinds import KindSpecConformance
 from components.runtime.conformance.panels import PanelConformance, StaticData
 
@@ -18,3 +19,16 @@ class TestServeEndpointPanel(PanelConformance):
 
     def data(self):
         return StaticData(job={"id": JOB, "kind": "serve", "state": "RUNNING", "endpoint": "127.0.0.1:50999"})
+
+
+class TestReplicasRoute(JobRouteConformance):
+    """``GET /api/v1/jobs/{id}/replicas/`` answers JSON matching its declared schema."""
+
+    route_path = "components.serving.replicas:replicas_route"
+
+    def examples(self):
+        return [StaticData(job={"id": JOB, "kind": "serve", "state": "RUNNING", "endpoint": "127.0.0.1:50999",
+                                "spec": {"replicas": 2, "autoscale": {"min": 1, "max": 3}}},
+                           children=[{"id": "c1", "kind": "serve", "state": "RUNNING", "endpoint": "10.0.0.2:6"},
+                                     {"id": "c2", "kind": "serve", "state": "QUEUED", "endpoint": None}]),
+                StaticData(job={"id": JOB, "kind": "serve", "state": "QUEUED", "endpoint": None, "spec": {}})]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from components.runtime.conformance.job_routes import JobRouteConformance
 from components.runtime.conformance.panels import PanelConformance
 from components.runtime.panels import StaticPanelData
 from components.tuning.panels import ParametersPanel, RungsPanel, SharesPanel, TrialCurvesPanel
@@ -89,3 +90,12 @@ def test_parameters_rungs_and_shares(report):
 def test_nothing_to_show_before_the_first_report():
     empty = StaticPanelData(job={"id": "sweep", "kind": "tune", "state": "RUNNING"})
     assert all(panel().render(empty) is None for panel in (TrialCurvesPanel, ParametersPanel, RungsPanel, SharesPanel))
+
+
+class TestTrialsRoute(JobRouteConformance):
+    """``GET /api/v1/jobs/{id}/trials/`` answers JSON matching its declared schema, for a recorded sweep."""
+
+    route_path = "components.tuning.report:trials"
+
+    def examples(self):
+        return [sweep_data(_report(Path(__import__("tempfile").mkdtemp())))]

@@ -6,15 +6,18 @@ checked: no 5xx, a status code the schema declares for the operation, the declar
 validates against the declared schema. Three runs, each with a real token:
 
 - ``user``: a team member's user token, on every operation but ``DELETE /tokens/{id}/`` (which could revoke
-  the token in use; tests/platform/api/test_schema.py covers it); admin-only and node routes answer it 403
+  the token in use; tests/platform/api/test_schema.py covers it), every plugin's job routes and collections
+  included (the schema has one typed path per registered route); admin-only and node routes answer it 403
   (those with a few fuzzed examples each and no coverage phase: the ``admin`` and ``node`` runs cover them in
   full);
 - ``admin``: a cluster admin's user token, on the admin routes (``/quotas/``, ``/pools/``);
 - ``node``: a node token, on ``/api/v1/node/``.
 
 Path, query and body values are drawn, part of the time, from the seeded objects (a job of the team, a job of
-another team, an artifact, the node, its session, a running attempt and its fencing token), so requests get
-past the 404s to the code behind them; the rest of the time they are generated.
+another team, a RUNNING job of every registered kind, a SUCCEEDED train job they read, an artifact, the node,
+its session, a running attempt and its fencing token, a record of the team in every plugin collection and the
+collection's built-ins), so requests get past the 404s to the code behind them (a plugin's job route answers for
+a job of its own kind); the rest of the time they are generated.
 
 Any failure fails the test; schemathesis prints each with a cURL command that reproduces it, and the run has a
 fixed seed (STRATA_FUZZ_SEED), so a rerun finds it again.
@@ -26,8 +29,8 @@ broker in that home, and scheduling passes run inline (STRATA_SCHEDULE_INLINE), 
 through admission and placement on the registered node (two virtual GPUs).
 
 Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 25; 15 for the user run), each
-run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 120 s); the three runs take about a minute on two
-cores, seeding and the server's start included.
+run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 240 s: a loaded machine runs them several times
+slower); the three runs take one to two minutes on two idle cores, seeding and the server's start included.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "25"))
 # scheduling pass) draws 15 per operation and phase unless STRATA_FUZZ_MAX_EXAMPLES says otherwise; its coverage
 # phase (the boundary and negative cases) is whole either way.
 USER_MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "15"))
-MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "120"))
+MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "240"))
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", "20240601"))
 # Every check of schemathesis but the two that test the schema's strictness rather than the API's answers:
 # positive_data_acceptance (a valid-looking job is still refused when it names a job or team that does not
@@ -73,15 +76,26 @@ USER_REFUSED_EXAMPLES = min(USER_MAX_EXAMPLES, 5)
 
 # run -> (token in the seeded credentials, schemathesis filter options)
 RUNS = {
-    "user": ("token", ["--exclude-method", "DELETE", "--exclude-path", "/api/v1/tokens/{id}/"]),
+    "user": ("token", ["--exclude-operation-id", "tokens_destroy"]),
     "admin": ("admin_token", ["--include-path-regex", "^/api/v1/(quotas|pools)/"]),
     "node": ("node_token", ["--include-path-regex", "^/api/v1/node/"]),
+}
+
+# The spec of the seeded job of each registered kind (``SOURCE``: the id of a SUCCEEDED dlrm-ctr train job with a
+# model.pt); a kind not named here is submitted with an empty spec (and seeding fails if the kind refuses it).
+KIND_SPECS = {
+    "train": {"workload": "mlp-digits", "epochs": 1},
+    "serve": {"model": {"job": "SOURCE"}},
+    "compress-embeddings": {"source": {"job": "SOURCE"}},
+    "tune": {"space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1}},
+             "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}"}}},
 }
 
 # Run in the server's environment (its own home and database) before it starts: users, teams, a node with
 # two virtual GPUs, jobs (one running with logs, metrics and an artifact, one of another team), tokens.
 SEED_DATA = r"""
-import io, json, os
+import io, json, os, sys
+KIND_SPECS = json.loads(sys.argv[1])
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
 django.setup()
@@ -115,6 +129,17 @@ def submit(user, team, **body):
     data.pop("team", None)
     return jobs.job_submit(user=user, team=team, data=data)[0]
 
+def run(job, outcome=None, artifacts=()):
+    # Place, claim (RUNNING) and, with an outcome, finish the job's attempt.
+    schedule_pass(dispatch=False)
+    attempt = job.attempts.get()
+    jobs.attempt_claim(attempt.id, attempt.fencing_token, node)
+    for name in artifacts:
+        jobs.artifact_store(attempt, name, io.BytesIO(b"weights"))
+    if outcome:
+        jobs.attempt_finish(attempt.id, attempt.fencing_token, node, outcome)
+    return attempt
+
 job = submit(alice, team, name="fuzz-running", resources={"gpus": 0.5, "gpu_memory": "1GiB"})
 foreign = submit(bob, other, name="other-team")
 schedule_pass(dispatch=False)
@@ -123,8 +148,33 @@ jobs.attempt_claim(attempt.id, attempt.fencing_token, node)
 jobs.attempt_report(attempt, logs=[{"level": "info", "message": "epoch 1"}],
                     metrics=[{"name": "loss", "step": 1, "value": 0.5}])
 artifact = jobs.artifact_store(attempt, "model.pt", io.BytesIO(b"weights"))
+
+# A job of every registered kind, RUNNING, on a SUCCEEDED train job (the source the kinds that read another job's
+# model name), so that every plugin's job route has a job of its own kind behind it; and a record of the team in
+# every collection (its schema's first example).
+from components.runtime.registry import collections, kinds
+from strata.jobs.models import PluginRecord
+
+SMALL = {"gpus": 0.1, "gpu_memory": "256MiB"}
+source = submit(alice, team, name="fuzz-source", spec={"workload": "dlrm-ctr", "epochs": 1}, resources=SMALL)
+run(source, "succeeded", ["model.pt"])
+SPECS = KIND_SPECS
+kind_jobs = {}
+for kind in sorted(kinds()):
+    spec = json.loads(json.dumps(SPECS.get(kind, {})).replace("SOURCE", str(source.id)))
+    kind_jobs[kind] = submit(alice, team, kind=kind, name=f"fuzz-{kind}", spec=spec, resources=SMALL)
+schedule_pass(dispatch=False)  # one pass places them all
+for kind_job in kind_jobs.values():
+    placed = kind_job.attempts.get()
+    jobs.attempt_claim(placed.id, placed.fencing_token, node)
+records = {}
+for name, collection in sorted(collections().items()):
+    record = collection.validate(dict((collection.schema or {}).get("examples", [{}])[0]))
+    records[name] = [record["name"], *(item["name"] for item in collection.builtins())]
+    PluginRecord.objects.create(collection=name, team=team, name=record.pop("name"), body=record, created_by=alice)
 print(json.dumps({"token": token, "admin_token": admin_token, "node_token": node_token,
-                  "jobs": [str(job.id), str(foreign.id)], "artifact": str(artifact.id), "node": str(node.id),
+                  "jobs": [str(job.id), str(foreign.id), str(source.id), *(str(j.id) for j in kind_jobs.values())],
+                  "collections": records, "artifact": str(artifact.id), "node": str(node.id),
                   "session": str(node.session), "devices": list(node.devices.values_list("id", flat=True)),
                   "attempt": str(attempt.id), "fencing_token": attempt.fencing_token}))
 """
@@ -137,6 +187,7 @@ def schemathesis_config(seeded: dict, run: str) -> str:
         "jobs": seeded["jobs"], "artifacts": [seeded["artifact"]], "teams": ["fuzz", "other"],
         "nodes": [seeded["node"]], "devices": seeded["devices"], "sessions": [seeded["session"]],
         "attempts": [seeded["attempt"]], "fencing": [seeded["fencing_token"]], "pools": ["default", "a-pool"],
+        **{f"records-{name}": names for name, names in seeded["collections"].items()},
     }
     operations = [
         (r"^/api/v1/jobs/\{id\}/", {"path.id": "jobs", "path.artifact_id": "artifacts"}),
@@ -146,6 +197,9 @@ def schemathesis_config(seeded: dict, run: str) -> str:
         (r"^/api/v1/pools/\{name\}/", {"path.name": "pools"}),
         ("^/api/v1/node/", {"path.attempt_id": "attempts", "query.node": "nodes", "query.token": "fencing",
                             "body.node": "nodes", "body.session": "sessions", "body.token": "fencing"}),
+        # Each plugin collection: its seeded record and built-ins, the seeded teams.
+        *((f"^/api/v1/{name}/", {"path.name": f"records-{name}", "query.team": "teams", "body.team": "teams"})
+          for name in seeded["collections"]),
     ]
     lines = []
     for name, values in dictionaries.items():
@@ -194,7 +248,7 @@ def fuzz_server(tmp_path_factory):
     env = e2e_env(**extra)
     process = None
     try:
-        seeded = subprocess.run([sys.executable, "-c", SEED_DATA], env=env, capture_output=True, text=True,
+        seeded = subprocess.run([sys.executable, "-c", SEED_DATA, json.dumps(KIND_SPECS)], env=env, capture_output=True, text=True,
                                 timeout=180, stdin=subprocess.DEVNULL, cwd=home)
         assert seeded.returncode == 0, f"seeding failed:\n{seeded.stdout}\n{seeded.stderr}"
         credentials = json.loads(seeded.stdout.strip().splitlines()[-1])

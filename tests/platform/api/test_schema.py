@@ -152,6 +152,65 @@ def test_openapi30_converts_json_schema_2020_keywords():
         "d": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}
 
 
+# --- the plugins' routes -----------------------------------------------------------------------------------
+
+def test_every_registered_plugin_route_has_its_own_typed_path(schema):
+    from components.runtime.registry import collections, job_routes
+
+    paths = schema["paths"]
+    assert "/api/v1/jobs/{id}/{route}/" not in paths and "/api/v1/{collection}/" not in paths
+    assert "/api/v1/{collection}/{name}/" not in paths
+    assert job_routes() and collections()
+    for route, function in job_routes().items():
+        operation = paths[f"/api/v1/jobs/{{id}}/{route}/"]["get"]
+        assert [p["name"] for p in operation["parameters"] if p["in"] == "path"] == ["id"], route
+        assert "500" not in operation["responses"] and {"401", "403", "404"} <= set(operation["responses"])
+        answer = _component(schema, operation["responses"]["200"]["content"]["application/json"]["schema"])
+        declared = getattr(function, "schema", None)
+        assert declared is not None, f"job route {route} declares no schema of its answer"
+        assert answer["properties"] == openapi30(declared)["properties"], route
+    for name, collection in collections().items():
+        listing, item = paths[f"/api/v1/{name}/"], paths[f"/api/v1/{name}/{{name}}/"]
+        assert set(listing) == {"get", "post"} and set(item) == {"get", "delete"}
+        body = _component(schema, listing["post"]["requestBody"]["content"]["application/json"]["schema"])
+        assert collection.schema is not None, f"collection {name} declares no body schema"
+        assert body["properties"] == {**openapi30(collection.schema)["properties"], "team": body["properties"]["team"]}
+        assert body["additionalProperties"] is False and set(body["required"]) == set(collection.schema["required"])
+        listed = _component(schema, listing["get"]["responses"]["200"]["content"]["application/json"]["schema"])
+        assert listed["properties"]["collection"]["enum"] == [name]
+        for operation in (listing["post"]["responses"]["201"], item["get"]["responses"]["200"]):
+            assert operation["content"]["application/json"]["schema"]["$ref"].endswith("/CollectionRecord")
+        assert "409" in listing["post"]["responses"] and "404" in item["delete"]["responses"]
+    ids = [operation["operationId"] for operations in paths.values() for operation in operations.values()]
+    assert len(ids) == len(set(ids))
+
+
+def test_answers_of_the_plugin_routes_validate(schema, world):
+    from components.runtime.registry import collections, job_routes
+
+    alice, job, foreign = world["alice"], world["job"], world["foreign"]
+    for route in job_routes():
+        check_answer(schema, "get", f"/api/v1/jobs/{job.pk}/{route}/", alice.get(f"/api/v1/jobs/{job.pk}/{route}/"),
+                     200)
+        url = f"/api/v1/jobs/{foreign.pk}/{route}/"
+        check_answer(schema, "get", url, alice.get(url), 404)
+    for name, collection in collections().items():
+        url = f"/api/v1/{name}/"
+        (example, *_) = collection.schema["examples"]
+        check_answer(schema, "post", url, alice.post(url, example, format="json"), 201)
+        check_answer(schema, "post", url, alice.post(url, example, format="json"), 409)
+        check_answer(schema, "post", url, alice.post(url, {**example, "name": "Bad Name!"}, format="json"), 400)
+        check_answer(schema, "post", url, alice.post(url, [example], format="json"), 400)
+        check_answer(schema, "get", url, alice.get(url), 200)
+        item = f"{url}{example['name']}/"
+        check_answer(schema, "get", item, alice.get(item), 200)
+        for builtin in collection.builtins()[:1]:
+            check_answer(schema, "get", f"{url}{builtin['name']}/", alice.get(f"{url}{builtin['name']}/"), 200)
+            check_answer(schema, "delete", f"{url}{builtin['name']}/", alice.delete(f"{url}{builtin['name']}/"), 400)
+        check_answer(schema, "delete", item, alice.delete(item), 204)
+        check_answer(schema, "get", item, alice.get(item), 404)
+
+
 # --- error answers ----------------------------------------------------------------------------------------
 
 def test_every_operation_declares_its_error_answers(schema):
