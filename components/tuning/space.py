@@ -113,14 +113,17 @@ def _definition_problems(where: str, kind: str, definition: dict) -> list[tuple[
         if not isinstance(values, list) or not values:
             return [(f"{where}.values", "must be a non-empty list")]
         if len(values) > MAX_CHOICES:
-            problems.append((f"{where}.values", f"at most {MAX_CHOICES} values"))
-        bad = [index for index, value in enumerate(values) if not _scalar(value)]
-        for index in bad:
-            problems.append((f"{where}.values.{index}", "must be a string, a finite number, true, false or null"))
+            # Stop here: checking a hostile list value by value would name (and compare) every one of them.
+            return [(f"{where}.values", f"at most {MAX_CHOICES} values (got {len(values)})")]
+        seen: set = set()  # scalars hash as they compare: 1, 1.0 and true are one entry
         for index, value in enumerate(values):
-            if index not in bad and any(value == other for other in values[:index] if _scalar(other)):
+            if not _scalar(value):
+                problems.append((f"{where}.values.{index}", "must be a string, a finite number, true, false or null"))
+            elif value in seen:
                 problems.append((f"{where}.values.{index}", f"repeats {value!r} (1 and 1.0, or true and 1, "
                                  "are the same choice to the searchers)"))
+            else:
+                seen.add(value)
         return problems
     low, high = definition.get("low"), definition.get("high")
     check = _integer if kind == "int" else _number

@@ -35,7 +35,23 @@ def exception_handler(exc, context):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, StaleAttempt | StaleSession | InvalidTransition):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-    return drf_exception_handler(exc, context)
+    return _capped(drf_exception_handler(exc, context))
+
+
+MAX_FIELD_ERRORS = 100  # a body with 10,000 bad or unknown fields is answered with the first ones, not 400 KB
+
+
+def _capped(response):
+    """A 400 naming at most MAX_FIELD_ERRORS fields, then how many more there were."""
+    data = getattr(response, "data", None)
+    if response is None or response.status_code != 400 or not isinstance(data, dict) \
+            or len(data) <= MAX_FIELD_ERRORS:
+        return response
+    kept = dict(list(data.items())[:MAX_FIELD_ERRORS])
+    more = [f"and {len(data) - MAX_FIELD_ERRORS} more fields with errors"]
+    kept["non_field_errors"] = [*kept.get("non_field_errors", []), *more]
+    response.data = kept
+    return response
 
 
 # --- Django's own error answers (before or outside DRF): JSON under /api/, the usual pages elsewhere ---------

@@ -14,6 +14,14 @@ from strata.api.values import safe_name, text_problem
 UPLOAD_PATH_MARKER = "/artifacts/"
 
 
+def body_limit(path: str) -> int:
+    """The largest body a request to ``path`` may carry: artifact uploads from nodes have their own, larger limit.
+    The HTTP server asks it too (``strata.api.server``), so a larger ``Content-Length`` is answered 413 as soon as
+    the headers arrive, before any of the body is read."""
+    is_upload = path.startswith("/api/v1/node/") and UPLOAD_PATH_MARKER in path
+    return settings.STRATA_MAX_UPLOAD_BYTES if is_upload else settings.STRATA_MAX_BODY_BYTES
+
+
 class BodySizeLimitMiddleware:
     """Answer 413 for bodies over the limit (artifact uploads from nodes have their own, larger limit)."""
 
@@ -25,8 +33,9 @@ class BodySizeLimitMiddleware:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             return JsonResponse({"detail": "Content-Length is not a number."}, status=400)
-        is_upload = request.path.startswith("/api/v1/node/") and UPLOAD_PATH_MARKER in request.path
-        limit = settings.STRATA_MAX_UPLOAD_BYTES if is_upload else settings.STRATA_MAX_BODY_BYTES
+        if length < 0:  # Django would read it as an empty body
+            return JsonResponse({"detail": "Content-Length is negative."}, status=400)
+        limit = body_limit(request.path)
         if length > limit:
             return JsonResponse({"detail": f"Request body of {length} bytes exceeds the {limit} byte limit."},
                                 status=413)

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from waitress.adjustments import Adjustments
@@ -39,6 +40,7 @@ from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser
 from waitress.server import MultiSocketServer, TcpWSGIServer
 from waitress.task import ErrorTask, ThreadedTaskDispatcher, WSGITask
+from waitress.utilities import RequestEntityTooLarge
 
 logger = logging.getLogger("strata.server")
 
@@ -55,6 +57,9 @@ class ServerLimits:
     node_threads: int = 4
     max_body_bytes: int = 2**31
     reuse_port: bool = False  # SO_REUSEPORT: several server processes accept on one port (strata server --workers)
+    # The largest body a request to a path may carry (the path -> bytes): past it, a 413 right after the headers,
+    # before any of the body is read. None: only max_body_bytes, after the whole body has been buffered.
+    body_limit: Callable[[str], int] | None = None
     maintenance_interval: int = 1  # seconds between sweeps for the idle and header deadlines
     log_interval: float = 60.0  # eviction and deadline closures are logged at most this often
 
@@ -124,11 +129,24 @@ class StrataErrorTask(_HeadlessMixin, ErrorTask):
 
 
 class TimedRequestParser(HTTPRequestParser):
-    """A parser is created when the first byte of a request arrives: remember when."""
+    """A parser is created when the first byte of a request arrives: remember when. With a ``body_limit`` (see
+    :class:`ServerLimits`), a request whose ``Content-Length`` is over its path's limit is answered 413 as soon as
+    its headers end, and a chunked body as soon as it grows past it: nothing more of it is read or buffered."""
 
     def __init__(self, adj):
         super().__init__(adj)
         self.started = time.time()
+
+    def received(self, data):
+        consumed = super().received(data)
+        body_limit = getattr(self.adj, "strata_body_limit", None)
+        if body_limit is not None and self.headers_finished and not self.completed and self.error is None:
+            limit = body_limit(self.path or "/")
+            size = self.body_bytes_received if self.chunked else self.content_length
+            if size > limit:
+                self.error = RequestEntityTooLarge(f"the request body exceeds the {limit} byte limit of this path")
+                self.completed = True
+        return consumed
 
 
 class StrataChannel(HTTPChannel):
@@ -355,6 +373,7 @@ def create_server(application, *, host: str = "127.0.0.1", port: int = 8000, thr
                       asyncore_use_poll=True,
                       max_request_body_size=limits.max_body_bytes,
                       **adjustments)
+    adj.strata_body_limit = limits.body_limit  # read by TimedRequestParser
     dispatcher = NodeFirstDispatcher(limits.node_threads)
     dispatcher.set_thread_count(adj.threads)
     socket_map: dict = {}

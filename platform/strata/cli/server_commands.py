@@ -27,27 +27,36 @@ MIGRATE_LOCK_KEY = 0x5374726174614D67  # PostgreSQL advisory lock held while mig
 def migrate(quiet: bool = True) -> None:
     """Apply the migrations. Every server and scheduler replica does this at start; on PostgreSQL they take turns
     under an advisory lock (two replicas migrating one empty database at once would collide), on SQLite the
-    write lock serializes them."""
+    write lock serializes them.
+
+    The calling thread's connection is closed afterwards: the server's main thread never serves a request, so
+    that connection would otherwise stay open for the life of the process (an idle PostgreSQL backend; on SQLite,
+    its POSIX locks make SQLite defer closing every request thread's connection, so the server kept one open
+    descriptor per thread that ever served a request)."""
     _django()
     from django.core.management import call_command
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
     try:
-        call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
-    finally:
+        if connection.vendor != "postgresql":
+            call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+            return
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
+            cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
+        try:
+            call_command("migrate", interactive=False, verbosity=0 if quiet else 1)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
+    finally:
+        connection.close()
 
 
 def server_limits():
     """The hardened server's limits from the STRATA_SERVER_* settings (docs/security.md)."""
     from django.conf import settings
 
+    from strata.api.middleware import body_limit
     from strata.api.server import ServerLimits
 
     # Waitress refuses bodies over this before buffering them; the middleware enforces the real, per-route
@@ -57,7 +66,7 @@ def server_limits():
                         idle_timeout=settings.STRATA_SERVER_IDLE_TIMEOUT,
                         header_timeout=settings.STRATA_SERVER_HEADER_TIMEOUT,
                         node_threads=settings.STRATA_SERVER_NODE_THREADS,
-                        max_body_bytes=max_body)
+                        max_body_bytes=max_body, body_limit=body_limit)
 
 
 def server(args) -> int:

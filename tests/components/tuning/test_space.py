@@ -290,3 +290,18 @@ def test_the_space_module_does_not_import_optuna():
     code = "import sys, components.tuning.space; assert 'optuna' not in sys.modules, 'optuna imported'"
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env=env)
+
+
+def test_a_hostile_choice_list_is_refused_in_linear_time():
+    """50,000 choice values (300 KB of JSON, under the body limit) were compared pairwise, 1.25e9 comparisons that
+    held a server thread for minutes (tests/platform/api/test_hostile_input.py found it): now one problem, at once,
+    and duplicates are found with a set (1, 1.0 and true still collide)."""
+    import time
+
+    started = time.monotonic()
+    problems = space_problems({"lr": {"type": "choice", "values": list(range(50_000))}})
+    assert problems == [("spec.space.lr.values", "at most 256 values (got 50000)")]
+    assert time.monotonic() - started < 5
+    repeats = space_problems({"x": {"type": "choice", "values": [1, 1.0, True, "1", None, None, [1]]}})
+    assert [field for field, _ in repeats] == ["spec.space.x.values.1", "spec.space.x.values.2",
+                                               "spec.space.x.values.5", "spec.space.x.values.6"]

@@ -25,6 +25,7 @@ SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
 MIN_GPUS = 0.001  # the smallest share the scheduler places
 MAX_GPU_MEMORY = 2**50  # 1 PiB: far above any device, far below what a 64-bit column holds
+MAX_NAMED_UNKNOWN = 100  # a body of 10,000 unknown fields is answered naming the first ones
 
 
 def normalize_resources(value) -> dict:
@@ -92,7 +93,10 @@ class JobSubmitSerializer(serializers.Serializer):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
         errors = {field: [message] for field, message in value_problems(data).items()}
-        errors.update({safe_name(str(name)): ["unknown or read-only field"] for name in sorted(set(data) - SUBMIT_FIELDS)})
+        unknown = sorted(set(data) - SUBMIT_FIELDS, key=str)
+        errors.update({safe_name(str(name)): ["unknown or read-only field"] for name in unknown[:MAX_NAMED_UNKNOWN]})
+        if len(unknown) > MAX_NAMED_UNKNOWN:
+            errors["non_field_errors"] = [f"and {len(unknown) - MAX_NAMED_UNKNOWN} more unknown fields"]
         if errors:
             raise serializers.ValidationError(errors)
         attrs = {}
