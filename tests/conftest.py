@@ -13,6 +13,10 @@ import tempfile
 os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-test-home-"))
 os.environ.setdefault("STRATA_SCHEDULE_INLINE", "1")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
+# Under pytest-xdist (make test runs two workers) each worker has a broker key prefix of its own, as it has its own
+# test database and STRATA_HOME: queues named alike (the scheduler's "control") never cross between workers.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("STRATA_BROKER_PREFIX"):
+    os.environ["STRATA_BROKER_PREFIX"] += f"{os.environ['PYTEST_XDIST_WORKER']}:"
 
 import django  # noqa: E402
 import pytest  # noqa: E402
