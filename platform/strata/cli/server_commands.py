@@ -267,6 +267,9 @@ def up(args) -> int:
     migrate()
     credentials = bootstrap(home, url)
     credentials["url"] = url
+    from django.db import connection
+
+    connection.close()  # this process only supervises from here on: no idle database connection for its life
     from strata.cli.config import write_client_config
 
     write_client_config(home / "client.yaml", url, credentials["token"])
