@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -384,11 +385,15 @@ class ChaosRun:
             if record["state"] != "RUNNING" or not record["attempts"]:
                 return None
             attempt = record["attempts"][-1]
+            # Training: the swarm's report (its latest attempt's) lists both peers.
+            swarm = ((attempt.get("reports") or {}).get("decentral") or {}).get("payload") or {}
+            if len(swarm.get("peers") or []) < 2:
+                return None
             found = [(host, pid) for host in self.scale.node_hosts for pid in self.attempt_pids(host, attempt["id"])]
             return len(found) >= 2 and found
 
-        found = self.wait(peers, 240, "two hivemind peers")
-        time.sleep(5.0)  # let them average at least once
+        found = self.wait(peers, 240, "two hivemind peers training")
+        time.sleep(3.0)  # let them average at least once
         host, pid = found[-1]
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -409,21 +414,31 @@ class ChaosRun:
                 os.kill(pid, signal.SIGCONT)
         self.note("resume", host=host)
 
-    def cancel_at_completion(self, names: list[str]) -> None:
-        """Cancel each job the moment it reports its final test metric (the end of its last epoch): the cancel
-        races the child's upload and exit."""
-        pending = {self.jobs[name] for name in names}
-        deadline = time.monotonic() + 300
-        while pending and time.monotonic() < deadline and not self.stop.is_set():
+    def cancel_at_completion(self, names: list[str], rng: random.Random) -> None:
+        """Cancel each (2-epoch) job around the moment it completes: once its first epoch's test metric is in, wait
+        about as long as that epoch took (0.6 to 1.4 times, at random), then cancel. The cancel races the last
+        epoch, the upload of the model and the child's exit; some win, some lose, each job must end once."""
+        pending = {self.jobs[name]: None for name in names}  # job -> when it started running
+        due: dict[str, float] = {}
+        deadline = time.monotonic() + 400
+        while (pending or due) and time.monotonic() < deadline and not self.stop.is_set():
+            now = time.monotonic()
             for job_id in list(pending):
-                metrics = self.api("GET", f"jobs/{job_id}/metrics/")
-                points = metrics.get("results", metrics) if isinstance(metrics, dict) else metrics
-                state = self.job(job_id)["state"]
-                if any(str(point.get("name", "")).startswith("test_") for point in points) or state in TERMINAL:
+                record = self.job(job_id)
+                if record["state"] == "RUNNING" and pending[job_id] is None:
+                    pending[job_id] = now
+                points = self.api("GET", f"jobs/{job_id}/metrics/", params={"name": "test_accuracy"})
+                if points or record["state"] in TERMINAL:
+                    epoch = now - (pending[job_id] or now)
+                    due[job_id] = now + rng.uniform(0.6, 1.4) * max(epoch, 0.5)
+                    del pending[job_id]
+            for job_id, when in list(due.items()):
+                if time.monotonic() >= when:
+                    state = self.job(job_id)["state"]
                     answer = self.cancel(job_id)
                     self.fault("cancel-at-completion", job_id, state_before=state, answered=answer.get("state"))
-                    pending.discard(job_id)
-            time.sleep(0.2)
+                    del due[job_id]
+            time.sleep(0.1)
 
     # -- the run -----------------------------------------------------------------------------------------------
     def execute(self) -> Report:
@@ -491,16 +506,23 @@ class ChaosRun:
             time.sleep(2.0)
         cancels = [f"cancel-{r}-{i}" for i in range(self.scale.cancels)]
         for name in cancels:
-            self.submit(train(name, 1, max_attempts=2))
-        self.cancel_at_completion(cancels)
+            self.submit(train(name, 2, max_attempts=2))
+        self.cancel_at_completion(cancels, rng)
         # More work after the faults: the cluster must have recovered to run it.
         for i in range(2):
             self.submit(train(f"after-{r}-{i}", 1))
-        # The deployment runs until cancelled: after the other jobs of the round ended.
+        # The deployment runs until cancelled: after the other jobs of the round ended. A swarm that lost a peer
+        # before it formed waits for another (a volunteer may join) up to its time limit: it is cancelled if it has
+        # not ended a while after the rest of the round.
         for name, job_id in list(self.jobs.items()):
-            if name.endswith(r) or f"-{r}-" in name:
-                if job_id != deployment:
-                    self.wait_ended(job_id, self.scale.deadline_s)
+            if (name.endswith(r) or f"-{r}-" in name) and job_id not in (deployment, swarm_id):
+                self.wait_ended(job_id, self.scale.deadline_s)
+        try:
+            self.wait_ended(swarm_id, 180)
+        except TimeoutError:
+            self.note("swarm-cancelled", job=swarm_id)
+            self.cancel(swarm_id)
+            self.wait_ended(swarm_id, 120)
         self.cancel(deployment)
         self.wait_ended(deployment, 120)
 
@@ -528,6 +550,11 @@ class ChaosRun:
         report.figures["API errors met by the client (retried)"] = {
             "5xx": sum(1 for line in api_errors if line.get("status")),
             "connection": sum(1 for line in api_errors if not line.get("status"))}
+        raced = [self.jobs[name] for name in self.jobs if name.startswith("cancel-")]
+        report.figures["cancelled as they completed: ended"] = dict(sorted(
+            Counter(final[job_id]["state"] for job_id in raced if job_id in final).items()))
+        report.figures["swarms cancelled after waiting for a lost peer"] = sum(
+            1 for line in client if line.get("op") == "swarm-cancelled")
         report.figures["faults skipped"] = sum(1 for line in client if line.get("op") == "fault-skipped")
         report.figures["driver errors"] = len(self.errors)
         return report
