@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import re
 import statistics
 import threading
 import time
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_S = 2.0  # how often a peer publishes its progress and reads the swarm's
 RECORD_TTL_S = 3 * PUBLISH_S + 4.0  # a progress record outlives this many seconds of silence, then the peer is gone
+OWNER_SUBKEY = re.compile(rb"\[owner:[^\]]+\]")  # hivemind RSASignatureValidator's marker: only that key's holder writes it
 MAX_ROUNDS_KEPT = 200
 PEER_WAIT_S = 300.0  # how long a peer waits for the swarm's minimum of peers before it trains alone
 MAX_REJECTIONS_KEPT = 100
@@ -418,7 +420,12 @@ class SwarmPeer:
         found = self.dht.get(self.progress_key, latest=True)
         records = []
         if found is not None and isinstance(found.value, dict):
-            for item in found.value.values():
+            for subkey, item in found.value.items():
+                # Only records under an owner-signed subkey ("[owner:<RSA key>]", which RSASignatureValidator lets
+                # only that key's holder write): a record any DHT member stored under another subkey, say a
+                # copy of a peer's record with a forged step or loss, is not part of the view.
+                if not (isinstance(subkey, bytes) and OWNER_SUBKEY.fullmatch(subkey)):
+                    continue
                 value = getattr(item, "value", None)
                 if not isinstance(value, dict) or "p2p" not in value:
                     continue
@@ -513,6 +520,11 @@ class SwarmPeer:
             return
         with self.averager.get_tensors() as tensors:
             averaged = [tensor.clone() for tensor in tensors]
+        if not all(bool(torch.isfinite(tensor).all()) for tensor in averaged):
+            # The guarded all-reduce keeps NaN and infinity out; this is the last line: never into the parameters.
+            record.update(ok=False, error="the averaged parameters were not finite: the round was not applied")
+            self._record_round(record)
+            return
         with self.lock, torch.no_grad():
             for param, average, contributed in zip(self.params, averaged, state["contributed"], strict=True):
                 param.add_((average - contributed).to(param.device))

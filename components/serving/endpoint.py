@@ -58,6 +58,23 @@ LATENCY_WINDOW = 1000  # latest successful requests the percentiles are taken ov
 NO_DEADLINE_S = 10**7
 PROFILE_ROWS = 16  # the larger of the two batches endpoint_memory() measures
 STOP_FLUSH_S = 0.5  # after stop() answered every call: time for the replies to go out
+REQUEST_READ_S = 10.0  # a call's request message must arrive within this (or its deadline), else it is cancelled
+MAX_METADATA_BYTES = 16 * 2**10  # a call's headers (a token is ~60 bytes); more is RESOURCE_EXHAUSTED
+# Explicit server limits (gRPC's defaults are implicit and change between releases): message sizes each way, the
+# headers, keepalive (ping a client every 60 s while it has calls, drop it after 20 s without an answer), and ping
+# abuse: a client pinging more often than every 5 minutes without data gets GOAWAY after 2 strikes.
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 300_000),
+    ("grpc.http2.max_ping_strikes", 2),
+    # gRPC sets SO_REUSEPORT by default, and then a second server on a busy port binds silently.
+    ("grpc.so_reuseport", 0),
+]
 
 # Wire dtypes: raw little-endian, whatever the host's byte order.
 WIRE_DTYPES: dict[str, tuple[np.dtype, torch.dtype]] = {
@@ -797,14 +814,96 @@ def _tolerant_parser(message_type) -> Callable[[bytes], Any]:
     return parse
 
 
+class ReadWatch:
+    """Cancels the calls whose request message has not arrived in time (a stalled or trickling client).
+
+    A synchronous gRPC server holds a worker thread and one of its ``maximum_concurrent_rpcs`` slots from a call's
+    headers until its message has arrived; a client that sends headers and then nothing (no deadline) would hold
+    them for ever, and ``maximum_concurrent_rpcs`` such streams would lock every caller out. One thread per server
+    looks at the calls still reading every ``tick`` seconds (at most ``maximum_concurrent_rpcs`` of them) and
+    cancels those past their bound.
+    """
+
+    def __init__(self, name: str, tick: float = 0.25):
+        self.tick = tick
+        self.cancelled = 0
+        self._cond = threading.Condition()
+        self._reading: dict[int, tuple[float, Any]] = {}
+        self._ids = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=f"serving-readwatch-{name}")
+        self._thread.start()
+
+    def arm(self, seconds: float, context) -> int:
+        key = next(self._ids)
+        with self._cond:
+            self._reading[key] = (time.monotonic() + seconds, context)
+            self._cond.notify()
+        return key
+
+    def disarm(self, key: int) -> None:
+        with self._cond:
+            self._reading.pop(key, None)
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                for key, (deadline, context) in list(self._reading.items()):
+                    if now >= deadline:
+                        del self._reading[key]
+                        self.cancelled += 1
+                        context.cancel()  # the handler's read raises; the client sees CANCELLED
+                self._cond.wait(self.tick if self._reading else None)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(2.0)
+
+
+def _guarded(servicer: InferenceServicer, behavior: Callable[[Any, Any], Any], count: bool) -> Callable:
+    """``behavior(request, context)`` as a request-streaming handler, so that a call is judged before its message is
+    read: the deployment token is checked on the headers alone (a caller without one is refused at once, however
+    slowly it sends), and the one request message must arrive within :data:`REQUEST_READ_S` (or the call's own
+    deadline, when sooner; gRPC ends the call then), else the call is cancelled (:class:`ReadWatch`). The wire is
+    the same as a unary call's: clients call it as one."""
+
+    def handle(requests, context):
+        if (refused := servicer._refused(context)) is not None:
+            if count:
+                servicer.endpoint.record_fault("UNAUTHENTICATED")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
+        remaining = context.time_remaining()
+        key = None
+        if servicer.watch is not None and (remaining is None or remaining > REQUEST_READ_S):
+            key = servicer.watch.arm(REQUEST_READ_S, context)
+        try:
+            request = next(requests)
+        except StopIteration:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call carried no request message")
+        except grpc.RpcError:  # cancelled while reading: by the client, its deadline, or the ReadWatch
+            context.abort(grpc.StatusCode.CANCELLED, "the request message did not arrive in time")
+        finally:
+            if key is not None:
+                servicer.watch.disarm(key)
+        return behavior(request, context)
+
+    return handle
+
+
 def add_servicer(servicer: InferenceServicer, server: grpc.Server) -> None:
-    """``serving_pb2_grpc.add_InferenceServicer_to_server``, but with request parsers that never raise."""
+    """``serving_pb2_grpc.add_InferenceServicer_to_server``, but with request parsers that never raise, the token
+    checked before the request is read, and a bound on reading it (:func:`_guarded`)."""
     handlers = {
-        "Predict": grpc.unary_unary_rpc_method_handler(
-            servicer.Predict, request_deserializer=_tolerant_parser(serving_pb2.PredictRequest),
+        "Predict": grpc.stream_unary_rpc_method_handler(
+            _guarded(servicer, servicer.Predict, count=True),
+            request_deserializer=_tolerant_parser(serving_pb2.PredictRequest),
             response_serializer=serving_pb2.PredictReply.SerializeToString),
-        "Describe": grpc.unary_unary_rpc_method_handler(
-            servicer.Describe, request_deserializer=_tolerant_parser(serving_pb2.DescribeRequest),
+        "Describe": grpc.stream_unary_rpc_method_handler(
+            _guarded(servicer, servicer.Describe, count=False),
+            request_deserializer=_tolerant_parser(serving_pb2.DescribeRequest),
             response_serializer=serving_pb2.ModelInfo.SerializeToString),
     }
     service = serving_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
@@ -819,9 +918,10 @@ class InferenceServicer(serving_pb2_grpc.InferenceServicer):
     one-line message; a failure after that (the model, the runtime) is ``INTERNAL``.
     """
 
-    def __init__(self, endpoint: ServingEndpoint, gate: TokenGate | None = None):
+    def __init__(self, endpoint: ServingEndpoint, gate: TokenGate | None = None, watch: ReadWatch | None = None):
         self.endpoint = endpoint
         self.gate = gate
+        self.watch = watch  # add_servicer's bound on reading a request (None: unbounded)
 
     def _refused(self, context) -> str | None:
         """Why the call's deployment token is refused (None: accepted, or no gate)."""
@@ -899,6 +999,7 @@ class ServingHandle:
         self._pool = pool
         self._stop_lock = threading.Lock()
         self._stopped = False
+        self.watch: ReadWatch | None = None  # start_serving's bound on reading requests
 
     def stats(self) -> dict[str, Any]:
         stats = self.endpoint.stats()
@@ -939,6 +1040,8 @@ class ServingHandle:
             self.endpoint.shutdown()
             # Every handler has its answer now: the short grace only lets those replies go out.
             self._server.stop(STOP_FLUSH_S).wait(STOP_FLUSH_S + 1.0)
+            if self.watch is not None:
+                self.watch.stop()
             self._pool.shutdown(wait=False, cancel_futures=True)
             try:
                 self.executor.cancel(self.name)
@@ -1036,17 +1139,9 @@ def start_serving(
     # worker per concurrent RPC, or the queue could never fill past the worker count.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, max_concurrent_rpcs),
                                                  thread_name_prefix=f"serving-{name}")
-    server = grpc.server(
-        pool,
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            # gRPC sets SO_REUSEPORT by default, and then a second server on a busy port binds silently.
-            ("grpc.so_reuseport", 0),
-        ],
-        maximum_concurrent_rpcs=max(1, max_concurrent_rpcs),
-    )
-    add_servicer(InferenceServicer(endpoint, gate), server)
+    server = grpc.server(pool, options=SERVER_OPTIONS, maximum_concurrent_rpcs=max(1, max_concurrent_rpcs))
+    watch = ReadWatch(name)
+    add_servicer(InferenceServicer(endpoint, gate, watch), server)
     try:
         try:
             if tls is not None:
@@ -1061,13 +1156,17 @@ def start_serving(
         server.start()
     except BaseException:
         endpoint.shutdown()
+        watch.stop()
         server.stop(None)
         pool.shutdown(wait=False)
         executor.cancel(name)
         raise
     address = _dial_address(advertise_host or host, bound)
     log.info("endpoint %s serves %s on %s", name, served.workload, address)
-    return ServingHandle(endpoint=endpoint, server=server, pool=pool, address=address, port=bound, admission=admission)
+    handle = ServingHandle(endpoint=endpoint, server=server, pool=pool, address=address, port=bound,
+                           admission=admission)
+    handle.watch = watch
+    return handle
 
 
 __all__ = [
@@ -1081,6 +1180,7 @@ __all__ = [
     "InvalidRequest",
     "ModelFailed",
     "QueueFull",
+    "ReadWatch",
     "RequestTimedOut",
     "ServedSession",
     "ServingEndpoint",
