@@ -44,6 +44,7 @@ from pathlib import Path
 
 from components.runtime import benchkit
 from components.runtime.benchkit import percentile
+from strata.bench.http1 import Connection, HttpError
 
 DEVICES_PER_NODE = 4
 DEVICE_MEMORY = 16 * 2**30
@@ -64,94 +65,6 @@ def _say(message: str) -> None:
 def _pct(values: list[float], q: float) -> float:
     value = percentile(values, q)
     return float("nan") if value is None else value
-
-
-# --- a small HTTP/1.1 keep-alive client on asyncio streams ---------------------------------------------------
-
-class HttpError(Exception):
-    pass
-
-
-class Connection:
-    """One kept-alive HTTP/1.1 connection (a node agent's ``requests.Session``). A request that finds the
-    socket closed by the server (idle timeout, eviction at the connection limit) is sent once more on a new one,
-    as urllib3 does with a dropped pooled connection."""
-
-    def __init__(self, host: str, port: int, token: str):
-        self.host, self.port = host, port
-        self.head = (f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\nUser-Agent: strata-bench\r\n"
-                     "Content-Type: application/json\r\nAccept: application/json\r\n").encode()
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.connects = 0
-
-    def close(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # noqa: BLE001 - closing a broken socket
-                pass
-        self.reader = self.writer = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        request = (f"POST {path} HTTP/1.1\r\n".encode() + self.head
-                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        for attempt in (0, 1):
-            fresh = self.writer is None or self.writer.is_closing() or self.reader.at_eof()
-            if fresh:
-                self.close()
-                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-                self.connects += 1
-            try:
-                self.writer.write(request)
-                await self.writer.drain()
-                return await self._response()
-            except (ConnectionError, asyncio.IncompleteReadError, HttpError, OSError, ValueError):
-                self.close()
-                if attempt or fresh:
-                    raise
-        raise AssertionError("unreachable")
-
-    async def _response(self) -> tuple[int, bytes]:
-        line = await self.reader.readline()
-        if not line:
-            raise HttpError("connection closed before the answer")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-            raise HttpError(f"bad status line {line[:80]!r}")
-        status = int(parts[1])
-        length, chunked, close = None, False, False
-        while True:
-            header = await self.reader.readline()
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding" and b"chunked" in value:
-                chunked = True
-            elif name == b"connection" and value == b"close":
-                close = True
-        if chunked:
-            pieces = []
-            while True:
-                size = int((await self.reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await self.reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                pieces.append(await self.reader.readexactly(size))
-                await self.reader.readexactly(2)
-            payload = b"".join(pieces)
-        elif length is not None:
-            payload = await self.reader.readexactly(length)
-        else:
-            payload = await self.reader.read()
-            close = True
-        if close:
-            self.close()
-        return status, payload
 
 
 # --- the simulated nodes ------------------------------------------------------------------------------------
@@ -219,7 +132,7 @@ class LoadGenerator:
         """Register ``count`` more nodes (REGISTER_CONCURRENCY at a time); each starts heartbeating as soon as it
         is registered (as an agent does), on a phase grid spread evenly over the interval."""
         start = len(self.nodes)
-        new = [SimNode(start + i, f"hb-{self.run_id}-{start + i:05d}", Connection(self.host, self.port, self.token))
+        new = [SimNode(start + i, f"hb-{self.run_id}-{start + i:05d}", Connection(self.host, self.port, self.token, resend_unsafe=True))
                for i in range(count)]
         self.nodes.extend(new)
         gate = asyncio.Semaphore(REGISTER_CONCURRENCY)

@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from components.runtime import benchkit
 from components.runtime.benchkit import percentile
+from strata.bench.http1 import Connection, HttpError
 
 REQUEST_TIMEOUT_S = 30.0
 CONNECTIONS_PER_USER = 4
@@ -96,101 +97,6 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 1000:.1f} ms"
-
-
-# --- a small HTTP/1.1 keep-alive client on asyncio streams ---------------------------------------------------
-
-class HttpError(Exception):
-    pass
-
-
-class Connection:
-    """One kept-alive HTTP/1.1 connection of one user. A connection idle for IDLE_REOPEN_S is reopened before
-    use (the server closes idle ones); a GET that finds a reused connection closed is sent once more on a new one,
-    as urllib3 does. A POST is never resent (it may have been acted on)."""
-
-    def __init__(self, host: str, port: int, token: str):
-        self.host, self.port = host, port
-        self.head = (f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\nUser-Agent: strata-soak\r\n"
-                     "Accept: application/json\r\n").encode()
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.last_used = 0.0
-        self.connects = 0
-
-    def close(self) -> None:
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # noqa: BLE001 - closing a broken socket
-                pass
-        self.reader = self.writer = None
-
-    async def request(self, method: str, path: str, body: bytes | None = None,
-                      headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
-        if body is not None:
-            extra += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        message = f"{method} {path} HTTP/1.1\r\n".encode() + self.head + extra.encode() + b"\r\n" + (body or b"")
-        for attempt in (0, 1):
-            stale = time.monotonic() - self.last_used > IDLE_REOPEN_S
-            fresh = stale or self.writer is None or self.writer.is_closing() or self.reader.at_eof()
-            if fresh:
-                self.close()
-                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-                self.connects += 1
-            try:
-                self.writer.write(message)
-                await self.writer.drain()
-                answer = await self._response()
-                self.last_used = time.monotonic()
-                return answer
-            except (ConnectionError, asyncio.IncompleteReadError, HttpError, OSError, ValueError):
-                self.close()
-                if attempt or fresh or method != "GET":
-                    raise
-        raise AssertionError("unreachable")
-
-    async def _response(self) -> tuple[int, bytes]:
-        line = await self.reader.readline()
-        if not line:
-            raise HttpError("connection closed before the answer")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
-            raise HttpError(f"bad status line {line[:80]!r}")
-        status = int(parts[1])
-        length, chunked, close = None, False, False
-        while True:
-            header = await self.reader.readline()
-            if header in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = header.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding" and b"chunked" in value:
-                chunked = True
-            elif name == b"connection" and value == b"close":
-                close = True
-        if chunked:
-            pieces = []
-            while True:
-                size = int((await self.reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await self.reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                pieces.append(await self.reader.readexactly(size))
-                await self.reader.readexactly(2)
-            payload = b"".join(pieces)
-        elif length is not None:
-            payload = await self.reader.readexactly(length)
-        else:
-            payload = await self.reader.read()
-            close = True
-        if close:
-            self.close()
-        return status, payload
 
 
 # --- the platform: set-up, server, scheduler, node ---------------------------------------------------------
@@ -554,7 +460,7 @@ class Soak:
         self.connections: list[Connection] = []
         for user in self.users:
             for _ in range(CONNECTIONS_PER_USER):
-                connection = Connection("127.0.0.1", platform.port, user.token)
+                connection = Connection("127.0.0.1", platform.port, user.token, agent="strata-soak", idle_reopen_s=IDLE_REOPEN_S)
                 self.connections.append(connection)
                 user.pool.put_nowait(connection)
         self.records: list[Record] = []
