@@ -155,3 +155,39 @@ def start_device_service(tmp_path: Path, policy: str = "pack"):
         process.wait(timeout=10)
         raise
     return handle
+
+
+API_PREFIX = "/api/v1/"
+HTTP_METHODS = ["get", "post", "put", "patch", "delete"]
+
+
+def api_routes() -> list[tuple[str, str, list[str]]]:
+    """(name, pattern text, methods) of every route of strata.api.urls, format-suffix variants excluded: what
+    the access-control walks go over (tests/platform/api/test_scoping.py, test_access_walk.py)."""
+    from django.urls import URLPattern, URLResolver
+
+    from strata.api import urls as api_urls
+
+    routes = []
+    for entry in api_urls.urlpatterns:
+        assert isinstance(entry, URLPattern) and not isinstance(entry, URLResolver)
+        text = str(entry.pattern)
+        if "format" in text:
+            continue
+        actions = getattr(entry.callback, "actions", None)
+        if actions:
+            methods = sorted(actions)
+        else:
+            view_class = entry.callback.view_class
+            methods = [m for m in HTTP_METHODS if hasattr(view_class, m)] or ["get"]
+        routes.append((entry.name, text, methods))
+    return routes
+
+
+def fill_route(text: str, values: dict) -> str:
+    """A route's pattern text with its parameters replaced from ``values``, as an /api/v1/ path."""
+    import re
+
+    text = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values[m.group(1)], text)
+    text = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: values[m.group(1)], text)
+    return API_PREFIX + text.lstrip("^").rstrip("$")

@@ -23,16 +23,14 @@ from datetime import timedelta
 
 import pytest
 from django.test import Client
-from django.urls import URLPattern, URLResolver
 from django.utils import timezone
+from support import api_routes, fill_route
 
 from components.runtime import registry
 from strata.accounts.models import ApiToken, token_digest
-from strata.api import urls as api_urls
 from strata.jobs.models import Artifact, Attempt, Job, JobToken, Participant, PluginRecord
 
 PREFIX = "/api/v1/"
-ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 UNSAFE = {"post", "put", "patch", "delete"}
 
 # --- what the walk knows: every API route by name ---------------------------------------------------------
@@ -73,31 +71,8 @@ COLLECTION_RECORDS = {
 }
 
 
-def _api_routes():
-    """(name, pattern text, methods) of every route of strata.api.urls, format-suffix variants excluded."""
-    routes = []
-    for entry in api_urls.urlpatterns:
-        assert isinstance(entry, URLPattern) and not isinstance(entry, URLResolver)
-        text = str(entry.pattern)
-        if "format" in text:
-            continue
-        actions = getattr(entry.callback, "actions", None)
-        if actions:
-            methods = sorted(actions)
-        else:
-            view_class = entry.callback.view_class
-            methods = [m for m in ALL_METHODS if hasattr(view_class, m)] or ["get"]
-        routes.append((entry.name, text, methods))
-    return routes
-
-
-API_ROUTES = _api_routes()
-
-
-def _fill(text: str, values: dict) -> str:
-    text = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values[m.group(1)], text)
-    text = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: values[m.group(1)], text)
-    return PREFIX + text.lstrip("^").rstrip("$")
+API_ROUTES = api_routes()
+_fill = fill_route
 
 
 def test_the_walk_knows_every_route_kind_and_collection():

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import io
-import re
 
 import pytest
-from django.urls import URLPattern, URLResolver
+from support import api_routes, fill_route
 
-from strata.api import urls as api_urls
 from strata.jobs.models import Attempt
 
 PREFIX = "/api/v1/"
@@ -20,34 +18,10 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
 # Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
-ALL_METHODS = ["get", "post", "put", "patch", "delete"]
 
 
-def _routes():
-    """(name, pattern text, methods) for every route of strata.api.urls, format-suffix variants excluded."""
-    routes = []
-    for entry in api_urls.urlpatterns:
-        assert isinstance(entry, URLPattern) and not isinstance(entry, URLResolver)
-        text = str(entry.pattern)
-        if "format" in text:
-            continue
-        actions = getattr(entry.callback, "actions", None)
-        if actions:
-            methods = sorted(actions)
-        else:
-            view_class = entry.callback.view_class
-            methods = [m for m in ALL_METHODS if hasattr(view_class, m)] or ["get"]
-        routes.append((entry.name, text, methods))
-    return routes
-
-
-ROUTES = _routes()
-
-
-def _fill(text: str, values: dict) -> str:
-    text = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values[m.group(1)], text)
-    text = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: values[m.group(1)], text)
-    return PREFIX + text.lstrip("^").rstrip("$")
+ROUTES = api_routes()
+_fill = fill_route
 
 
 def test_route_table_is_what_this_walk_expects():
