@@ -75,3 +75,66 @@ def test_a_message_put_is_a_message_got(tmp_path, transport):
         queue.put({"attempt": "a", "token": "t"})
         assert queue.get(timeout=10).payload == {"attempt": "a", "token": "t"}
         queue.close()
+
+
+# -- Redis: a broker restart must not crash the worker ---------------------------------------------------------
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A redis-server of this test's own (no data kept): its URL."""
+    import shutil
+    import subprocess
+
+    import redis
+    from support import free_port, kill_group, wait_for
+
+    if shutil.which("redis-server") is None:
+        if os.environ.get("STRATA_REQUIRE_SERVICES") == "1":
+            pytest.fail("STRATA_REQUIRE_SERVICES=1: redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    process = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                                "--appendonly", "no", "--dir", str(tmp_path)],
+                               stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        client = redis.Redis(port=port, socket_timeout=5)
+        wait_for(lambda: _answers(client), 30, message="redis-server to answer")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        kill_group(process, grace=5)
+
+
+def _answers(client) -> bool:
+    import redis
+
+    try:
+        return client.ping()
+    except redis.RedisError:
+        return False
+
+
+@pytest.mark.parametrize("scheme", ["redis", "rediss"])
+def test_redis_urls_keep_their_scheme_and_get_the_restart_safe_transport(scheme):
+    from components.runtime.broker import RedisTransport
+
+    settings = celery_broker_options(f"{scheme}://127.0.0.1:1/0")
+    assert settings["broker_url"] == f"{scheme}://127.0.0.1:1/0"
+    connection = Connection(settings["broker_url"], transport_options=settings["broker_transport_options"])
+    assert isinstance(connection.transport, RedisTransport)  # creating the transport does not connect
+    assert connection.transport_cls == scheme  # kombu still sees `rediss` (TLS)
+
+
+def test_a_redis_channel_still_reaches_the_broker_after_its_connection_released_it(redis_server):
+    """Celery's consumer collects a connection the broker dropped (kombu clears the transport's ``client`` and
+    the closed channels' ``connection``) and later closes the channel again or acknowledges a message on it:
+    both open a new pool, which kombu's channel cannot do any more (AttributeError: ... 'hostname')."""
+    settings = celery_broker_options(redis_server)
+    connection = Connection(settings["broker_url"], transport_options=settings["broker_transport_options"])
+    channel = connection.channel()
+    assert channel.client.ping()
+    transport = connection.transport
+    connection.collect()
+    assert transport.client is None and channel.connection is None  # released, as after a broker restart
+    with channel.conn_or_acquire() as client:
+        assert client.ping()
+    assert transport.client is None  # left released
