@@ -400,7 +400,7 @@ class ChaosRun:
         self.fault("kill-hivemind-peer", host, job=job_id, pid=pid)
 
     def sigstop_node(self) -> None:
-        record = self.wait(lambda: self.running(["long", "short"]), 180, "a job to run")[0]
+        record = self.wait(lambda: self.running(), 180, "a job to run")[0]
         host = self.host_of(record["attempts"][-1]["node"])
         pids = self.hosts.pids(host)
         for pid in pids:
