@@ -414,31 +414,43 @@ class ChaosRun:
                 os.kill(pid, signal.SIGCONT)
         self.note("resume", host=host)
 
-    def cancel_at_completion(self, names: list[str], rng: random.Random) -> None:
-        """Cancel each (2-epoch) job around the moment it completes: once its first epoch's test metric is in, wait
-        about as long as that epoch took (0.6 to 1.4 times, at random), then cancel. The cancel races the last
-        epoch, the upload of the model and the child's exit; some win, some lose, each job must end once."""
-        pending = {self.jobs[name]: None for name in names}  # job -> when it started running
-        due: dict[str, float] = {}
+    def attempt_seconds(self, job_id: str) -> float | None:
+        """How long the last attempt of a finished job ran (its start to its end, the server's clock)."""
+        from datetime import datetime
+
+        record = self.job(job_id)
+        attempt = (record.get("attempts") or [{}])[-1]
+        if record["state"] != "SUCCEEDED" or not attempt.get("started_at") or not attempt.get("ended_at"):
+            return None
+        began, ended = (datetime.fromisoformat(attempt[key].replace("Z", "+00:00")) for key in ("started_at", "ended_at"))
+        return (ended - began).total_seconds()
+
+    def cancel_at_completion(self, names: list[str], rng: random.Random, duration: float) -> None:
+        """Cancel each job around the moment it completes: ``duration`` is how long the same job ran before (a
+        calibration run), and each is cancelled at 0.75 to 1.1 times that after its attempt started (the
+        server's clock, the same machine's). The cancel races the last steps, the upload of the model and the
+        child's exit: some win, some lose, and each job must end exactly once."""
+        from datetime import datetime
+
+        targets: dict[str, float | None] = {self.jobs[name]: None for name in names}
+        factors = {job_id: rng.uniform(0.75, 1.1) for job_id in targets}
         deadline = time.monotonic() + 400
-        while (pending or due) and time.monotonic() < deadline and not self.stop.is_set():
-            now = time.monotonic()
-            for job_id in list(pending):
-                record = self.job(job_id)
-                if record["state"] == "RUNNING" and pending[job_id] is None:
-                    pending[job_id] = now
-                points = self.api("GET", f"jobs/{job_id}/metrics/", params={"name": "test_accuracy"})
-                if points or record["state"] in TERMINAL:
-                    epoch = now - (pending[job_id] or now)
-                    due[job_id] = now + rng.uniform(0.6, 1.4) * max(epoch, 0.5)
-                    del pending[job_id]
-            for job_id, when in list(due.items()):
-                if time.monotonic() >= when:
+        while targets and time.monotonic() < deadline and not self.stop.is_set():
+            for job_id in list(targets):
+                if targets[job_id] is None:
+                    record = self.job(job_id)
+                    attempt = (record.get("attempts") or [{}])[-1]
+                    if record["state"] in TERMINAL or attempt.get("started_at"):
+                        began = datetime.fromisoformat(attempt["started_at"].replace("Z", "+00:00")).timestamp() \
+                            if attempt.get("started_at") else time.time()
+                        targets[job_id] = began + factors[job_id] * duration
+                elif time.time() >= targets[job_id]:
                     state = self.job(job_id)["state"]
                     answer = self.cancel(job_id)
-                    self.fault("cancel-at-completion", job_id, state_before=state, answered=answer.get("state"))
-                    del due[job_id]
-            time.sleep(0.1)
+                    self.fault("cancel-at-completion", job_id, state_before=state, answered=answer.get("state"),
+                               factor=round(factors[job_id], 3))
+                    del targets[job_id]
+            time.sleep(0.05)
 
     # -- the run -----------------------------------------------------------------------------------------------
     def execute(self) -> Report:
@@ -504,10 +516,14 @@ class ChaosRun:
                 self.note("fault-skipped", index=index, reason=str(error)[:300])
                 self.say(f"fault skipped: {error}")
             time.sleep(2.0)
+        # Calibrate: how long this job runs here, now; then cancel its copies as they complete.
+        calibration = self.submit(train(f"calibrate-{r}", 2, max_attempts=2))
+        self.wait_ended(calibration, self.scale.deadline_s)
+        duration = self.attempt_seconds(calibration) or 5.0
         cancels = [f"cancel-{r}-{i}" for i in range(self.scale.cancels)]
         for name in cancels:
             self.submit(train(name, 2, max_attempts=2))
-        self.cancel_at_completion(cancels, rng)
+        self.cancel_at_completion(cancels, rng, duration)
         # More work after the faults: the cluster must have recovered to run it.
         for i in range(2):
             self.submit(train(f"after-{r}-{i}", 1))
