@@ -28,8 +28,13 @@ collect_ignore = [] if os.environ.get("STRATA_CHAOS") else ["chaos"]
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``postgres`` need a real PostgreSQL. They skip on the embedded defaults, but with
+    """End-to-end test files run first (under pytest-xdist each worker takes a whole file at a time: the long
+    files first, then the many short ones fill in, so no worker is left alone with a long file at the end).
+
+    Tests marked ``postgres`` need a real PostgreSQL. They skip on the embedded defaults, but with
     STRATA_REQUIRE_SERVICES=1 (CI) a missing PostgreSQL is a failure, never a skip."""
+    # Stable: the file order is kept within each group. The plugins' tests (benchmarks, swarms) are next longest.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1 if "/components/" in str(item.path) else 2)
     if os.environ.get("STRATA_DATABASE_URL", "").startswith("postgres"):
         return
     if os.environ.get("STRATA_REQUIRE_SERVICES") == "1":

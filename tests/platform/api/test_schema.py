@@ -390,7 +390,15 @@ def test_answers_of_the_node_routes_validate(schema, world):
         "/api/v1/node/heartbeat/", {**heartbeat, "session": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}, format="json"), 409)
     base = f"/api/v1/node/attempts/{attempt.pk}"
     call = {"node": str(node.pk), "token": attempt.fencing_token}
-    check_answer(schema, "post", f"{base}/claim/", agent.post(f"{base}/claim/", call, format="json"), 200)
+    # The fixture's node claimed this attempt already: a second claim is a 409 (each node claims once); the claim
+    # answer itself is checked on the other job's attempt.
+    check_answer(schema, "post", f"{base}/claim/", agent.post(f"{base}/claim/", call, format="json"), 409)
+    from strata.jobs.models import Attempt
+
+    fresh = Attempt.objects.get(job=world["foreign"])
+    check_answer(schema, "post", f"/api/v1/node/attempts/{fresh.pk}/claim/", agent.post(
+        f"/api/v1/node/attempts/{fresh.pk}/claim/", {"node": str(node.pk), "token": fresh.fencing_token},
+        format="json"), 200)
     check_answer(schema, "post", f"{base}/report/", agent.post(f"{base}/report/", {**call, "logs": [{"message": "x"}]},
                                                                format="json"), 200)
     query = f"?node={node.pk}&token={attempt.fencing_token}"
