@@ -553,7 +553,11 @@ class ChaosRun:
         final: dict[str, dict] = {}
         while True:
             final = {job_id: self.job(job_id) for job_id in sorted(every)}
-            if all(record["state"] in TERMINAL for record in final.values()) or time.monotonic() > deadline:
+            # A cancelled job is terminal at once, but its running attempt holds its devices (and is billed) until
+            # its node confirms the processes are gone: wait for the attempts' ends too.
+            settled = all(record["state"] in TERMINAL and all(a.get("ended_at") for a in record.get("attempts") or [])
+                          for record in final.values())
+            if settled or time.monotonic() > deadline:
                 break
             time.sleep(2.0)
         team = self.cluster.credentials.get("team", "demo")

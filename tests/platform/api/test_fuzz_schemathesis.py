@@ -28,7 +28,7 @@ on that server, dropped afterwards; otherwise SQLite in the temporary home. The 
 broker in that home, and scheduling passes run inline (STRATA_SCHEDULE_INLINE), so fuzzed submissions go
 through admission and placement on the registered node (two virtual GPUs).
 
-Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 25; 15 for the user run), each
+Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 15; 10 for the user run), each
 run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 240 s: a loaded machine runs them several times
 slower); the three runs take one to two minutes on two idle cores, seeding and the server's start included.
 """
@@ -51,11 +51,11 @@ from support import free_port, kill_group, wait_for
 
 pytestmark = pytest.mark.e2e
 
-MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "25"))
+MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "15"))
 # The user run (55 operations, most of the three runs' time, a third of it job submissions that each run a
-# scheduling pass) draws 15 per operation and phase unless STRATA_FUZZ_MAX_EXAMPLES says otherwise; its coverage
+# scheduling pass) draws 10 per operation and phase unless STRATA_FUZZ_MAX_EXAMPLES says otherwise; its coverage
 # phase (the boundary and negative cases) is whole either way.
-USER_MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "15"))
+USER_MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "10"))
 MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "240"))
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", "20240601"))
 # Every check of schemathesis but the two that test the schema's strictness rather than the API's answers:

@@ -55,7 +55,7 @@ def test_flatness_judges_growth_and_tolerates_noise():
 
 @pytest.mark.e2e
 def test_soak_on_a_real_platform():
-    result = soak.measure(duration=25.0, rate=8.0, sample_s=1.5, warmup_s=5.0, drain_s=0.0, warm_job=False,
+    result = soak.measure(duration=20.0, rate=8.0, sample_s=1.5, warmup_s=5.0, drain_s=0.0, warm_job=False,
                           progress=print)
     print(soak.report(result))
     stats, jobs, flat = result["stats"], result["jobs"], result["flatness"]
