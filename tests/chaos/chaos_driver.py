@@ -427,13 +427,13 @@ class ChaosRun:
 
     def cancel_at_completion(self, names: list[str], rng: random.Random, duration: float) -> None:
         """Cancel each job around the moment it completes: ``duration`` is how long the same job ran before (a
-        calibration run), and each is cancelled at 0.75 to 1.1 times that after its attempt started (the
+        calibration run), and each is cancelled at 0.8 to 1.3 times that after its attempt started (the
         server's clock, the same machine's). The cancel races the last steps, the upload of the model and the
         child's exit: some win, some lose, and each job must end exactly once."""
         from datetime import datetime
 
         targets: dict[str, float | None] = {self.jobs[name]: None for name in names}
-        factors = {job_id: rng.uniform(0.75, 1.1) for job_id in targets}
+        factors = {job_id: rng.uniform(0.8, 1.3) for job_id in targets}
         deadline = time.monotonic() + 400
         while targets and time.monotonic() < deadline and not self.stop.is_set():
             for job_id in list(targets):
