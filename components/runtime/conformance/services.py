@@ -44,7 +44,7 @@ class NodeServiceConformance:
     service_path: ClassVar[str] = ""
     plugin: ClassVar[str] = "conformance"
     devices: ClassVar[int] = 1  # virtual devices the node has
-    start_timeout: ClassVar[float] = 60.0
+    start_timeout: ClassVar[float] = 180.0  # a liveness bound: a loaded machine warms services up slowly
     stop_timeout: ClassVar[float] = 15.0
     settings: ClassVar[dict[str, Any]] = {}  # a heartbeat answer to configure() with
 

@@ -190,19 +190,20 @@ def test_two_thousand_calls_at_once_get_resource_exhausted_for_the_excess_never_
             if future.code() == S.RESOURCE_EXHAUSTED:
                 rejected.append(future)
 
-        futures = [raw(channels[i % 4], PREDICT).future(request, timeout=60, metadata=AUTH) for i in range(2000)]
+        futures = [raw(channels[i % 4], PREDICT).future(request, timeout=300, metadata=AUTH) for i in range(2000)]
         for future in futures:
             future.add_done_callback(count)
-        wait_for(lambda: len(rejected) >= 2000 - 24, 60, "the excess calls to be refused")
+        # A liveness bound (0.6-0.8 s idle; a loaded 2-core machine running the suite beside it is far slower).
+        wait_for(lambda: len(rejected) >= 2000 - 24, 240, "the excess calls to be refused")
         excess_s = time.monotonic() - started
         assert len(rejected) >= 2000 - 24, len(rejected)
-        assert excess_s < 60
+        assert excess_s < 240
         # A valid Describe in the middle of the flood is either answered or refused at once: never a hang.
         code, _, seconds = timed(channels[0], DESCRIBE, b"")
         assert code in (S.OK, S.RESOURCE_EXHAUSTED) and seconds < BOUND_S
     finally:
         release.set()
-    codes = [future.exception(timeout=60) for future in futures]
+    codes = [future.exception(timeout=300) for future in futures]
     outcomes = {}
     for error in codes:
         name = "OK" if error is None else error.code().name

@@ -164,7 +164,7 @@ def test_the_node_sampler_reads_this_machine():
 class TestAvailabilityService(NodeServiceConformance):
     service_path = "components.straggler.availability:AvailabilityService"
     plugin = "straggler"
-    start_timeout = 30.0
+    start_timeout = 120.0
 
     def kill(self, service) -> bool:
         service._stop.set()  # the sampling thread ends, as it would if it died
