@@ -43,13 +43,15 @@ slurm:
 run: install
 	$(BIN)/strata up --port $(PORT)
 
-# Two pytest-xdist workers, a test file each at a time (module fixtures such as a started cluster are set up once):
+# Two pytest-xdist workers, a test file each at a time (module fixtures such as a started cluster are set up once),
+# in collection order (tests/conftest.py puts the long end-to-end files first; xdist would otherwise send the files
+# with the most tests first, leaving the long few-test files for the end):
 # most end-to-end tests wait on processes of their own, so two files at once use the two cores of a CI machine.
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: install browser slurm
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The chaos suite (tests/chaos): a stream of real jobs of every kind on a multi-host cluster (network namespaces, as
 # root) over the machine's PostgreSQL and a Redis of its own, under faults; the history is checked at the end.
