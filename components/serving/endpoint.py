@@ -845,6 +845,12 @@ class ReadWatch:
         with self._cond:
             self._reading.pop(key, None)
 
+    @property
+    def reading(self) -> int:
+        """How many calls are waiting for their request message now (each holds a slot and a thread)."""
+        with self._cond:
+            return len(self._reading)
+
     def _loop(self) -> None:
         with self._cond:
             while not self._stopped:

@@ -187,7 +187,11 @@ def test_two_thousand_calls_at_once_get_resource_exhausted_for_the_excess_never_
         rejected = []
 
         def count(future):
-            if future.code() == S.RESOURCE_EXHAUSTED:
+            # Refused at the limit: RESOURCE_EXHAUSTED; or CANCELLED when the transport resets a refused stream
+            # whose message was still being sent (HTTP/2 RST_STREAM after the trailers; a few in 2,000 on 4
+            # channels), never our own handler's CANCELLED, which names the unread message.
+            if future.code() == S.RESOURCE_EXHAUSTED or (future.code() == S.CANCELLED
+                                                         and "did not arrive" not in (future.details() or "")):
                 rejected.append(future)
 
         futures = [raw(channels[i % 4], PREDICT).future(request, timeout=300, metadata=AUTH) for i in range(2000)]
@@ -212,7 +216,8 @@ def test_two_thousand_calls_at_once_get_resource_exhausted_for_the_excess_never_
     for channel in channels:
         channel.close()
     print(f"2,000 concurrent Predict: {outcomes}, excess refused within {excess_s:.2f} s, RSS +{grown:.0f} MiB")
-    assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED"} and 1 <= outcomes.get("OK", 0) <= 24, outcomes
+    assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED", "CANCELLED"} and 1 <= outcomes.get("OK", 0) <= 24, outcomes
+    assert outcomes.get("RESOURCE_EXHAUSTED", 0) >= outcomes.get("CANCELLED", 0), outcomes
     assert grown < 300
     assert predict(handle.address, ROWS, token=TOKEN, timeout=30).shape == (2, 10)
 
@@ -243,23 +248,30 @@ def test_stalled_and_cancelled_streams_cannot_lock_callers_out(handle, monkeypat
             print(f"{3 * slots} unauthenticated stalled streams refused in {time.monotonic() - started:.2f} s")
             assert predict(handle.address, ROWS, token=TOKEN, timeout=30).shape == (2, 10)
             # With a token: they hold every slot (others get RESOURCE_EXHAUSTED at once) until the read bound
-            # cancels them; then callers are served again.
+            # cancels them; then callers are served again. (The bound starts at each stream's headers, so on a
+            # loaded machine it may pass before a Describe gets through: then the watch has cancelled some.)
+            monkeypatch.setattr(endpoint_module, "REQUEST_READ_S", 6.0)
             stalled = stalled_streams(channel, slots, AUTH, stop)
-            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.RESOURCE_EXHAUSTED, 10, "the slots to be held")
+            wait_for(lambda: handle.watch.reading == slots or handle.watch.cancelled, 60, "the slots to be held")
+            code = timed(channel, DESCRIBE, b"")[0]
+            assert code == S.RESOURCE_EXHAUSTED or handle.watch.cancelled, code
             started = time.monotonic()
             codes = {future.exception(timeout=BOUND_S + 5).code() for future in stalled}
             freed_s = time.monotonic() - started
             assert codes == {S.CANCELLED}, codes
             assert handle.watch.cancelled == slots
-            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.OK, 10, "the slots to be free again")
+            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.OK, 60, "the slots to be free again")
             print(f"{slots} stalled streams holding every slot were cancelled after {freed_s:.2f} s more")
             # A client that cancels its own stalled stream frees its slot at once.
             monkeypatch.setattr(endpoint_module, "REQUEST_READ_S", 60.0)  # only the client's cancel frees them
             mine = stalled_streams(channel, slots, AUTH, stop)
-            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.RESOURCE_EXHAUSTED, 10, "the slots to be held")
+            wait_for(lambda: handle.watch.reading == slots, 60, "the slots to be held")
+            assert timed(channel, DESCRIBE, b"")[0] == S.RESOURCE_EXHAUSTED
             for future in mine:
                 future.cancel()
-            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.OK, 5, "the cancelled streams' slots")
+            wait_for(lambda: handle.watch.reading == 0, 60, "the cancelled streams to end")
+            wait_for(lambda: timed(channel, DESCRIBE, b"")[0] == S.OK, 60, "the cancelled streams' slots")
+            assert handle.watch.cancelled == slots  # the client's cancels, not the watch, freed them
         finally:
             stop.set()
     assert predict(handle.address, ROWS, token=TOKEN, timeout=30).shape == (2, 10)
