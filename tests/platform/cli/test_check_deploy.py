@@ -96,6 +96,10 @@ class FakeRedis:
             yield self
         finally:
             self.stopping = True
+            try:
+                self.server.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not
+            except OSError:
+                pass
             self.server.close()
             thread.join(timeout=10)
 
