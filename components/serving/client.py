@@ -101,8 +101,11 @@ def _stub(address: str, tls_ca: bytes | None = None) -> serving_pb2_grpc.Inferen
     key = (address, tls_ca)
     with _channels_lock:
         if key not in _channels:
+            # A subchannel pool of the channel's own: with gRPC's global pool a fresh channel to the same address
+            # would share the old one's connection, and its reconnect back-off (see _call).
             options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                       ("grpc.use_local_subchannel_pool", 1)]
             if tls_ca is not None:
                 channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca), options)
             else:

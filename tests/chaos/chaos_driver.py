@@ -426,31 +426,45 @@ class ChaosRun:
         return (ended - began).total_seconds()
 
     def cancel_at_completion(self, names: list[str], rng: random.Random, duration: float) -> None:
-        """Cancel each job around the moment it completes: ``duration`` is how long the same job ran before (a
-        calibration run), and each is cancelled at 0.8 to 1.3 times that after its attempt started (the
-        server's clock, the same machine's). The cancel races the last steps, the upload of the model and the
-        child's exit: some win, some lose, and each job must end exactly once."""
+        """Submit the jobs ``names`` one after another and cancel each around the moment it completes, so the
+        cancel races the last steps, the upload of the model and the child's exit: each job must end exactly once.
+
+        ``duration`` is how long the same job ran before (a calibration run). Each is cancelled at ``factor`` times
+        the current estimate after its attempt started (the server's clock, the same machine's), and the factor
+        follows a staircase: up after a cancel that won (the job ended CANCELLED), down after one that lost (the
+        job SUCCEEDED first, and its own run becomes the estimate). Whatever the load, the cancels straddle the
+        completion, and each race's outcome is in the client's history (``cancel-race``)."""
         from datetime import datetime
 
-        targets: dict[str, float | None] = {self.jobs[name]: None for name in names}
-        factors = {job_id: rng.uniform(0.8, 1.3) for job_id in targets}
-        deadline = time.monotonic() + 400
-        while targets and time.monotonic() < deadline and not self.stop.is_set():
-            for job_id in list(targets):
-                if targets[job_id] is None:
-                    record = self.job(job_id)
-                    attempt = (record.get("attempts") or [{}])[-1]
-                    if record["state"] in TERMINAL or attempt.get("started_at"):
-                        began = datetime.fromisoformat(attempt["started_at"].replace("Z", "+00:00")).timestamp() \
-                            if attempt.get("started_at") else time.time()
-                        targets[job_id] = began + factors[job_id] * duration
-                elif time.time() >= targets[job_id]:
-                    state = self.job(job_id)["state"]
-                    answer = self.cancel(job_id)
-                    self.fault("cancel-at-completion", job_id, state_before=state, answered=answer.get("state"),
-                               factor=round(factors[job_id], 3))
-                    del targets[job_id]
-            time.sleep(0.05)
+        factor, step = 1.0, 0.15
+        for name in names:
+            if self.stop.is_set():
+                return
+            job_id = self.submit(train(name, 2, max_attempts=2))
+
+            def started(job_id=job_id):
+                record = self.job(job_id)
+                attempt = (record.get("attempts") or [{}])[-1]
+                if attempt.get("started_at"):
+                    return datetime.fromisoformat(attempt["started_at"].replace("Z", "+00:00")).timestamp()
+                return time.time() if record["state"] in TERMINAL else None
+
+            jitter = rng.uniform(0.95, 1.05)
+            target = self.wait(started, 400, f"job {job_id} to start") + factor * jitter * duration
+            while time.time() < target and not self.stop.is_set():
+                time.sleep(min(0.02, max(0.0, target - time.time())))
+            state = self.job(job_id)["state"]
+            answer = self.cancel(job_id)
+            self.fault("cancel-at-completion", job_id, state_before=state, answered=answer.get("state"),
+                       factor=round(factor * jitter, 3), estimate_s=round(duration, 3))
+            record = self.wait_ended(job_id, self.scale.deadline_s)
+            won = record["state"] == "CANCELLED"
+            self.note("cancel-race", job=job_id, won=won, factor=round(factor * jitter, 3))
+            if won:
+                factor += step
+            else:
+                factor = max(0.3, factor - step)
+                duration = self.attempt_seconds(job_id) or duration
 
     # -- the run -----------------------------------------------------------------------------------------------
     def execute(self) -> Report:
@@ -520,10 +534,7 @@ class ChaosRun:
         calibration = self.submit(train(f"calibrate-{r}", 2, max_attempts=2))
         self.wait_ended(calibration, self.scale.deadline_s)
         duration = self.attempt_seconds(calibration) or 5.0
-        cancels = [f"cancel-{r}-{i}" for i in range(self.scale.cancels)]
-        for name in cancels:
-            self.submit(train(name, 2, max_attempts=2))
-        self.cancel_at_completion(cancels, rng, duration)
+        self.cancel_at_completion([f"cancel-{r}-{i}" for i in range(self.scale.cancels)], rng, duration)
         # More work after the faults: the cluster must have recovered to run it.
         for i in range(2):
             self.submit(train(f"after-{r}-{i}", 1))

@@ -220,6 +220,8 @@ def check(server: Iterable[dict], client: Iterable[dict], final: dict[str, dict]
         "attempt outcomes": dict(sorted((k or "", v) for k, v in outcomes.items())),
         "stale calls rejected": sum(1 for line in server if line.get("op") == "rejected"),
         "cancels acknowledged": sum(1 for line in client if line.get("op") == "cancel-ack"),
+        "cancels at completion (won, lost)": [sum(1 for line in client if line.get("op") == "cancel-race"
+                                                  and line.get("won") is value) for value in (True, False)],
         "submits unacknowledged": sum(1 for line in client if line.get("op") == "submit-fail"),
         "faults injected": dict(sorted(Counter(line.get("name") for line in client
                                                 if line.get("op") == "fault").items())),

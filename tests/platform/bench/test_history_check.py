@@ -41,7 +41,16 @@ def test_a_clean_history_passes_with_its_figures():
     assert report.figures["jobs acknowledged"] == 1 and report.figures["attempts"] == 2
     assert report.figures["stale calls rejected"] == 1 and report.figures["faults injected"] == {"sigkill-node": 1}
     assert report.figures["replica answers"] == 1 and report.figures["replica statuses"] == {"UNAVAILABLE": 1}
+    assert report.figures["cancels at completion (won, lost)"] == [0, 0]
     assert "PASS" in report.summary()
+
+
+def test_the_cancel_races_are_counted():
+    server, client, final, billed = clean()
+    client += [{"op": "cancel-race", "job": "j", "won": True, "time": 9.0},
+               {"op": "cancel-race", "job": "k", "won": False, "time": 9.5},
+               {"op": "cancel-race", "job": "l", "won": False, "time": 9.9}]
+    assert check(server, client, final, billed).figures["cancels at completion (won, lost)"] == [1, 2]
 
 
 def broken(change):
