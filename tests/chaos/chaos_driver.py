@@ -450,7 +450,14 @@ class ChaosRun:
                 return time.time() if record["state"] in TERMINAL else None
 
             jitter = rng.uniform(0.95, 1.05)
-            target = self.wait(started, 400, f"job {job_id} to start") + factor * jitter * duration
+            # Polled every 20 ms, not wait()'s 0.5 s: a shared attempt runs in the node's service in well under a
+            # second, and a start seen late would make every cancel lose.
+            deadline = time.monotonic() + 400
+            while (began := started()) is None:
+                if time.monotonic() > deadline or self.stop.is_set():
+                    raise TimeoutError(f"job {job_id} did not start within 400 s")
+                time.sleep(0.02)
+            target = began + factor * jitter * duration
             while time.time() < target and not self.stop.is_set():
                 time.sleep(min(0.02, max(0.0, target - time.time())))
             state = self.job(job_id)["state"]
