@@ -29,6 +29,14 @@ def _peer_main(name: str, spec: dict[str, Any], job: str, seed: bytes, credentia
                ready) -> None:
     import logging
 
+    from hivemind.utils.mpfuture import MPFuture
+
+    # hivemind's MPFuture guards its pipes with multiprocessing locks made when hivemind is imported, so every
+    # process forked from the importer shares them. A peer SIGKILLed while holding one (a crash test, a chaos
+    # kill) would leave them held for the whole family: no DHT in the parent or in any later peer would ever get
+    # its "ready". Each peer (and what it forks) gets locks of its own.
+    MPFuture.reset_backend()
+
     logging.basicConfig(level=logging.WARNING)
     from components.decentral.component import peer_config
     from components.decentral.peer import PeerIO, SwarmPeer

@@ -121,3 +121,35 @@ def test_a_crash_leaves_the_swarm_training_and_a_newcomer_catches_up(tmp_path):
     assert late["downloaded"] is not None
     assert any(record.get("ok") for record in late["rounds"])
     assert late["test_loss"] < 3.0
+
+
+def test_a_process_killed_holding_hivemind_locks_does_not_stall_later_peers(tmp_path):
+    """hivemind's MPFuture locks are shared by every process forked from the one that imported hivemind; a peer
+    SIGKILLed while holding one left every later DHT of this test process waiting for ever (seen in CI: three tests
+    in a row). Each local peer now takes locks of its own."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    from hivemind.utils.mpfuture import MPFuture
+
+    context = mp.get_context("fork")
+    held = context.Event()
+
+    def hold() -> None:
+        MPFuture._update_lock.acquire()
+        held.set()
+        time.sleep(600)
+
+    holder = context.Process(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert held.wait(60)
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(30)
+        assert not MPFuture._update_lock.acquire(timeout=0.1)  # the family's lock stays held by the dead process
+        with LocalSwarm(tmp_path, {"steps": 5, "peers": {"min": 1, "max": 2}}) as swarm:
+            info = swarm.start("a", timeout=120)
+            assert "error" not in info and info["maddrs"], info
+    finally:
+        MPFuture.reset_backend()  # this test process's own locks would stay held
