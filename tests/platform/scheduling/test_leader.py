@@ -121,18 +121,19 @@ def test_telemetry_maintenance_runs_on_the_leader_only(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 def test_racing_holders_on_postgres_exactly_one_wins():
     """20 threads (20 connections) race for a free lease, then for the same lease after it expired: each time
-    exactly one wins, and the epoch grows by one."""
+    exactly one wins, and the epoch grows by one. The expired race is between new holders: the old holder taking its
+    own expired lease back is a renewal (the epoch stays), which CI once saw win the race."""
     count = 20
 
-    def race(now):
+    def race(now, first_id=0):
         barrier = threading.Barrier(count)
         won, errors = [], []
 
         def worker(i):
             try:
                 barrier.wait(timeout=30)
-                if lease_acquire("race", f"holder-{i}", ttl=10, now=now) is not None:
-                    won.append(i)
+                if lease_acquire("race", f"holder-{first_id + i}", ttl=10, now=now) is not None:
+                    won.append(first_id + i)
             except Exception as error:  # asserted on below
                 errors.append(error)
             finally:
@@ -150,7 +151,10 @@ def test_racing_holders_on_postgres_exactly_one_wins():
     assert len(first) == 1 and Lease.objects.get(name="race").epoch == 1
     assert race(at(5)) == first  # valid: only its holder renews it
     assert Lease.objects.get(name="race").epoch == 1
-    won = race(at(100))  # expired: conditional UPDATEs race
+    won = race(at(100), first_id=count)  # expired: conditional UPDATEs race
     assert len(won) == 1
     lease = Lease.objects.get(name="race")
     assert lease.holder == f"holder-{won[0]}" and lease.epoch == 2
+    # the first holder, whose lease another holder took, gets it back only once that one expires: a new epoch
+    assert lease_acquire("race", f"holder-{first[0]}", ttl=10, now=at(105)) is None
+    assert lease_acquire("race", f"holder-{first[0]}", ttl=10, now=at(200)).epoch == 3
