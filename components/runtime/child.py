@@ -1,7 +1,11 @@
 """Entry point of an attempt's child process: ``python -m components.runtime.child`` with a JSON payload on
 stdin. Runs one worker (rank) of one attempt through the component registry.
 
-Exit codes: 0 the component returned; 1 it raised; 3 it stopped early because it was asked to.
+Exit codes: 0 the component returned; 1 it raised; 3 it stopped early because it was asked to; 4 it raised an
+error retrying cannot fix (:class:`components.runtime.project.UserError`, an ImportError of the entrypoint).
+
+A team's project (a code bundle) runs with its working directory first on ``sys.path`` (``payload["workdir"]``),
+added after the runtime's own packages are imported, so a project's module cannot stand in for them.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ import threading
 import time
 import traceback
 
-from components.runtime.protocol import EXIT_FAILED, EXIT_OK, EXIT_STOPPED
+from components.runtime.protocol import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USER_ERROR
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_STOPPED", "EXIT_USER_ERROR", "main"]
 
 
 def _watch_parent(context) -> None:
@@ -45,6 +49,8 @@ def main() -> int:
     from components.runtime.registry import load_component
 
     device = payload["device"]
+    if payload.get("workdir"):
+        sys.path.insert(0, str(payload["workdir"]))
     # CUDA_VISIBLE_DEVICES was narrowed to the granted device, so it is cuda:0 in here.
     context = context_from_payload(payload, narrowed=True, start=False)
     devices = context.devices
@@ -62,9 +68,13 @@ def main() -> int:
         if context.should_stop():
             code = EXIT_STOPPED
     except BaseException as error:  # report every failure, including KeyboardInterrupt/SystemExit from user code
-        context.log("".join(traceback.format_exception(error)).rstrip(), level="error")
+        from components.runtime.command import CommandFailed
+        from components.runtime.project import UserError
+
+        if not isinstance(error, UserError | CommandFailed):  # the program's own stderr already explains those
+            context.log("".join(traceback.format_exception(error)).rstrip(), level="error")
         print(f"{error.__class__.__name__}: {error}", file=sys.stderr, flush=True)
-        code = EXIT_FAILED
+        code = EXIT_USER_ERROR if isinstance(error, UserError) else EXIT_FAILED
     finally:
         context.close()
     return code

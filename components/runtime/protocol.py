@@ -104,11 +104,12 @@ class End(enum.StrEnum):
     FAILED = "failed"  # it raised
     CANCELLED = "cancelled"  # the host dropped it at once, without a checkpoint
     LOST = "lost"  # the host died (or crashed) under it: not the attempt's fault
+    USER_ERROR = "user_error"  # a deterministic error of the job itself (project.UserError): retrying cannot help
 
 
 # A child's exit codes (components.runtime.child).
-EXIT_OK, EXIT_FAILED, EXIT_STOPPED = 0, 1, 3
-_EXIT_ENDS = {EXIT_OK: End.SUCCEEDED, EXIT_STOPPED: End.STOPPED}
+EXIT_OK, EXIT_FAILED, EXIT_STOPPED, EXIT_USER_ERROR = 0, 1, 3, 4
+_EXIT_ENDS = {EXIT_OK: End.SUCCEEDED, EXIT_STOPPED: End.STOPPED, EXIT_USER_ERROR: End.USER_ERROR}
 
 
 def end_of_exit_code(code: int) -> End:
@@ -156,8 +157,11 @@ TIME_LIMIT = Outcome("time_limit", counts_as_failure=True, final=True,
                      description="the job's time limit was exceeded")
 SERVICE_LOST = Outcome("service_lost", counts_as_failure=False, requeue=True,
                        description="the node service hosting the attempt died under it")
+USER_ERROR = Outcome("user_error", counts_as_failure=True, final=True,
+                     description="a deterministic error of the job (a failed environment build, an import error, a "
+                                 "missing program or file): the job fails at once, without retries")
 
-OUTCOMES: dict[str, Outcome] = {o.name: o for o in (SUCCEEDED, FAILED, TIME_LIMIT, SERVICE_LOST)}
+OUTCOMES: dict[str, Outcome] = {o.name: o for o in (SUCCEEDED, FAILED, TIME_LIMIT, SERVICE_LOST, USER_ERROR)}
 FINISH_OUTCOMES: tuple[str, ...] = tuple(OUTCOMES)  # the ``finish`` call's accepted ``outcome`` values
 LOST_LIMIT = 3  # the LOST_LIMIT-th service_lost of one job fails it (no endless crash loop)
 # How the control plane words the end of a service_lost attempt (its exit_reason starts with this); kept as the
@@ -190,6 +194,8 @@ def finish_for(end: End, *, stop_reason: str = "", time_limit: float = 0.0, deta
         return FAILED, STOPPED_REASON
     if end is End.CANCELLED:
         return FAILED, f"dropped by {where or 'its host'}"
+    if end is End.USER_ERROR:
+        return USER_ERROR, detail[:500] or "the job's own error"
     if where:
         return FAILED, f"failed in {where}: {detail or end.value}"[:500]
     return FAILED, detail[:500] or "failed"

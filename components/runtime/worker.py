@@ -23,6 +23,14 @@ from celery import Celery
 from components.runtime import protocol
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
+from components.runtime.project import (
+    Project,
+    ProjectCache,
+    UserError,
+    prepare_rank,
+    remove_workdir,
+    uses_project,
+)
 from components.runtime.protocol import End, HostAddress, finish_for
 from components.runtime.services import set_parent_death_signal
 
@@ -95,6 +103,42 @@ class AttemptRunner:
         self.service = None  # the connection to the node service hosting this attempt, when hosted
         self.host: HostAddress | None = None
         self.elastic = False  # set from the claim's kind (KindSpec.elastic_ranks) in start()
+        self.projects: dict[int, Project] = {}  # a team's project, prepared per rank (prepare())
+
+    # -- a team's project: the code bundle, the environment, the working directories ------------------------------
+    def _ranks_here(self, claim: dict) -> list[int]:
+        mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
+        return sorted({a["rank"] for a in mine}) or [0]
+
+    def _download_code(self, target: Path) -> None:
+        response = self.client.request("GET", self._path("code/"), params=self._auth(), raw=True, stream=True,
+                                       timeout=600)
+        with response, target.open("wb") as out:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+
+    def prepare(self, claim: dict) -> None:
+        """Fetch the job's code bundle and build its environment (once per node: cached), and make each rank's
+        working directory. Raises :class:`~components.runtime.project.UserError` for what retrying cannot fix
+        (a failed build, a damaged bundle). The build's output goes to the job's log as it comes."""
+        if not uses_project(claim):
+            return
+        cache = ProjectCache(Path(self.config["state_dir"]))
+        for rank in self._ranks_here(claim):
+            self.projects[rank] = prepare_rank(cache, claim, rank, download=self._download_code, note=self._note)
+            self._poll_logs_only()
+
+    def _poll_logs_only(self) -> None:
+        """Send the notes so far (an environment build is long: its log should not wait for the run)."""
+        with contextlib.suppress(Exception):
+            self._poll()
+
+    def cleanup(self) -> None:
+        for rank, project in self.projects.items():
+            project.release()
+            with contextlib.suppress(OSError):
+                remove_workdir(Path(self.config["state_dir"]), self.attempt_id, rank)
+        self.projects.clear()
 
     # -- hosted attempts: a node service runs the attempt ---------------------------------------------------
     def find_host(self, claim: dict) -> HostAddress | None:
@@ -254,7 +298,8 @@ class AttemptRunner:
         mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
         ranks = sorted({a["rank"] for a in mine}) or [0]
         for rank in ranks:
-            devices = [a["device"] for a in mine if a["rank"] == rank]
+            # A rank that holds no GPU (gpus: 0) is listed with device None: it runs on the node's CPUs.
+            devices = [a["device"] for a in mine if a["rank"] == rank and a.get("device")]
             device = devices[0] if devices else None
             env = dict(os.environ)
             env.pop("STRATA_NODE_CONFIG", None)
@@ -263,14 +308,24 @@ class AttemptRunner:
             env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1"})
             cuda = [str(d["index"]) for d in devices if d["kind"] == "cuda"]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(cuda) if cuda else ""
+            project = self.projects.get(rank)
+            if project is not None:
+                env.update(project.env)
+                env.update(self._torchrun_env(claim, mine, rank))
             # ``device``: the rank's first device (what single-device code reads); ``devices``: all of them (a
             # rank given several whole GPUs sees every one, in the order CUDA_VISIBLE_DEVICES lists them).
             payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
                        "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device,
                        "devices": devices, "node_address": self.config.get("address", "")}
-            child = subprocess.Popen([sys.executable, "-m", "components.runtime.child"], stdin=subprocess.PIPE,
+            python, cwd = sys.executable, None
+            if project is not None:
+                # -P: the working directory is not put first on sys.path before the runtime's own packages are
+                # imported (the child adds it after them).
+                python, cwd = project.python, str(project.workdir)
+                payload["workdir"] = str(project.workdir)
+            child = subprocess.Popen([python, "-P", "-m", "components.runtime.child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     preexec_fn=_set_parent_death_signal)
+                                     cwd=cwd, preexec_fn=_set_parent_death_signal)
             child.stdin.write(json.dumps(payload))
             child.stdin.close()
             threading.Thread(target=self._pump, args=(child.stdout, rank), daemon=True).start()
@@ -282,6 +337,26 @@ class AttemptRunner:
             if device is not None:
                 pids.setdefault(str(device["index"]), []).append(child.pid)
         self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "pids": pids}))
+
+    @staticmethod
+    def _torchrun_env(claim: dict, mine: list[dict], rank: int) -> dict[str, str]:
+        """What torchrun would set for ``rank`` beside RANK and WORLD_SIZE: its place among this node's ranks and
+        this node's place among the gang's nodes (ordered by their first rank). On CUDA, every local rank sees
+        the node's granted devices in local-rank order, so ``cuda:LOCAL_RANK`` is its own."""
+        local = sorted({a["rank"] for a in mine}) or [0]
+        first_rank: dict[str, int] = {}
+        for allocation in claim["allocations"]:
+            node = allocation["node"]
+            first_rank[node] = min(first_rank.get(node, allocation["rank"]), allocation["rank"])
+        nodes = sorted(first_rank, key=first_rank.get)
+        here = mine[0]["node"] if mine else None
+        group = nodes.index(here) if here in nodes else 0
+        env = {"LOCAL_RANK": str(local.index(rank) if rank in local else 0), "LOCAL_WORLD_SIZE": str(len(local)),
+               "GROUP_RANK": str(group), "NODE_RANK": str(group)}
+        per_rank = {r: [a["device"] for a in mine if a["rank"] == r] for r in local}
+        if len(local) > 1 and all(len(d) == 1 and d[0]["kind"] == "cuda" for d in per_rank.values()):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(per_rank[r][0]["index"]) for r in local)
+        return env
 
     def _poll(self) -> bool:
         """Send buffered output; return True if the control plane wants the attempt stopped."""
@@ -366,6 +441,8 @@ class AttemptRunner:
         detail = next((line for line in reversed(self.tail) if line.strip()), "")
         if bad < 0:
             return protocol.FAILED.name, f"{who}killed by signal {-bad}. {detail}"[:500]
+        if bad == protocol.EXIT_USER_ERROR:  # the job's own deterministic error: fails once, not retried
+            return protocol.USER_ERROR.name, f"{who}{detail.removeprefix('UserError: ')}"[:500]
         return protocol.FAILED.name, f"{who}exit code {bad}: {detail}"[:500]
 
     def finish(self, outcome: str, reason: str) -> None:
@@ -396,7 +473,18 @@ def run_attempt(attempt_id: str, token: str) -> str:
         runner.finish(protocol.FAILED.name, "stopped before it started")
         return "stopped"
     try:
-        host = runner.find_host(claim)
+        try:
+            runner.prepare(claim)
+        except UserError as error:  # a failed build, a damaged bundle: fails once, never retried
+            runner.cleanup()
+            runner.finish(protocol.USER_ERROR.name, str(error)[:500])
+            return protocol.USER_ERROR.name
+        except Exception as error:  # noqa: BLE001 - the network, the disk: the attempt fails and is retried
+            log.exception("attempt %s: the project could not be prepared", attempt_id)
+            runner.cleanup()
+            runner.finish(protocol.FAILED.name, f"the project could not be prepared on this node: {error}"[:500])
+            return protocol.FAILED.name
+        host = runner.find_host(claim) if not runner.projects else None  # a project runs in its own processes
         if host is not None and runner.start_hosted(claim, host):
             outcome, reason = runner.supervise_hosted(float(claim["time_limit"]))
         else:
@@ -404,7 +492,9 @@ def run_attempt(attempt_id: str, token: str) -> str:
             outcome, reason = runner.supervise(float(claim["time_limit"]))
     except BaseException:
         runner.kill_all()
+        runner.cleanup()
         raise
+    runner.cleanup()
     runner.finish(outcome, reason)
     log.info("attempt %s ended: %s %s", attempt_id, outcome, reason)
     return outcome

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from components.runtime.component import Component, NotHostable, Session, drive
 from components.runtime.context import Context
+from components.runtime.project import UserError
 from components.runtime.registry import import_path
 from components.train.spec import TrainSpec
 
@@ -28,6 +29,10 @@ def torch_threads() -> int:
     return threads
 
 
+class EntrypointImportError(UserError, ImportError):
+    """The entrypoint's module or function cannot be imported: retrying the attempt cannot fix it."""
+
+
 def resolve_entrypoint(ctx: Context, path: str):
     """Import ``"package.module:function"`` and call it with ``ctx``.
 
@@ -37,7 +42,7 @@ def resolve_entrypoint(ctx: Context, path: str):
     try:
         target = import_path(path)
     except (ImportError, AttributeError) as error:
-        raise ImportError(f"cannot import the entrypoint {path!r}: {error}") from error
+        raise EntrypointImportError(f"cannot import the entrypoint {path!r}: {error}") from error
     if isinstance(target, type):
         from components.train.workloads import Workload
 
@@ -62,7 +67,9 @@ class TrainComponent(Component):
     """Runs one attempt of a ``train`` job.
 
     ``spec.workload`` picks a built-in :class:`~components.train.workloads.Workload`; ``spec.entrypoint`` names
-    user code (see :func:`resolve_entrypoint`). A Workload is driven by
+    user code (see :func:`resolve_entrypoint`); ``spec.command`` runs any program
+    (:mod:`components.runtime.command`: logs, metrics from stdout, checkpoints of a directory, torchrun's
+    variables). A Workload is driven by
     :class:`~components.train.loop.TrainLoop`, which resumes from ``ctx.restore()``, reports metrics and
     logs, checkpoints every ``checkpoint_every`` steps, stops early (after a checkpoint) when
     ``ctx.should_stop()`` turns true, and uploads ``model.pt`` and ``metrics.json`` when done.
@@ -104,6 +111,8 @@ class TrainComponent(Component):
     def _workload_factory(spec: dict[str, Any]):
         """A factory of fresh workloads for a built-in workload or an entrypoint naming a Workload class;
         raises NotHostable for an entrypoint function (it may train by itself)."""
+        if spec.get("command"):
+            raise NotHostable("a command job runs its own program in a child process")
         if spec["entrypoint"]:
             from components.train.workloads import Workload
 
@@ -136,6 +145,11 @@ class TrainComponent(Component):
         # Read by torch when it is first imported, which for self-training entrypoints happens in user code;
         # an entrypoint that needs no torch never pays for importing it.
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if spec.get("command"):  # any program: components.runtime.command
+            from components.runtime.command import run_command
+
+            run_command(ctx, spec["command"])
+            return
         if spec["entrypoint"]:
             workload = resolve_entrypoint(ctx, spec["entrypoint"])
             if workload is None:

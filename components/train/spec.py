@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from components.runtime.data import option_errors
 from components.runtime.distributed import distributed_errors, normalize, workers_problems
+from components.runtime.project import command_errors, environment_errors, normalize_environment
 from components.runtime.spec import Checker, KindSpec
 
 # The last two are the embeddings plugin's DLRMs on CTR data (components.train.workloads.PLUGIN_WORKLOADS).
@@ -44,6 +45,8 @@ MAX_OPTIONS_BYTES = 65_536
 FIELDS = {
     "workload",
     "entrypoint",
+    "command",
+    "environment",
     "epochs",
     "max_steps",
     "batch_size",
@@ -69,7 +72,8 @@ class TrainSpec(KindSpec):
     description: ClassVar[str] = (
         "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt, "
         "cnn-dataset over a registered dataset, dlrm-ctr and dlrm-movielens for click-through rates) "
-        "or your own code given as 'package.module:function'. Checkpoints and resumes after preemption."
+        "or your own code: 'package.module:function', or any program as a command (a list of strings, from "
+        "the job's code bundle). Checkpoints and resumes after preemption."
     )
 
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
@@ -81,17 +85,23 @@ class TrainSpec(KindSpec):
         if entrypoint is not None and "spec.entrypoint" not in check.errors:
             if not _ENTRYPOINT.match(entrypoint):
                 check.errors["spec.entrypoint"] = "must look like 'package.module:function'"
-        if workload is not None and entrypoint is not None:
-            for name in ("spec.workload", "spec.entrypoint"):
-                both = "give either workload or entrypoint, not both"
-                check.errors[name] = f"{check.errors[name]}; {both}" if name in check.errors else both
-        elif (
-            workload is None
-            and entrypoint is None
-            and not {"spec.workload", "spec.entrypoint"} & set(check.errors)
-        ):
-            check.errors["spec.workload"] = f"give a workload ({', '.join(WORKLOADS)}) or an entrypoint"
-        builtin = workload if workload in WORKLOADS and entrypoint is None else None
+        command = spec.get("command")
+        check.errors.update(command_errors(command))
+        check.errors.update(environment_errors(spec.get("environment")))
+        given = [name for name, value in (("workload", workload), ("entrypoint", entrypoint), ("command", command))
+                 if value is not None]
+        if len(given) > 1:
+            for name in given:
+                both = "give one of workload, entrypoint or command, not " + " and ".join(given)
+                key = f"spec.{name}"
+                check.errors[key] = f"{check.errors[key]}; {both}" if key in check.errors else both
+        elif not given and not {"spec.workload", "spec.entrypoint", "spec.command"} & set(check.errors):
+            check.errors["spec.workload"] = (f"give a workload ({', '.join(WORKLOADS)}), an entrypoint or a "
+                                             "command")
+        if command is not None and spec.get("distributed") is not None:
+            check.errors["spec.distributed"] = ("a command job runs its own distributed code: Strata sets the "
+                                                "variables torchrun sets (leave distributed out)")
+        builtin = workload if workload in WORKLOADS and entrypoint is None and command is None else None
 
         epochs = check.number(
             "epochs", WORKLOAD_EPOCHS.get(builtin, DEFAULT_EPOCHS), kind=int, minimum=1, maximum=MAX_EPOCHS
@@ -129,8 +139,8 @@ class TrainSpec(KindSpec):
         elif not isinstance(options, dict):
             check.errors["spec.options"] = "must be an object"
             options = {}
-        elif options and workload is not None:
-            check.errors["spec.options"] = "is only used with an entrypoint"
+        elif options and (workload is not None or command is not None):
+            check.errors["spec.options"] = "is only used with an entrypoint (a command takes arguments)"
         else:
             try:
                 encoded = json.dumps(options, allow_nan=False)
@@ -172,6 +182,11 @@ class TrainSpec(KindSpec):
             "options": options,
             "data": data if isinstance(data, dict) else {},
         }
+        if command is not None:
+            normalized["command"] = list(command)
+        environment = normalize_environment(spec.get("environment"))
+        if environment is not None:
+            normalized["environment"] = environment
         if distributed is not None:  # only a gang's spec carries it
             normalized["distributed"] = normalize(distributed)
         return normalized
@@ -204,6 +219,25 @@ class TrainSpec(KindSpec):
                         "Your code, importable on the node, as 'package.module:function'. The function gets "
                         "the job context and either trains by itself (returns None) or returns a Workload "
                         "that Strata drives step by step. Give this or workload."
+                    ),
+                },
+                "command": {
+                    "type": ["array", "null"],
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "description": (
+                        "Any program, run in the job's code bundle: e.g. [\"python\", \"train.py\", \"--lr\", "
+                        "\"{{lr}}\"]. stdout and stderr are the job's log; lines 'strata: name=value' (or the "
+                        "strata_report module) report metrics; STRATA_CHECKPOINT_DIR is checkpointed and restored, "
+                        "STRATA_OUTPUT_DIR's files become artifacts; gangs get torchrun's variables. Give this, "
+                        "workload or entrypoint (docs/projects.md)."
+                    ),
+                },
+                "environment": {
+                    "type": ["object", "null"],
+                    "description": (
+                        "The job's Python environment, built once per node and cached: {requirements: a file of "
+                        "the code bundle, pip: [specs], python_path: [dirs of the bundle], env: {NAME: value}}."
                     ),
                 },
                 "epochs": {
@@ -291,12 +325,19 @@ class TrainSpec(KindSpec):
                     "properties": {
                         "workload": {"type": "string"},
                         "entrypoint": {"type": "null"},
+                        "command": {"type": "null"},
                         "options": {"maxProperties": 0},
                     },
                 },
                 {
                     "required": ["entrypoint"],
-                    "properties": {"entrypoint": {"type": "string"}, "workload": {"type": "null"}},
+                    "properties": {"entrypoint": {"type": "string"}, "workload": {"type": "null"},
+                                   "command": {"type": "null"}},
+                },
+                {
+                    "required": ["command"],
+                    "properties": {"command": {"type": "array"}, "workload": {"type": "null"},
+                                   "entrypoint": {"type": "null"}, "options": {"maxProperties": 0}},
                 },
             ],
             "allOf": [

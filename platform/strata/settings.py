@@ -175,6 +175,8 @@ STRATA_LOGIN_KNOWN_ADDRESS_DAYS = env_float("STRATA_LOGIN_KNOWN_ADDRESS_DAYS", 3
 # --- request limits -----------------------------------------------------------------------------------
 STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024)
 STRATA_MAX_UPLOAD_BYTES = env_int("STRATA_MAX_UPLOAD_BYTES", 512 * 2**20, minimum=1024)
+# A code bundle's files, unpacked (POST /api/v1/code/, strata submit --code): over it, the error names the largest.
+STRATA_MAX_CODE_BYTES = env_int("STRATA_MAX_CODE_BYTES", 100 * 2**20, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20

@@ -12,6 +12,8 @@ from django.utils.http import parse_header_parameters
 from strata.api.values import safe_name, text_problem
 
 UPLOAD_PATH_MARKER = "/artifacts/"
+CODE_UPLOAD_PATH = "/api/v1/code/"
+CODE_ARCHIVE_SLACK = 16 * 2**20  # a zip or tar of a bundle at the limit is somewhat larger than its files
 
 
 def body_limit(path: str) -> int:
@@ -19,6 +21,8 @@ def body_limit(path: str) -> int:
     The HTTP server asks it too (``strata.api.server``), so a larger ``Content-Length`` is answered 413 as soon as
     the headers arrive, before any of the body is read."""
     is_upload = path.startswith("/api/v1/node/") and UPLOAD_PATH_MARKER in path
+    if path == CODE_UPLOAD_PATH:  # code bundles: their own limit (STRATA_MAX_CODE_BYTES)
+        return max(settings.STRATA_MAX_CODE_BYTES + CODE_ARCHIVE_SLACK, settings.STRATA_MAX_BODY_BYTES)
     return settings.STRATA_MAX_UPLOAD_BYTES if is_upload else settings.STRATA_MAX_BODY_BYTES
 
 

@@ -6,6 +6,7 @@ from strata.accounts.api.views import TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
+    CodeBundleViewSet,
     JobRouteView,
     JobViewSet,
     ParticipantHeartbeatView,
@@ -22,6 +23,7 @@ router.register("pools", cluster.PoolViewSet, basename="pool")
 router.register("teams", TeamViewSet, basename="team")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("tokens", TokenViewSet, basename="token")
+router.register("code", CodeBundleViewSet, basename="code")
 
 ATTEMPT = "node/attempts/<uuid:attempt_id>"
 urlpatterns = [
@@ -38,6 +40,7 @@ urlpatterns = [
     path(f"{ATTEMPT}/artifacts/<str:name>/", cluster.AttemptArtifactView.as_view(), name="attempt-artifact"),
     path(f"{ATTEMPT}/sources/<str:name>/", cluster.AttemptSourceView.as_view(), name="attempt-source"),
     path(f"{ATTEMPT}/checkpoint/", cluster.AttemptCheckpointView.as_view(), name="attempt-checkpoint"),
+    path(f"{ATTEMPT}/code/", cluster.AttemptCodeView.as_view(), name="attempt-code"),
     path(f"{ATTEMPT}/tokens/", cluster.AttemptTokensView.as_view(), name="attempt-tokens"),
     path(f"{ATTEMPT}/rendezvous/", cluster.AttemptRendezvousView.as_view(), name="attempt-rendezvous"),
     path(f"{ATTEMPT}/children/", cluster.AttemptChildrenView.as_view(), name="attempt-children"),

@@ -56,12 +56,13 @@ def server_limits():
     """The hardened server's limits from the STRATA_SERVER_* settings (docs/security.md)."""
     from django.conf import settings
 
-    from strata.api.middleware import body_limit
+    from strata.api.middleware import CODE_ARCHIVE_SLACK, body_limit
     from strata.api.server import ServerLimits
 
     # Waitress refuses bodies over this before buffering them; the middleware enforces the real, per-route
     # limits (an artifact upload's is the largest) with a JSON 413, so leave it a little room above them.
-    max_body = max(settings.STRATA_MAX_UPLOAD_BYTES, settings.STRATA_MAX_BODY_BYTES) + 2**20
+    max_body = max(settings.STRATA_MAX_UPLOAD_BYTES, settings.STRATA_MAX_BODY_BYTES,
+                   settings.STRATA_MAX_CODE_BYTES + CODE_ARCHIVE_SLACK) + 2**20
     return ServerLimits(connection_limit=settings.STRATA_SERVER_CONNECTION_LIMIT,
                         idle_timeout=settings.STRATA_SERVER_IDLE_TIMEOUT,
                         header_timeout=settings.STRATA_SERVER_HEADER_TIMEOUT,
@@ -204,7 +205,8 @@ def node(args) -> int:
     options = NodeOptions(server=args.server, token=token, virtual_gpus=args.virtual_gpus,
                           virtual_gpu_memory=parse_bytes(args.virtual_gpu_memory), labels=labels,
                           slots=args.slots, broker_url=args.broker, address=args.address,
-                          metrics_port=args.metrics_port, metrics_bind=args.metrics_bind)
+                          metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, cpus=args.cpus,
+                          memory=parse_bytes(args.memory) if args.memory else None)
     if args.name:
         options.name = args.name
     if args.state_dir:

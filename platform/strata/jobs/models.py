@@ -28,6 +28,29 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 ADMITTED_STATES = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTED})
 
 
+class CodeBundle(models.Model):
+    """A team's project directory as one content-addressed archive (``components.runtime.bundles``): the SHA-256
+    of its canonical bytes names it, so a team's identical uploads are stored once. Kept while a job uses it
+    (``Job.code`` protects it)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="code_bundles")
+    digest = models.CharField(max_length=64)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    size = models.BigIntegerField(help_text="Bytes of the archive (gzip'd tar).")
+    expanded_size = models.BigIntegerField(help_text="Bytes of its files, unpacked.")
+    file_count = models.PositiveIntegerField()
+    files = models.JSONField(default=list, help_text="[{path, size}] sorted by path.")
+    storage_key = models.CharField(max_length=500)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "digest"], name="one_code_bundle_per_digest")]
+
+    def __str__(self) -> str:
+        return f"code {self.digest[:12]} of {self.team_id}"
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="jobs")
@@ -35,6 +58,8 @@ class Job(models.Model):
     kind = models.CharField(max_length=64)
     name = models.CharField(max_length=200)
     spec = models.JSONField(default=dict)
+    # The team's code bundle the job runs (a project submitted with --code), or null for built-in code.
+    code = models.ForeignKey(CodeBundle, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
     # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}
     resources = models.JSONField(default=dict)
     priority = models.IntegerField(default=0)
@@ -91,6 +116,7 @@ class Attempt(models.Model):
         NODE_LOST = "node_lost"
         TIME_LIMIT = "time_limit"
         SERVICE_LOST = "service_lost"  # the node service hosting it died (protocol.SERVICE_LOST): requeued
+        USER_ERROR = "user_error"  # the job's own deterministic error (protocol.USER_ERROR): failed, not retried
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")

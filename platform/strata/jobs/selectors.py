@@ -19,7 +19,7 @@ def jobs_visible(team_ids) -> QuerySet[Job]:
 
 def jobs_with_attempts(queryset: QuerySet[Job]) -> QuerySet[Job]:
     allocations = Prefetch("allocations", queryset=Allocation.objects.select_related("device__node"))
-    return queryset.prefetch_related(
+    return queryset.select_related("code").prefetch_related(
         Prefetch("attempts", queryset=Attempt.objects.select_related("node").prefetch_related(allocations)))
 
 
@@ -77,3 +77,11 @@ def participants_active(now=None) -> QuerySet:
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.STRATA_PARTICIPANT_LEASE_S)
     return (Participant.objects.filter(state=Participant.State.ACTIVE, last_seen__gt=cutoff)
             .exclude(job__state__in=list(TERMINAL_STATES)))
+
+
+def code_summary(bundle) -> dict | None:
+    """What a job's API answer and a node's claim say of its code bundle (``jobs.CodeBundle``), or None."""
+    if bundle is None:
+        return None
+    return {"digest": bundle.digest, "size": bundle.size, "expanded_size": bundle.expanded_size,
+            "file_count": bundle.file_count}

@@ -19,6 +19,7 @@ from django.utils import timezone
 from components.runtime import protocol
 from components.runtime.registry import subscribers as registry_subscribers
 from components.runtime.tokens import token_digest
+from strata.cluster.models import Device
 from strata.jobs import history
 from strata.jobs.events import emit
 from strata.jobs.models import (
@@ -26,6 +27,7 @@ from strata.jobs.models import (
     Allocation,
     Artifact,
     Attempt,
+    CodeBundle,
     Job,
     JobEvent,
     JobState,
@@ -83,6 +85,17 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
             if existing.request_digest != digest:
                 raise IdempotencyConflict(idempotency_key)
             return existing, False
+    data = dict(data)
+    code = data.pop("code", None)
+    if code is None and parent is not None:
+        data["code"] = parent.code  # a child (a sweep's trial) runs its parent's project unless it names its own
+    elif code is not None:
+        from strata.jobs.code import CodeRejected, code_of_team
+
+        try:
+            data["code"] = code if isinstance(code, CodeBundle) else code_of_team(team, code)
+        except CodeRejected as error:
+            raise SubmitRejected("code", str(error)) from None
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
               nested=nested, **data)
     check_sources(team, job.kind, job.spec)
@@ -127,11 +140,14 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
 
 def parent_room(attempt: Attempt) -> list[dict]:
     """The devices ``attempt`` holds, as nested children see them: ``[{"node", "device", "index", "share",
-    "memory", "memory_total"}]`` (whole allocations only, not nested ones)."""
+    "memory", "memory_total", "cpu"}]`` (whole allocations only, not nested ones; ``cpu``: the CPUs it reserved
+    on a node's CPU device, ``share`` of them, with ``memory`` bytes of host memory)."""
     rows = (Allocation.objects.filter(attempt=attempt, active=True, nested=False)
-            .values_list("device__node_id", "device_id", "device__index", "share", "memory", "device__memory_total"))
+            .values_list("device__node_id", "device_id", "device__index", "share", "memory", "device__memory_total",
+                         "device__kind"))
     return [{"node": node, "device": device, "index": index, "share": share, "memory": memory,
-             "memory_total": total} for node, device, index, share, memory, total in rows]
+             "memory_total": total, "cpu": kind == Device.Kind.CPU}
+            for node, device, index, share, memory, total, kind in rows]
 
 
 def nested_fit_problem(resources: dict, room: list[dict]) -> str | None:
@@ -141,6 +157,14 @@ def nested_fit_problem(resources: dict, room: list[dict]) -> str | None:
         return "a nested child runs one worker"
     gpus = float(resources.get("gpus", 0))
     memory = resources.get("gpu_memory")
+    cpus, host_memory = float(resources.get("cpus") or 0), int(resources.get("memory") or 0)
+    hosts = [entry for entry in room if entry["cpu"]]
+    room = [entry for entry in room if not entry["cpu"]]
+    if (cpus or host_memory) and not any(e["share"] >= cpus - 1e-9 and e["memory"] >= host_memory for e in hosts):
+        return (f"its parent reserved at most {max((e['share'] for e in hosts), default=0):g} CPUs and "
+                f"{max((e['memory'] for e in hosts), default=0)} bytes of memory on one node")
+    if gpus <= 0 and memory is None:  # it holds no GPU: the parent's CPUs are its room
+        return None
     if not room:
         return "its parent holds no devices"
     if gpus > 1:
@@ -605,6 +629,8 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
             outcome = Attempt.Outcome.PREEMPTED
         elif outcome in protocol.OUTCOMES and protocol.outcome(outcome).requeue:
             outcome, reason, final = _service_lost(job, attempt, reason)
+        elif outcome in protocol.OUTCOMES and protocol.outcome(outcome).final:
+            final = True  # a time limit, or the job's own deterministic error: no retry would end otherwise
         _release(attempt, outcome, reason)
         _after_attempt(job, attempt, outcome, reason, final=final)
     transaction.on_commit(request_pass)

@@ -7,6 +7,7 @@ import re
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Prefetch
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -20,7 +21,7 @@ from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.api.schema import error_response
 from strata.cluster import services
 from strata.cluster.api import serializers as s
-from strata.cluster.models import Device, Node
+from strata.cluster.models import Node, gpu_devices
 from strata.jobs import selectors as job_selectors
 from strata.jobs import services as job_services
 from strata.jobs.api.serializers import CredentialRequestMixin, CredentialSerializer
@@ -36,13 +37,15 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
 
     permission_classes = [IsUser]
     serializer_class = s.NodeSerializer
-    queryset = Node.objects.prefetch_related("devices__node")
+    queryset = Node.objects.prefetch_related(Prefetch("devices", gpu_devices().select_related("node")))
 
 
 class DeviceViewSet(viewsets.ReadOnlyModelViewSet):
+    """The GPUs (CUDA or virtual) of the nodes; a node's CPUs are its ``cpus`` and ``memory``."""
+
     permission_classes = [IsUser]
     serializer_class = s.DeviceSerializer
-    queryset = Device.objects.select_related("node")
+    queryset = gpu_devices().select_related("node")
 
 
 class PoolViewSet(viewsets.ViewSet):
@@ -144,6 +147,29 @@ class LeaveView(NodeAPIView):
         return Response(services.node_leave(_node(data), str(data["session"])))
 
 
+def claim_workers(allocations) -> list[dict]:
+    """The claim's ``allocations``: each worker's GPU shares, ``{"rank", "node", "device"}``. CPUs reserved on
+    the node's CPU device ride along with a worker's GPU entry (``cpus``, ``memory``); a worker that holds no GPU
+    is one entry with ``device: None``, so its node still knows which ranks it runs (and starts them on the CPU)."""
+    workers: list[dict] = []
+    cpus: dict[tuple, tuple[float, int]] = {}
+    for a in allocations:
+        if a.device.cpu:
+            cpus[(a.rank, str(a.device.node_id))] = (a.share, a.memory)
+        else:
+            workers.append({"rank": a.rank, "node": str(a.device.node_id),
+                            "device": {"kind": a.device.kind, "index": a.device.index, "memory": a.memory,
+                                       "share": a.share}})
+    for (rank, node), (share, memory) in cpus.items():
+        entry = next((w for w in workers if w["rank"] == rank and w["node"] == node), None)
+        if entry is None:
+            entry = {"rank": rank, "node": node, "device": None}
+            workers.append(entry)
+        entry.update(cpus=share, memory=memory)
+    workers.sort(key=lambda w: w["rank"])
+    return workers
+
+
 class AttemptClaimView(NodeAPIView):
     @extend_schema(request=s.AttemptCallSerializer,
                    responses={200: s.ClaimAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
@@ -156,17 +182,15 @@ class AttemptClaimView(NodeAPIView):
         with transaction.atomic():
             attempt = job_services.attempt_claim(attempt_id, serializer.validated_data["token"], node)
             job = attempt.job
-            workers = [
-                {"rank": a.rank, "node": str(a.device.node_id),
-                 "device": {"kind": a.device.kind, "index": a.device.index, "memory": a.memory, "share": a.share}}
-                for a in attempt.allocations.select_related("device").order_by("rank", "device__index")
-            ]
+            workers = claim_workers(attempt.allocations.select_related("device").order_by("rank", "device__index"))
             answer = {
                 "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
                 "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
                 "world_size": int(job.resources.get("workers", 1)), "allocations": workers,
                 "priority": job.priority,
                 "stop": job_services.attempt_stop_requested(attempt),
+                # The team's project, when the job runs one: the node fetches it once per digest (code/ below).
+                "code": job_selectors.code_summary(job.code),
             }
             body = JSONRenderer().render(answer)
         return HttpResponse(body, content_type="application/json")
@@ -239,6 +263,22 @@ class AttemptSourceView(NodeAPIView):
         if artifact is None:
             raise Http404("the source job has no such artifact")
         return FileResponse(get_storage().open(artifact.storage_key), content_type="application/octet-stream")
+
+
+class AttemptCodeView(NodeAPIView):
+    """GET the job's code bundle (its canonical gzip'd tar), 404 when the job runs no bundle. The node checks
+    the bytes against the digest the claim named before it unpacks them."""
+
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/gzip"): OpenApiTypes.BINARY,
+                                                       404: NO_FILE, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        bundle = attempt.job.code
+        if bundle is None:
+            raise Http404("the job runs no code bundle")
+        response = FileResponse(get_storage().open(bundle.storage_key), content_type="application/gzip")
+        response["Content-Length"] = str(bundle.size)
+        return response
 
 
 class AttemptCheckpointView(NodeAPIView):

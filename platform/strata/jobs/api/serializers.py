@@ -13,6 +13,7 @@ from strata.jobs.models import (
     Allocation,
     Artifact,
     Attempt,
+    CodeBundle,
     Job,
     JobEvent,
     JobToken,
@@ -21,10 +22,13 @@ from strata.jobs.models import (
     Participant,
 )
 
-SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec"}
-RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels"}
+SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec", "code"}
+RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels", "cpus", "memory"}
 MIN_GPUS = 0.001  # the smallest share the scheduler places
 MAX_GPU_MEMORY = 2**50  # 1 PiB: far above any device, far below what a 64-bit column holds
+MIN_CPUS = 0.001  # the smallest CPU reservation the scheduler places (it counts thousandths of CPUs)
+MAX_CPUS = 4096
+MAX_MEMORY = 2**50  # host memory per worker: as for gpu_memory
 MAX_NAMED_UNKNOWN = 100  # a body of 10,000 unknown fields is answered naming the first ones
 
 
@@ -57,9 +61,6 @@ def normalize_resources(value) -> dict:
         errors["resources.gpus"] = ["must be between 0 and 64"]
     elif gpus > 1 and int(gpus) != gpus:
         errors["resources.gpus"] = ["above 1 must be a whole number of GPUs"]
-    elif gpus == 0 and memory is None and "resources.gpu_memory" not in errors:
-        errors["resources.gpus"] = ["must be more than 0: every job holds a real share of a GPU (or give "
-                                    "resources.gpu_memory to size a shared slice by memory)"]
     elif 0 < gpus < MIN_GPUS:
         errors["resources.gpus"] = [f"must be at least {MIN_GPUS} (a thousandth of a GPU)"]
     workers = value.get("workers", 1)
@@ -68,12 +69,46 @@ def normalize_resources(value) -> dict:
     labels = value.get("node_labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str | int) for k, v in labels.items()):
         errors["resources.node_labels"] = ["must be an object of label: value"]
+    # gpus: 0 without gpu_memory is a job that holds no GPU: it reserves CPUs (1 unless it says) on a node.
+    gpu_free = isinstance(gpus, int | float) and not isinstance(gpus, bool) and gpus == 0 \
+        and value.get("gpu_memory") is None
+    cpus, host_memory = _cpu_resources(value, errors, gpu_free)
     if errors:
         raise serializers.ValidationError(errors)
     result = {"gpus": float(gpus), "gpu_memory": memory, "workers": int(workers)}
+    if cpus is not None:
+        result.update(cpus=cpus, memory=host_memory)
     if labels:
         result["node_labels"] = {k: str(v) for k, v in labels.items()}
     return result
+
+
+def _cpu_resources(value: dict, errors: dict, gpu_free: bool) -> tuple[float | None, int | None]:
+    """``(cpus, memory bytes or None)`` each worker reserves on its node, adding to ``errors`` what is wrong with
+    them. A job that holds no GPU reserves 1 CPU unless it says otherwise; a GPU job reserves CPUs (and host
+    memory) only when it states them: (None, None) then."""
+    cpus = value.get("cpus")
+    if cpus is None and value.get("memory") is None and not gpu_free:
+        return None, None
+    if cpus is None:
+        cpus = 1.0
+    if isinstance(cpus, bool) or not isinstance(cpus, int | float) or cpus != cpus:
+        errors["resources.cpus"] = ["must be a number"]
+    elif not MIN_CPUS <= cpus <= MAX_CPUS:
+        errors["resources.cpus"] = [f"must be between {MIN_CPUS} (a thousandth of a CPU) and {MAX_CPUS}"]
+    host_memory = None
+    if value.get("memory") is not None:
+        try:
+            host_memory = parse_bytes(value["memory"])
+            if host_memory <= 0:
+                raise ValueError("must be positive")
+            if host_memory > MAX_MEMORY:
+                raise ValueError(f"must be at most {MAX_MEMORY // 2**50} PiB")
+        except ValueError as error:
+            errors["resources.memory"] = [str(error)]
+    if "resources.cpus" in errors:
+        return None, host_memory
+    return float(cpus), host_memory
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -85,6 +120,9 @@ class JobSubmitSerializer(serializers.Serializer):
     time_limit = serializers.JSONField(required=False)
     resources = serializers.JSONField(required=False)
     spec = serializers.JSONField(required=False)
+    code = serializers.CharField(required=False, allow_null=True, max_length=71, help_text=(
+        "The team's code bundle to run (its SHA-256 digest from POST /api/v1/code/, or a unique prefix of 12+ "
+        "digits); the job's working directory holds its files. A child job runs its parent's unless it names one."))
 
     def to_internal_value(self, data):
         """Every bad field at once: the envelope's fields, ``resources`` and the kind's ``spec`` are all checked
@@ -208,14 +246,24 @@ class JobSerializer(serializers.ModelSerializer):
     nested = serializers.BooleanField(read_only=True, help_text=(
         "A child that runs inside its parent's own allocation (a sweep's trial): no quota of its own."))
     held = serializers.BooleanField(read_only=True, help_text="Held: queued but not placed until released.")
+    code = serializers.SerializerMethodField(help_text="The code bundle the job runs: digest, size (archive), "
+                                                       "expanded_size and file_count; null for built-in code.")
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
-                  "time_limit", "resources", "spec", "created_at", "updated_at", "queued_at", "started_at",
+                  "time_limit", "resources", "spec", "code", "created_at", "updated_at", "queued_at", "started_at",
                   "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "digest": {"type": "string"}, "size": {"type": "integer"}, "expanded_size": {"type": "integer"},
+        "file_count": {"type": "integer"}}})
+    def get_code(self, job):
+        from strata.jobs.selectors import code_summary
+
+        return code_summary(job.code)
 
     @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
         "id": {"type": "string", "format": "uuid"}, "name": {"type": "string"}, "kind": {"type": "string"},
@@ -391,4 +439,24 @@ class ArtifactSerializer(serializers.ModelSerializer):
     class Meta:
         model = Artifact
         fields = ["id", "name", "kind", "size", "sha256", "created_at"]
+        read_only_fields = fields
+
+
+class CodeBundleSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    jobs = serializers.SerializerMethodField(help_text="How many jobs use it (it is kept while any exists).")
+
+    class Meta:
+        model = CodeBundle
+        fields = ["digest", "team", "owner", "size", "expanded_size", "file_count", "created_at", "jobs"]
+        read_only_fields = fields
+
+    def get_jobs(self, bundle) -> int:
+        return bundle.jobs.count()
+
+
+class CodeBundleDetailSerializer(CodeBundleSerializer):
+    class Meta(CodeBundleSerializer.Meta):
+        fields = [*CodeBundleSerializer.Meta.fields, "files"]
         read_only_fields = fields

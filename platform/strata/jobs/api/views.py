@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import tempfile
 import uuid
 
 from django.contrib.auth.models import AnonymousUser
 from django.http import FileResponse, Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import authentication, mixins, serializers, status, viewsets
+from rest_framework import authentication, mixins, parsers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission
@@ -26,6 +28,8 @@ from strata.api.throttles import SubmitThrottle
 from strata.jobs import participants, services
 from strata.jobs.api.serializers import (
     ArtifactSerializer,
+    CodeBundleDetailSerializer,
+    CodeBundleSerializer,
     JobEventSerializer,
     JobListSerializer,
     JobSerializer,
@@ -42,7 +46,8 @@ from strata.jobs.api.serializers import (
     ParticipantLeftSerializer,
     ParticipantSerializer,
 )
-from strata.jobs.models import Artifact, JobState
+from strata.jobs.code import CodeRejected, code_delete, code_store
+from strata.jobs.models import Artifact, CodeBundle, JobState
 from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
 from strata.jobs.storage import get_storage
 from strata.telemetry.metrics import SUBMIT_SECONDS
@@ -368,3 +373,102 @@ class ParticipantLeaveView(ParticipantAPIView):
     def post(self, request, participant_id):
         participant = participants.participant_leave(participants.participant_for_secret(participant_id, request.auth))
         return Response({"id": str(participant.pk), "state": participant.state, "reason": participant.reason})
+
+
+# -- code bundles: /api/v1/code/ ---------------------------------------------------------------------------------
+class RawArchiveParser(parsers.BaseParser):
+    """The request body as it is: a tar, tar.gz or zip archive."""
+
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream
+
+
+TEAM_PARAMETER = OpenApiParameter("team", str, description="The team (slug); default: the token's team or your "
+                                                          "only team.")
+
+
+class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                        viewsets.GenericViewSet):
+    """Upload a project directory as a code bundle, list a team's bundles, inspect, download or delete one."""
+
+    permission_classes = [IsUser]
+    lookup_field = "digest"
+    lookup_value_regex = "(sha256:)?[0-9a-f]{12,64}"
+
+    def get_queryset(self):
+        queryset = CodeBundle.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team", "owner")
+        if team := self.request.query_params.get("team"):
+            queryset = queryset.filter(team__slug=team)
+        return queryset
+
+    def get_serializer_class(self):
+        return CodeBundleDetailSerializer if self.action == "retrieve" else CodeBundleSerializer
+
+    def get_object(self):
+        prefix = str(self.kwargs["digest"]).lower().removeprefix("sha256:")
+        found = list(self.get_queryset().filter(digest__startswith=prefix)[:2])
+        if len(found) != 1:
+            raise Http404("no such code bundle" if not found else "the prefix names more than one bundle")
+        return found[0]
+
+    def get_parsers(self):
+        if getattr(self, "action", None) == "create" or self.request is None or self.request.method == "POST":
+            return [parsers.MultiPartParser(), RawArchiveParser()]
+        return super().get_parsers()
+
+    @extend_schema(
+        parameters=[TEAM_PARAMETER],
+        request={"application/gzip": OpenApiTypes.BINARY, "application/zip": OpenApiTypes.BINARY,
+                 "application/x-tar": OpenApiTypes.BINARY, "application/octet-stream": OpenApiTypes.BINARY,
+                 "multipart/form-data": {"type": "object", "properties": {"file": {"type": "string",
+                                                                                    "format": "binary"}}}},
+        responses={201: OpenApiResponse(CodeBundleSerializer, description="A new bundle."),
+                   200: OpenApiResponse(CodeBundleSerializer, description="The team already had these contents."),
+                   400: error_response(400, "Not an acceptable archive: the message names the problem (a path "
+                                            "that leaves the tree, a link, a device, over the size limit with the "
+                                            "largest files)."),
+                   413: error_response(413, "Larger than STRATA_MAX_CODE_BYTES.")},
+    )
+    def create(self, request, *args, **kwargs):
+        """Upload a tar, tar.gz or zip of a project directory (the raw body, or a multipart field ``file``).
+        ``strata submit --code DIR`` packs the directory (honouring .gitignore and .strataignore) and uploads it."""
+        try:
+            team = submit_team(request, request.query_params.get("team") or request.POST.get("team") or None)
+        except SubmitTeamError as error:
+            raise serializers.ValidationError({"team": [str(error)]}) from None
+        upload = request.FILES.get("file") if request.content_type.startswith("multipart/") else None
+        if request.content_type.startswith("multipart/") and upload is None:
+            raise serializers.ValidationError({"file": ["required: the archive to upload"]})
+        with tempfile.TemporaryFile() as spooled:
+            source = upload if upload is not None else (request.stream or io.BytesIO())
+            for chunk in iter(lambda: source.read(1 << 20), b""):
+                spooled.write(chunk)
+            if spooled.tell() == 0:
+                raise serializers.ValidationError({"file": ["the archive is empty"]})
+            spooled.seek(0)
+            try:
+                bundle, created = code_store(team=team, user=request.user, source=spooled)
+            except CodeRejected as error:
+                raise serializers.ValidationError({"file": [str(error)]}) from None
+        return Response(CodeBundleSerializer(bundle).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses={204: None, 409: error_response(409, "Jobs still use the bundle.")})
+    def destroy(self, request, *args, **kwargs):
+        bundle = self.get_object()
+        try:
+            code_delete(bundle)
+        except CodeRejected as error:
+            return Response({"detail": str(error)}, status=status.HTTP_409_CONFLICT)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses={(200, "application/gzip"): OpenApiTypes.BINARY})
+    @action(detail=True, methods=["get"])
+    def download(self, request, *args, **kwargs):
+        """The bundle as a gzip'd tar (``tar xzf`` unpacks it)."""
+        bundle = self.get_object()
+        response = FileResponse(get_storage().open(bundle.storage_key), content_type="application/gzip",
+                                as_attachment=True, filename=f"code-{bundle.digest[:12]}.tar.gz")
+        response["Content-Length"] = str(bundle.size)
+        return response

@@ -1,0 +1,500 @@
+"""A team's own project on a node: its code bundle, its environment and the attempt's working directory.
+
+Light (standard library only): the control plane imports the spec checks (:func:`environment_errors`,
+:func:`command_errors`), the node's worker the rest.
+
+On the node, everything lives under the node's state directory:
+
+- ``code/<digest>/``: a bundle, fetched once per digest and unpacked read-only (:class:`DiskCache`);
+- ``envs/<digest>/``: a virtual environment per environment digest, layered on the node's own Python (a ``.pth``
+  file adds the node's site-packages, so torch and Strata are never installed again), built once with pip (or
+  uv, see :func:`installer`);
+- ``work/<attempt>-<rank>/``: the attempt's working directory: a writable copy of the bundle (``code/``), and
+  ``output/``, ``checkpoint/`` and ``tmp/``; removed when the attempt ends.
+
+Both caches are LRU under a byte budget (``STRATA_CODE_CACHE_BYTES``, ``STRATA_ENV_CACHE_BYTES``). Every entry
+has a lock file: a build holds it exclusively (concurrent attempts wait for the one build), a running attempt
+holds it shared (eviction skips entries in use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_COMMAND_ARGS = 1000
+MAX_COMMAND_BYTES = 65_536
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Set by Strata for every command job; a job's environment cannot override them.
+RESERVED_ENV = re.compile(r"^(STRATA_.*|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|"
+                          r"MASTER_ADDR|MASTER_PORT|CUDA_VISIBLE_DEVICES|PYTHONPATH)$")
+ENVIRONMENT_FIELDS = {"requirements", "pip", "python_path", "env"}
+MAX_PIP_SPECS = 200
+DEFAULT_CODE_CACHE_BYTES = 2 * 2**30
+DEFAULT_ENV_CACHE_BYTES = 10 * 2**30
+ENV_BUILD_TIMEOUT_S = float(os.environ.get("STRATA_ENV_BUILD_TIMEOUT_S", "1800"))
+USERLIB = Path(__file__).with_name("userlib")  # strata_report: importable in every command job
+
+
+# -- the spec: checked by the control plane --------------------------------------------------------------------
+def command_errors(command: Any, name: str = "spec.command") -> dict[str, str]:
+    """Problems of a ``command`` (a non-empty list of strings), keyed by field."""
+    if command is None:
+        return {}
+    if not isinstance(command, list) or not command:
+        return {name: "must be a non-empty list of strings, e.g. [\"python\", \"train.py\"]"}
+    if len(command) > MAX_COMMAND_ARGS:
+        return {name: f"must have at most {MAX_COMMAND_ARGS} arguments"}
+    bad = [i for i, arg in enumerate(command) if not isinstance(arg, str)]
+    if bad:
+        return {name: f"must hold strings only (item {bad[0]} is {type(command[bad[0]]).__name__})"}
+    if not command[0].strip():
+        return {name: "the program (the first item) must not be empty"}
+    if sum(len(arg.encode("utf-8", "surrogatepass")) for arg in command) > MAX_COMMAND_BYTES:
+        return {name: f"must be at most {MAX_COMMAND_BYTES} bytes in all"}
+    if any("\x00" in arg for arg in command):
+        return {name: "must not contain NUL characters"}
+    return {}
+
+
+def _relative_file(value: Any) -> str | None:
+    """A relative path inside the bundle, or None when it is not one."""
+    if not isinstance(value, str) or not value.strip() or len(value) > 1024 or "\x00" in value:
+        return None
+    parts = Path(value).parts
+    if Path(value).is_absolute() or ".." in parts:
+        return None
+    return value
+
+
+def environment_errors(environment: Any, name: str = "spec.environment") -> dict[str, str]:
+    """Problems of an ``environment`` (``{requirements, pip, python_path, env}``), every field at once."""
+    if environment is None:
+        return {}
+    if not isinstance(environment, dict):
+        return {name: "must be an object: {requirements: FILE, pip: [specs], python_path: [dirs], env: {NAME: value}}"}
+    errors = {}
+    for key in environment:
+        if key not in ENVIRONMENT_FIELDS:
+            errors[f"{name}.{str(key)[:64]}"] = f"unknown field; allowed: {', '.join(sorted(ENVIRONMENT_FIELDS))}"
+    requirements = environment.get("requirements")
+    if requirements is not None and _relative_file(requirements) is None:
+        errors[f"{name}.requirements"] = "must be a relative path to a file in the code bundle, e.g. requirements.txt"
+    pip = environment.get("pip")
+    if pip is not None:
+        if not isinstance(pip, list) or not all(isinstance(p, str) and p.strip() and len(p) <= 500 for p in pip):
+            errors[f"{name}.pip"] = "must be a list of package specifications, e.g. [\"tqdm==4.66.4\"]"
+        elif len(pip) > MAX_PIP_SPECS:
+            errors[f"{name}.pip"] = f"must name at most {MAX_PIP_SPECS} packages"
+        elif any(p.strip().startswith("-") for p in pip):
+            errors[f"{name}.pip"] = "options are not accepted, only package specifications"
+    python_path = environment.get("python_path")
+    if python_path is not None and (not isinstance(python_path, list)
+                                    or not all(_relative_file(p) is not None for p in python_path)
+                                    or len(python_path) > 64):
+        errors[f"{name}.python_path"] = "must be a list of relative directories in the code bundle, e.g. [\"src\"]"
+    env = environment.get("env")
+    if env is not None:
+        if not isinstance(env, dict) or len(env) > 256:
+            errors[f"{name}.env"] = "must be an object of at most 256 NAME: value pairs"
+        else:
+            for key, value in env.items():
+                label = f"{name}.env.{str(key)[:64]}"
+                if not isinstance(key, str) or not ENV_NAME.match(key):
+                    errors[label] = "is not a valid variable name"
+                elif RESERVED_ENV.match(key):
+                    errors[label] = "is set by Strata and cannot be overridden"
+                elif not isinstance(value, str | int | float) or isinstance(value, bool) or "\x00" in str(value) \
+                        or len(str(value)) > 32_768:
+                    errors[label] = "must be a string or a number (at most 32 KiB)"
+    return errors
+
+
+def normalize_environment(environment: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not environment:
+        return None
+    return {"requirements": environment.get("requirements"), "pip": list(environment.get("pip") or []),
+            "python_path": list(environment.get("python_path") or []),
+            "env": {k: str(v) for k, v in (environment.get("env") or {}).items()}}
+
+
+def needs_build(environment: dict[str, Any] | None) -> bool:
+    return bool(environment and (environment.get("requirements") or environment.get("pip")))
+
+
+# -- errors that retrying cannot fix ----------------------------------------------------------------------------
+class UserError(RuntimeError):
+    """A deterministic error of the job itself (a failed environment build, a missing file, a command that does
+    not exist, an import error): the attempt fails once with this message and the job is not retried."""
+
+
+# -- caches on disk ---------------------------------------------------------------------------------------------
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _remove_tree(path: Path) -> None:
+    def writable(function, name, _info):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(name), 0o755)
+            os.chmod(name, 0o755)
+        function(name)
+
+    if path.exists():
+        shutil.rmtree(path, onerror=writable)
+
+
+def make_read_only(path: Path) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            mode = os.lstat(full).st_mode
+            os.chmod(full, 0o555 if mode & 0o111 else 0o444)
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o555)
+    os.chmod(path, 0o555)
+
+
+@dataclass
+class Lease:
+    """A shared hold on a cache entry while an attempt uses it (eviction skips it)."""
+
+    path: Path
+    handle: Any = None
+
+    def release(self) -> None:
+        if self.handle is not None:
+            with contextlib.suppress(OSError):
+                self.handle.close()
+            self.handle = None
+
+
+@dataclass
+class DiskCache:
+    """Directories built once per key under ``root``, evicted least recently used past ``budget`` bytes."""
+
+    root: Path
+    budget: int
+    label: str = "cache"
+
+    def __post_init__(self):
+        self.root = Path(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _lock(self, key: str) -> Path:
+        return self.root / f"{key}.lock"
+
+    def entry(self, key: str) -> Path:
+        return self.root / key
+
+    def ready(self, key: str) -> bool:
+        return (self.root / f"{key}.ready").exists()
+
+    def get(self, key: str, build: Callable[[Path], None], *, note: Callable[[str], None] = lambda _m: None) -> Lease:
+        """The entry ``key``, built by ``build(directory)`` if absent; returns a shared :class:`Lease` on it.
+        Concurrent callers wait for one build (an exclusive lock per key). A build that raises leaves nothing."""
+        lock = self._lock(key)
+        handle = open(lock, "a+")  # noqa: SIM115 -- held for the lease's lifetime
+        try:
+            if not self.ready(key):
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    note(f"waiting for another attempt's build of {self.label} {key[:12]}")
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                if not self.ready(key):
+                    target = self.entry(key)
+                    _remove_tree(target)  # a build that died half-way
+                    started = time.monotonic()
+                    try:
+                        build(target)
+                    except BaseException:
+                        _remove_tree(target)
+                        raise
+                    (self.root / f"{key}.size").write_text(str(_tree_size(target)))
+                    (self.root / f"{key}.ready").write_text(f"{time.time():.3f} {time.monotonic() - started:.3f}\n")
+            fcntl.flock(handle, fcntl.LOCK_SH)  # an exclusive lock is converted; a waiter's is taken shared
+            os.utime(self._lock(key))  # last used: the lock file's mtime
+        except BaseException:
+            handle.close()
+            raise
+        self.evict(keep=key)
+        return Lease(self.entry(key), handle)
+
+    def entries(self) -> list[tuple[float, int, str]]:
+        """(last used, size, key) of every ready entry."""
+        found = []
+        for marker in self.root.glob("*.ready"):
+            key = marker.name[: -len(".ready")]
+            try:
+                size = int((self.root / f"{key}.size").read_text() or 0)
+                used = os.stat(self._lock(key)).st_mtime
+            except (OSError, ValueError):
+                continue
+            found.append((used, size, key))
+        return sorted(found)
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used entries not in use until the cache fits its budget; returns their keys."""
+        entries = self.entries()
+        total = sum(size for _used, size, _key in entries)
+        removed = []
+        for _used, size, key in entries:
+            if total <= self.budget:
+                break
+            if key == keep:
+                continue
+            with open(self._lock(key), "a+") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # in use by a running attempt
+                (self.root / f"{key}.ready").unlink(missing_ok=True)
+                _remove_tree(self.entry(key))
+                (self.root / f"{key}.size").unlink(missing_ok=True)
+            total -= size
+            removed.append(key)
+        return removed
+
+
+# -- environments -----------------------------------------------------------------------------------------------
+def environment_digest(environment: dict[str, Any], requirements: str | None) -> str:
+    """What decides an environment's contents: the node's Python, the requirements file's text and the pip
+    specifications (not ``env`` or ``python_path``, which are set when the job runs)."""
+    basis = {"python": sys.version, "base": sys.prefix, "requirements": requirements or "",
+             "pip": sorted(environment.get("pip") or []),
+             "index": os.environ.get("PIP_INDEX_URL", "") + " " + os.environ.get("UV_INDEX_URL", "")}
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+
+
+def installer() -> list[str] | None:
+    """``uv`` when ``STRATA_ENV_INSTALLER=uv`` and it is installed (beside this Python, or on PATH), else None: pip.
+
+    pip is the default because it sees the node's packages through the environment's ``.pth`` layer (a
+    requirement on torch is "already satisfied"); uv (0.x) reads only the environment's own site-packages, so it
+    would resolve and download torch again (tried: "torch was not found in the package registry" against a
+    local index). uv suits projects whose requirements stay clear of the node's packages."""
+    if os.environ.get("STRATA_ENV_INSTALLER", "pip").strip() != "uv":
+        return None
+    beside = Path(sys.executable).with_name("uv")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("uv")
+    return [found] if found else None
+
+
+def build_environment(target: Path, requirements: Path | None, pip: list[str], note: Callable[[str], None]) -> None:
+    """A virtual environment at ``target`` that sees the node's packages (a ``.pth`` file adds this Python's
+    site-packages) with the job's requirements installed on top. Raises :class:`UserError` with the installer's
+    error when the install fails."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(target)
+    python = target / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    layers = [path for path in site.getsitepackages() if Path(path).is_dir()]
+    # A line starting with "import" is executed: addsitedir also reads the node's own .pth files (editable
+    # installs of Strata, say), which a plain path line would not.
+    Path(purelib, "_strata_node.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in layers))
+    args = (["-r", str(requirements)] if requirements else []) + list(pip)
+    if not args:
+        return
+    uv = installer()
+    if uv:
+        command = [*uv, "pip", "install", "--python", str(python), *args]
+        tool = "uv"
+    else:
+        command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input",
+                   "--disable-pip-version-check", *args]
+        tool = "pip"
+    note(f"building the environment with {tool}: {' '.join(args)}")
+    env = {**os.environ, "PYTHONNOUSERSITE": "1", "VIRTUAL_ENV": str(target)}
+    env.pop("PYTHONPATH", None)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               cwd=str(requirements.parent) if requirements else None)
+    tail: list[str] = []
+    deadline = time.monotonic() + ENV_BUILD_TIMEOUT_S
+    for line in process.stdout:
+        line = line.rstrip()
+        if line:
+            note(f"[env] {line}")
+            tail = (tail + [line])[-12:]
+        if time.monotonic() > deadline:
+            process.kill()
+    code = process.wait()
+    if code != 0:
+        errors = [line for line in tail if "error" in line.lower()] or tail
+        raise UserError(f"the environment could not be built ({tool} exit code {code}): " + " | ".join(errors[-4:]))
+
+
+# -- one attempt's project on the node --------------------------------------------------------------------------
+@dataclass
+class Project:
+    """What the worker prepared for one rank of an attempt that runs a team's project."""
+
+    workdir: Path  # the rank's working directory (the writable copy of the bundle, or empty)
+    output_dir: Path
+    checkpoint_dir: Path
+    tmp_dir: Path
+    python: str  # the interpreter: the environment's, or the node's
+    env: dict[str, str] = field(default_factory=dict)  # variables the rank's process gets
+    leases: list[Lease] = field(default_factory=list)
+
+    def release(self) -> None:
+        for lease in self.leases:
+            lease.release()
+
+
+def project_of(claim: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(code, environment) of a claim: the bundle ``{"digest", "size"}`` and the spec's environment, or None."""
+    spec = claim.get("spec") or {}
+    return claim.get("code") or None, normalize_environment(spec.get("environment"))
+
+
+def uses_project(claim: dict[str, Any]) -> bool:
+    code, environment = project_of(claim)
+    spec = claim.get("spec") or {}
+    return bool(code or environment or spec.get("command"))
+
+
+@dataclass
+class ProjectCache:
+    """The node's bundle and environment caches (under its state directory)."""
+
+    state_dir: Path
+    code_budget: int = int(os.environ.get("STRATA_CODE_CACHE_BYTES", DEFAULT_CODE_CACHE_BYTES))
+    env_budget: int = int(os.environ.get("STRATA_ENV_CACHE_BYTES", DEFAULT_ENV_CACHE_BYTES))
+
+    def __post_init__(self):
+        self.state_dir = Path(self.state_dir)
+        self.code = DiskCache(self.state_dir / "code", self.code_budget, "code bundle")
+        self.envs = DiskCache(self.state_dir / "envs", self.env_budget, "environment")
+
+    def bundle(self, digest: str, download: Callable[[Path], None], note: Callable[[str], None], *,
+               expanded: int | None = None) -> Lease:
+        """The unpacked, read-only bundle ``digest``; ``download(path)`` writes its archive to ``path``.
+        ``expanded``: its size unpacked, as the control plane measured it (nothing past it is written)."""
+        from components.runtime import bundles
+
+        def build(target: Path) -> None:
+            archive = self.code.root / f"{digest}.download"
+            try:
+                started = time.monotonic()
+                download(archive)
+                with archive.open("rb") as source:
+                    if bundles.digest_of(source) != digest:
+                        raise UserError(f"code bundle {digest[:12]}: the bytes received do not match its digest")
+                    source.seek(0)
+                    manifest = bundles.unpack(source, target, max_bytes=expanded or bundles.DEFAULT_MAX_BYTES)
+                note(f"code bundle {digest[:12]}: {len(manifest.files)} files, "
+                     f"{bundles.human_size(manifest.size)}, fetched in {time.monotonic() - started:.1f} s")
+            except bundles.BundleError as error:
+                raise UserError(f"code bundle {digest[:12]}: {error}") from None
+            finally:
+                archive.unlink(missing_ok=True)
+            make_read_only(target)
+
+        return self.code.get(digest, build, note=note)
+
+    def environment(self, environment: dict[str, Any], bundle_dir: Path | None,
+                    note: Callable[[str], None]) -> Lease | None:
+        """The built environment of ``environment`` (None when it installs nothing)."""
+        if not needs_build(environment):
+            return None
+        requirements_file = None
+        text = None
+        if environment.get("requirements"):
+            requirements_file = (bundle_dir / environment["requirements"]) if bundle_dir else None
+            if requirements_file is None or not requirements_file.is_file():
+                raise UserError(f"spec.environment.requirements: {environment['requirements']} is not a file of "
+                                "the code bundle" if bundle_dir else
+                                "spec.environment.requirements needs a code bundle (submit with --code DIR)")
+            text = requirements_file.read_text(errors="replace")
+        digest = environment_digest(environment, text)
+        started = time.monotonic()
+        built = {"now": False}
+
+        def build(target: Path) -> None:
+            built["now"] = True
+            build_environment(target, requirements_file, list(environment.get("pip") or []), note)
+
+        lease = self.envs.get(digest, build, note=note)
+        if built["now"]:
+            note(f"environment {digest[:12]} built in {time.monotonic() - started:.1f} s")
+        else:
+            note(f"environment {digest[:12]} ready (cached)")
+        return lease
+
+
+def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, download: Callable[[Path], None],
+                 note: Callable[[str], None]) -> Project:
+    """Fetch the bundle and build the environment (each once per node), then make this rank's working
+    directory. Raises :class:`UserError` for what retrying cannot fix."""
+    code, environment = project_of(claim)
+    leases: list[Lease] = []
+    try:
+        bundle_dir = None
+        if code:
+            lease = cache.bundle(str(code["digest"]), download, note, expanded=code.get("expanded_size"))
+            leases.append(lease)
+            bundle_dir = lease.path
+        python = sys.executable
+        if environment:
+            env_lease = cache.environment(environment, bundle_dir, note)
+            if env_lease is not None:
+                leases.append(env_lease)
+                python = str(env_lease.path / "bin" / "python")
+        work = cache.state_dir / "work" / f"{claim['attempt']}-{rank}"
+        _remove_tree(work)
+        workdir = work / "code"
+        if bundle_dir is not None:
+            shutil.copytree(bundle_dir, workdir, symlinks=False, copy_function=shutil.copy)
+            for root, dirs, files in os.walk(workdir):  # writable by the attempt (the cache stays read-only)
+                for name in dirs:
+                    os.chmod(os.path.join(root, name), 0o755)
+                for name in files:
+                    full = os.path.join(root, name)
+                    os.chmod(full, os.stat(full).st_mode | 0o200)
+            os.chmod(workdir, 0o755)
+        else:
+            workdir.mkdir(parents=True)
+        project = Project(workdir=workdir, output_dir=work / "output", checkpoint_dir=work / "checkpoint",
+                          tmp_dir=work / "tmp", python=python, leases=leases)
+        for directory in (project.output_dir, project.checkpoint_dir, project.tmp_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        extra = [str(workdir / p) for p in (environment or {}).get("python_path") or []]
+        project.env = {**(environment or {}).get("env", {}),
+                       "STRATA_WORKDIR": str(workdir), "STRATA_OUTPUT_DIR": str(project.output_dir),
+                       "STRATA_CHECKPOINT_DIR": str(project.checkpoint_dir), "TMPDIR": str(project.tmp_dir),
+                       "STRATA_PYTHON_PATH": os.pathsep.join(extra)}
+        if python != sys.executable:
+            project.env["VIRTUAL_ENV"] = str(Path(python).parent.parent)
+        return project
+    except BaseException:
+        for lease in leases:
+            lease.release()
+        raise
+
+
+def remove_workdir(state_dir: Path, attempt: str, rank: int) -> None:
+    _remove_tree(Path(state_dir) / "work" / f"{attempt}-{rank}")
