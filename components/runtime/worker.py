@@ -353,7 +353,7 @@ class AttemptRunner:
         group = nodes.index(here) if here in nodes else 0
         env = {"LOCAL_RANK": str(local.index(rank) if rank in local else 0), "LOCAL_WORLD_SIZE": str(len(local)),
                "GROUP_RANK": str(group), "NODE_RANK": str(group)}
-        per_rank = {r: [a["device"] for a in mine if a["rank"] == r] for r in local}
+        per_rank = {r: [a["device"] for a in mine if a["rank"] == r and a.get("device")] for r in local}
         if len(local) > 1 and all(len(d) == 1 and d[0]["kind"] == "cuda" for d in per_rank.values()):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(per_rank[r][0]["index"]) for r in local)
         return env

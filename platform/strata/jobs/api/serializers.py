@@ -167,6 +167,15 @@ class JobSubmitSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"unknown kind {value!r}; known kinds: {', '.join(error.known)}") from None
         return value
 
+    def validate_code(self, value):
+        if value is None:
+            return None
+        text = value.strip().lower().removeprefix("sha256:")
+        if not 12 <= len(text) <= 64 or any(c not in "0123456789abcdef" for c in text):
+            raise serializers.ValidationError("must be a code bundle's SHA-256 digest, or a prefix of 12+ hex digits "
+                                              "(POST /api/v1/code/ returns it)")
+        return text
+
     def validate_time_limit(self, value):
         if value is None:
             return 3600
