@@ -158,9 +158,15 @@ def common_fields(kind: str, teams, default_team: str | None) -> list[FormField]
         FormField(name="resources.gpus", label="GPUs", control="number", value_type="number",
                   step="any", minimum=0, maximum=64, placeholder="1",
                   help="Per worker. A fraction (0.5) shares a device; above 1, whole GPUs. Default 1, or 0 "
-                       "with GPU memory."),
+                       "with GPU memory. 0 alone: no GPU, the job runs on a node's CPUs."),
         FormField(name="resources.gpu_memory", label="GPU memory", control="text", placeholder="e.g. 2GiB",
                   help="Per worker. Reserves device memory; alone, it sizes a shared slice of a GPU."),
+        FormField(name="resources.cpus", label="CPUs", control="number", value_type="number", step="any",
+                  minimum=0.001, maximum=4096, placeholder="1 with 0 GPUs",
+                  help="Per worker. CPUs reserved on the node: default 1 for a job with 0 GPUs, none for a GPU "
+                       "job that leaves it empty."),
+        FormField(name="resources.memory", label="Memory", control="text", placeholder="e.g. 4GiB",
+                  help="Per worker. Host memory reserved with the CPUs; empty: none reserved."),
         FormField(name="resources.workers", label="Workers", control="number", value_type="integer", step="1",
                   minimum=1, maximum=256, placeholder="1",
                   help="Processes placed together (gang scheduling), each with the GPUs above."),
@@ -458,6 +464,10 @@ def submit_document(submission: Submission) -> dict[str, Any]:
     document["resources"] = {"gpus": _plain_number(resources["gpus"])}
     if resources.get("gpu_memory"):
         document["resources"]["gpu_memory"] = format_bytes(resources["gpu_memory"])
+    if resources.get("cpus"):
+        document["resources"]["cpus"] = _plain_number(resources["cpus"])
+    if resources.get("memory"):
+        document["resources"]["memory"] = format_bytes(resources["memory"])
     if resources.get("workers", 1) != 1:
         document["resources"]["workers"] = resources["workers"]
     if resources.get("node_labels"):

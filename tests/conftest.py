@@ -99,13 +99,14 @@ def api(db):
 
 @pytest.fixture
 def make_node(db):
-    """Register a node with ``gpus`` virtual devices of ``memory`` bytes each, as a node agent would."""
+    """Register a node with ``gpus`` virtual devices of ``memory`` bytes each, as a node agent would; with
+    ``cpus`` (and ``host_memory`` bytes) it also offers CPUs to jobs that reserve them."""
     from strata.cluster.services import node_register
 
-    def make(name: str = "node-1", gpus: int = 2, memory: int = 8 * 2**30, labels=None):
+    def make(name: str = "node-1", gpus: int = 2, memory: int = 8 * 2**30, labels=None, cpus=None, host_memory=None):
         return node_register(name=name, labels=labels or {}, devices=[
             {"index": i, "kind": "virtual", "name": f"virtual GPU {i}", "memory_total": memory} for i in range(gpus)
-        ])
+        ], cpus=cpus, memory=host_memory)
 
     return make
 
@@ -144,6 +145,22 @@ def submit(db):
                 "resources": resources, "priority": priority, "max_attempts": max_attempts, "time_limit": 3600}
         job, _ = job_submit(user=user, team=team, data=data)
         return job
+
+    return make
+
+
+@pytest.fixture
+def submit_resources(db):
+    """Submit a train job with ``resources`` as a user writes them (normalized by the API's rules), through the
+    service layer (no scheduling pass is run)."""
+    from strata.jobs.api.serializers import normalize_resources
+    from strata.jobs.services import job_submit
+
+    def make(user, team, resources: dict, *, name: str = "job", priority: int = 0):
+        data = {"kind": "train", "name": name, "spec": {"workload": "mlp-digits", "epochs": 1},
+                "resources": normalize_resources(resources), "priority": priority, "max_attempts": 3,
+                "time_limit": 3600}
+        return job_submit(user=user, team=team, data=data)[0]
 
     return make
 

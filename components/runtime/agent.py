@@ -44,6 +44,45 @@ class NodeOptions:
     drain_before: float | None = None
     metrics_port: int = 0  # expose Prometheus metrics on this port (0: off; components.runtime.metrics)
     metrics_bind: str | None = None  # the metrics server's address (default: ``address``)
+    # The CPUs and host memory (bytes) the node offers to jobs that reserve CPUs (``resources.cpus``); None: the
+    # STRATA_NODE_CPUS / STRATA_NODE_MEMORY environment variables, else what the machine has (host_resources).
+    cpus: float | None = None
+    memory: int | None = None
+
+
+def host_resources(cpus: float | None = None, memory: int | None = None) -> tuple[float | None, int | None]:
+    """``(cpus, memory bytes)`` the node offers: the given values, else ``STRATA_NODE_CPUS`` and
+    ``STRATA_NODE_MEMORY`` (a size such as ``4GiB``: tests fake several nodes on one machine), else the CPUs
+    this process may run on and the machine's memory (``/proc/meminfo``, or psutil). None where unknown."""
+    from components.runtime.units import parse_bytes
+
+    if cpus is None and os.environ.get("STRATA_NODE_CPUS"):
+        cpus = float(os.environ["STRATA_NODE_CPUS"])
+    if memory is None and os.environ.get("STRATA_NODE_MEMORY"):
+        memory = parse_bytes(os.environ["STRATA_NODE_MEMORY"])
+    if cpus is None:
+        try:
+            cpus = float(len(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):
+            cpus = float(os.cpu_count() or 0) or None
+    if memory is None:
+        memory = _memory_total()
+    return cpus, memory
+
+
+def _memory_total() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - psutil is optional: the memory is then unknown
+        return None
 
 
 class NodeAgent:
@@ -66,6 +105,7 @@ class NodeAgent:
             # see them all under those ids, and each attempt's ranks are narrowed to their own.
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         self.services: Supervisor | None = None
+        self.cpus, self.memory = host_resources(options.cpus, options.memory)
 
     # -- registration --------------------------------------------------------------------------------------
     def register(self, wait: float = 120.0) -> dict:
@@ -75,6 +115,7 @@ class NodeAgent:
             "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_total": d.memory_total}
                         for d in self.devices],
             "info": {"python": sys.version.split()[0], "pid": os.getpid()},
+            "cpus": self.cpus, "memory": self.memory,
         }
         deadline = time.monotonic() + wait
         while True:
@@ -110,7 +151,8 @@ class NodeAgent:
         # attempts at once (four 0.25-GPU jobs, say), and a job running nested children inside its own devices
         # (a sweep and its trials) needs a slot besides theirs: five slots per device keep them from queueing on
         # the node.
-        slots = self.options.slots or max(2, 5 * len(self.devices))
+        # Jobs that hold no GPU share the node's CPUs: a slot per CPU besides.
+        slots = self.options.slots or max(2, 5 * len(self.devices)) + int(self.cpus or 0)
         env = {**os.environ, "STRATA_NODE_CONFIG": str(self._worker_config())}
         command = [sys.executable, "-m", "celery", "-A", "components.runtime.worker", "worker",
                    "-Q", self.registration["queue"], "-n", f"{self.options.name}@%h", "--concurrency", str(slots),

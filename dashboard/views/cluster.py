@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Count
+from django.db.models import Count, Q, Sum
 from django.http import HttpResponseBadRequest, JsonResponse
 from django.shortcuts import render
 from django.urls import path, reverse
@@ -20,7 +20,8 @@ from dashboard.cluster_figures import GIB, cluster_figures, device_label
 from dashboard.panels import DatabasePanelData, cluster_devices, render_panels
 from dashboard.views.common import figure_json, json_reply, live_login_required, login_required, page_context
 from strata.accounts.selectors import visible_team_ids
-from strata.cluster.models import Node
+from strata.cluster.models import Device, Node
+from strata.jobs.models import Allocation
 from strata.telemetry.selectors import device_grid
 
 RANGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
@@ -63,15 +64,27 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
 
+def _cpus_text(node: Node, held: dict) -> str:
+    """A node's CPUs: "held / reported" (jobs that reserve CPUs share them), or "" when it reported none."""
+    if not node.cpus:
+        return ""
+    text = f"{held.get(node.pk, 0.0):.4g} / {node.cpus:g}"
+    return text + (f" · {_gib(node.memory)} GiB" if node.memory else "")
+
+
 def table_context(team_ids, devices: list[dict] | None = None) -> dict:
     """Nodes, devices with their current sharers, and cluster totals, ready for cluster_tables.html."""
     now = timezone.now()
+    cpus_held = dict(Allocation.objects.filter(active=True, attempt__ended_at__isnull=True, device__kind=Device.Kind.CPU)
+                     .values("device__node_id").annotate(held=Sum("share")).values_list("device__node_id", "held"))
     devices = cluster_devices(team_ids) if devices is None else devices
     nodes = []
-    for node in Node.objects.annotate(device_count=Count("devices")).order_by("name"):
+    gpus_only = Count("devices", filter=~Q(devices__kind=Device.Kind.CPU))  # a node's CPUs are its cpus column
+    for node in Node.objects.annotate(device_count=gpus_only).order_by("name"):
         nodes.append({"name": node.name, "state": node.state.upper(), "labels": sorted(node.labels.items()),
                       "lease_age": max(0, int((now - node.last_heartbeat).total_seconds())),
-                      "lease_valid": node.lease_valid, "devices": node.device_count, "hostname": node.hostname})
+                      "lease_valid": node.lease_valid, "devices": node.device_count, "hostname": node.hostname,
+                      "cpus": _cpus_text(node, cpus_held)})
     rows, sharing = [], []
     allocated = total_memory = used_memory = utilization = 0.0
     for device in devices:

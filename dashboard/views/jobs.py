@@ -299,9 +299,12 @@ def _job(request, job_id) -> Job:
 
 
 def gpu_text(resources: dict) -> str:
+    """The GPUs column: GPUs per worker (× workers); a job that holds no GPU shows its CPUs instead."""
     gpus = float(resources.get("gpus") or 0)
     workers = int(resources.get("workers") or 1)
     text = f"{gpus:g}"
+    if gpus <= 0 and not resources.get("gpu_memory") and resources.get("cpus"):
+        text = f"{float(resources['cpus']):g} CPU"
     if workers > 1:
         text += f" × {workers}"
     return text
@@ -310,8 +313,14 @@ def gpu_text(resources: dict) -> str:
 def resources_text(resources: dict) -> str:
     gpus = float(resources.get("gpus") or 0)
     parts = [f"{gpus:g} GPU" + ("s" if gpus > 1 else "")]
+    if gpus <= 0 and not resources.get("gpu_memory") and resources.get("cpus"):
+        parts = []  # a job that holds no GPU: its CPUs say it all
     if resources.get("gpu_memory"):
         parts.append(f"{forms.format_bytes(int(resources['gpu_memory']))} GPU memory")
+    if resources.get("cpus"):
+        parts.append(f"{float(resources['cpus']):g} CPU" + ("s" if float(resources["cpus"]) > 1 else ""))
+    if resources.get("memory"):
+        parts.append(f"{forms.format_bytes(int(resources['memory']))} memory")
     text = ", ".join(parts) + " per worker"
     workers = int(resources.get("workers") or 1)
     text += f" × {workers} workers" if workers > 1 else ""
@@ -335,8 +344,10 @@ def _attempt_rows(job: Job) -> list[dict[str, Any]]:
         devices = []
         for allocation in sorted(attempt.allocations.all(), key=lambda a: (a.rank, a.device_id)):
             device = allocation.device
+            where = (f"{device.node.name}:cpu ({allocation.share:g} CPU)" if device.cpu
+                     else f"{device.node.name}:gpu{device.index} ({allocation.share:g}, {device.kind})")
             devices.append({
-                "text": f"{device.node.name}:gpu{device.index} ({allocation.share:g}, {device.kind})",
+                "text": where,
                 "kind": device.kind, "rank": allocation.rank,
                 "memory": forms.format_bytes(allocation.memory) if allocation.memory else "",
             })

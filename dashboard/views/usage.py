@@ -56,6 +56,13 @@ def bytes_text(value: int | None) -> str:
     return str(value)
 
 
+def _held_text(job: Job) -> str:
+    """What a queued job holds, all workers together: its GPUs, or for a job that holds none, its CPUs."""
+    if job.gpus <= 0 and not job.resources.get("gpu_memory") and job.resources.get("cpus"):
+        return f"{float(job.resources['cpus']) * int(job.resources.get('workers', 1)):.4g} CPU"
+    return f"{job.gpus:.4g}"
+
+
 def _meter(field: str, label: str, used: float, limit: float | None, used_text: str, limit_text: str) -> dict:
     percent = None if limit is None else (100.0 if limit <= 0 else min(100.0, 100.0 * used / limit))
     return {"field": field, "label": label, "used": used, "limit": limit, "used_text": used_text,
@@ -75,6 +82,13 @@ def usage_meters(quota: Quota, usage: dict) -> list[dict]:
                f"{quota.max_gpu_memory / GIB:.3g} GiB" if quota.max_gpu_memory is not None else ""),
         _meter("gpu_hours", f"GPU-hours in the last {quota.window_hours:g} h", usage["gpu_hours_window"],
                quota.gpu_hours, f"{usage['gpu_hours_window']:.2f}", number_text(quota.gpu_hours)),
+        # Jobs that hold no GPU (and GPU jobs that state cpus) reserve CPUs and host memory.
+        _meter("max_cpus", f"CPUs held ({usage['cpu_hours_window']:.2f} CPU-hours in the last "
+                           f"{quota.window_hours:g} h)", usage["cpus"], quota.max_cpus, f"{usage['cpus']:.4g}",
+               number_text(quota.max_cpus)),
+        _meter("max_memory", "Host memory requested", usage["memory"], quota.max_memory,
+               f"{usage['memory'] / GIB:.3g} GiB",
+               f"{quota.max_memory / GIB:.3g} GiB" if quota.max_memory is not None else ""),
     ]
 
 
@@ -132,7 +146,7 @@ def team_queue(team_id: int, limit: int = QUEUE_LIMIT) -> tuple[list[dict], int]
         since = job.queued_at or job.created_at
         rows.append({"job": job, "position": position if waiting else None,
                      "reason": reason or DEFAULT_REASONS[job.state],
-                     "gpus": f"{job.gpus:.4g}", "workers": int(job.resources.get("workers", 1)),
+                     "gpus": _held_text(job), "workers": int(job.resources.get("workers", 1)),
                      "waited": duration_text(max(0, int((now - since).total_seconds())))})
     return rows, total
 
@@ -171,6 +185,8 @@ EDITOR_FIELDS = [
     # (name, column title, placeholder, help)
     ("max_gpus", "Max GPUs", "unlimited", "GPUs held at once; fractions allowed"),
     ("max_gpu_memory", "Max GPU memory", "unlimited", "GPU memory held at once, e.g. 64GiB, or bytes"),
+    ("max_cpus", "Max CPUs", "unlimited", "CPUs reserved at once (jobs with gpus: 0); fractions allowed"),
+    ("max_memory", "Max memory", "unlimited", "host memory reserved at once, e.g. 256GiB, or bytes"),
     ("max_concurrent_jobs", "Max jobs", "unlimited", "queued or running at once"),
     ("gpu_hours", "GPU-hours", "unlimited", "per rolling window"),
     ("window_hours", "Window (h)", "", "length of the GPU-hours window, hours"),
@@ -182,6 +198,7 @@ EDITOR_FIELDS = [
 def _quota_values(quota: Quota) -> dict[str, str]:
     return {
         "max_gpus": number_text(quota.max_gpus), "max_gpu_memory": bytes_text(quota.max_gpu_memory),
+        "max_cpus": number_text(quota.max_cpus), "max_memory": bytes_text(quota.max_memory),
         "max_concurrent_jobs": "" if quota.max_concurrent_jobs is None else str(quota.max_concurrent_jobs),
         "gpu_hours": number_text(quota.gpu_hours), "window_hours": number_text(quota.window_hours),
         "priority": str(quota.priority), "weight": number_text(quota.weight),

@@ -261,9 +261,10 @@ DURATION_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([sShHdD]|[mM]|[mM][iI][nN])?\s*$"
 
 def resources_request_schema() -> dict[str, Any]:
     """The ``resources`` of a submit body (``normalize_resources`` in jobs/api/serializers.py checks it)."""
-    from strata.jobs.api.serializers import MAX_GPU_MEMORY
+    from strata.jobs.api.serializers import MAX_CPUS, MAX_GPU_MEMORY, MAX_MEMORY, MIN_CPUS
 
     memory_bytes = {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True}
+    host_bytes = {**memory_bytes, "maximum": MAX_MEMORY}
     return {
         "type": "object",
         "additionalProperties": False,
@@ -271,13 +272,23 @@ def resources_request_schema() -> dict[str, Any]:
         "properties": {
             "gpus": {"type": "number", "minimum": 0, "maximum": 64,
                      "description": "GPUs per worker: a fraction up to 1 shares a device; above 1, a whole number "
-                                    "of devices on one node. 0 only together with gpu_memory (a slice sized by "
-                                    "memory). Default 1, or 0 when gpu_memory is given."},
+                                    "of devices on one node. 0 together with gpu_memory: a slice sized by "
+                                    "memory; 0 alone: no GPU, the job runs on a node's CPUs (see cpus). Default "
+                                    "1, or 0 when gpu_memory is given."},
             "gpu_memory": {
                 "oneOf": [memory_bytes, {"type": "string", "pattern": POSITIVE_SIZE_PATTERN, "maxLength": 64}],
                 "description": "GPU memory per worker: bytes, or a size such as \"4GiB\" or \"512MB\"; null: "
                                "not sized by memory.",
                 "example": "4GiB",
+            },
+            "cpus": {"type": "number", "minimum": MIN_CPUS, "maximum": MAX_CPUS, "nullable": True,
+                     "description": "CPUs per worker, reserved on its node (fractions allowed). Default 1 for a job "
+                                    "with gpus 0; a GPU job reserves none unless it states them."},
+            "memory": {
+                "oneOf": [host_bytes, {"type": "string", "pattern": POSITIVE_SIZE_PATTERN, "maxLength": 64}],
+                "description": "Host memory per worker, reserved with its CPUs: bytes or a size such as \"2GiB\"; "
+                               "null: none reserved.",
+                "example": "2GiB",
             },
             "workers": {"type": "integer", "minimum": 1, "maximum": 256, "default": 1,
                         "description": "Workers (ranks), placed all or nothing, possibly across nodes."},
@@ -295,6 +306,10 @@ RESOURCES_RESPONSE_SCHEMA: dict[str, Any] = {
         "gpus": {"type": "number"},
         "gpu_memory": {"type": "integer", "nullable": True, "description": "Bytes; null: not sized by memory."},
         "workers": {"type": "integer"},
+        "cpus": {"type": "number", "description": "CPUs reserved per worker; absent: none (a GPU job that "
+                                                  "states none)."},
+        "memory": {"type": "integer", "nullable": True, "description": "Host memory reserved per worker, bytes; "
+                                                                       "null: none."},
         "node_labels": {"type": "object", "additionalProperties": {"type": "string"}},
     },
     "required": ["gpus", "workers"],

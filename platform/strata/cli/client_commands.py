@@ -112,11 +112,21 @@ def jobs(args) -> int:
     if args.json:
         print(json.dumps(page["results"], indent=2))
         return 0
-    print(f"{'ID':36}  {'NAME':24} {'KIND':8} {'TEAM':12} {'STATE':10} REASON")
+    print(f"{'ID':36}  {'NAME':24} {'KIND':8} {'TEAM':12} {'STATE':10} {'HOLDS':10} REASON")
     for job in page["results"]:
         print(f"{job['id']:36}  {job['name'][:24]:24} {job['kind'][:8]:8} {job['team'][:12]:12} "
-              f"{job['state']:10} {job['reason'][:60]}")
+              f"{job['state']:10} {_holds(job.get('resources') or {}):10} {job['reason'][:60]}")
     return 0
+
+
+def _holds(resources: dict) -> str:
+    """A job's resources in a few characters: GPUs per worker (a job with none: its CPUs), × workers."""
+    gpus = float(resources.get("gpus") or 0)
+    text = f"{gpus:g} GPU"
+    if gpus <= 0 and not resources.get("gpu_memory") and resources.get("cpus"):
+        text = f"{float(resources['cpus']):g} CPU"
+    workers = int(resources.get("workers") or 1)
+    return f"{text} ×{workers}" if workers > 1 else text
 
 
 def logs(args) -> int:
@@ -185,9 +195,12 @@ def quota(args) -> int:
         quota, usage = answer["quota"], answer["usage"]
         print(f"team {team}")
         for field, used in (("max_concurrent_jobs", usage["jobs"]), ("max_gpus", usage["gpus"]),
-                            ("max_gpu_memory", usage["gpu_memory"]), ("gpu_hours", usage["gpu_hours_window"])):
+                            ("max_gpu_memory", usage["gpu_memory"]), ("gpu_hours", usage["gpu_hours_window"]),
+                            ("max_cpus", usage.get("cpus", 0.0)), ("max_memory", usage.get("memory", 0))):
             limit = quota[field]
             print(f"  {field:20} {used:>10.4g} / {'unlimited' if limit is None else limit}")
+        if usage.get("cpu_hours_total"):
+            print(f"  {'cpu_hours':20} {usage['cpu_hours_window']:>10.4g} in the last {quota['window_hours']:g} h")
         print(f"  {'priority':20} {quota['priority']:>10}   weight {quota['weight']:g}   pending {usage['pending']}")
     return 0
 

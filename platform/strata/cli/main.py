@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--label", action="append", help="node label key=value (repeatable)")
     node.add_argument("--state-dir")
     node.add_argument("--slots", type=int, help="concurrent attempts (default: 4 per device, at least 2)")
+    node.add_argument("--cpus", type=float, help="CPUs offered to jobs that reserve CPUs (default: "
+                                                 "STRATA_NODE_CPUS, else the CPUs this process may use)")
+    node.add_argument("--memory", help="host memory offered to them, e.g. 16GiB (default: STRATA_NODE_MEMORY, "
+                                       "else the machine's)")
     node.add_argument("--broker", help="broker URL (default: the one the control plane announces)")
     node.add_argument("--address", default="127.0.0.1",
                       help="this node's address as other nodes reach it: where a gang's ranks meet and "

@@ -30,6 +30,12 @@ class Node(models.Model):
     # "series_until": unix s}}, checked by the plugin's ReportSchema.node() and split by its parts()
     # (cluster.services.reports_record); series_until is the end of the last series row without a device.
     reports = models.JSONField(default=dict, blank=True)
+    # The node's CPUs and host memory (bytes) as its agent reported them at registration, for jobs that need no
+    # GPU (``resources.gpus: 0``) and GPU jobs that state ``cpus``/``memory``. Null when not reported (an older
+    # agent): the node then takes no job that reserves CPUs. Their reservations are allocations on the node's
+    # CPU device (``Device.Kind.CPU``), which the registration creates.
+    cpus = models.FloatField(null=True, blank=True)
+    memory = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -52,9 +58,15 @@ LIVE_STATES = (Node.State.UP, Node.State.DRAINING)
 
 
 class Device(models.Model):
+    """A GPU of a node (CUDA or virtual), or the node's CPU device: one row per node that reported its CPUs
+    (``kind == "cpu"``, ``index == CPU_INDEX``, ``memory_total`` its host memory), which the allocations of CPU
+    reservations point at, so an attempt that holds no GPU is tied to its node like any other (dispatch, claim,
+    heartbeats, reaper, preemption). It is no GPU: listings of devices leave it out (``gpu_devices``)."""
+
     class Kind(models.TextChoices):
         CUDA = "cuda"
         VIRTUAL = "virtual"
+        CPU = "cpu"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
     index = models.PositiveIntegerField()
@@ -79,6 +91,19 @@ class Device(models.Model):
     @property
     def virtual(self) -> bool:
         return self.kind == self.Kind.VIRTUAL
+
+    @property
+    def cpu(self) -> bool:
+        return self.kind == self.Kind.CPU
+
+
+# The index of a node's CPU device: out of the way of GPU indexes (which count from 0), within a 32-bit column.
+CPU_INDEX = 2**31 - 1
+
+
+def gpu_devices(queryset=None):
+    """``queryset`` of devices (default: all) without the nodes' CPU devices: the GPUs, real or virtual."""
+    return (Device.objects.all() if queryset is None else queryset).exclude(kind=Device.Kind.CPU)
 
 
 DEFAULT_POOL = "default"

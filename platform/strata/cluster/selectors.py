@@ -6,7 +6,7 @@ from typing import Any
 
 from strata.cluster.models import Device, DevicePool, Node, node_pool
 from strata.jobs.models import Allocation, Attempt, Job
-from strata.scheduling.capacity import DeviceSlot, NodeSlot
+from strata.scheduling.capacity import DeviceSlot, NodeSlot, host_slot
 
 FULL_GPU = 1.0 - 1e-9
 
@@ -14,10 +14,19 @@ FULL_GPU = 1.0 - 1e-9
 def registered_nodes() -> list[NodeSlot]:
     """Every registered node (up, down or draining) with all its devices free: what the cluster could ever
     run, as opposed to what is free now (``scheduling.services.load_capacity``)."""
-    nodes = {node_id: NodeSlot(id=node_id, name=name, labels=labels or {})
-             for node_id, name, labels in Node.objects.values_list("id", "name", "labels")}
-    for device_id, node_id, index, memory_total in Device.objects.values_list("id", "node_id", "index", "memory_total"):
-        if node_id in nodes:
+    nodes, offers = {}, {}
+    for node_id, name, labels, cpus, memory in Node.objects.values_list("id", "name", "labels", "cpus", "memory"):
+        nodes[node_id] = NodeSlot(id=node_id, name=name, labels=labels or {})
+        offers[node_id] = (cpus, memory)
+    for device_id, node_id, index, kind, memory_total in Device.objects.values_list(
+            "id", "node_id", "index", "kind", "memory_total"):
+        if node_id not in nodes:
+            continue
+        if kind == Device.Kind.CPU:
+            cpus, memory = offers[node_id]
+            if cpus:
+                nodes[node_id].host = host_slot(device_id, node_id, index, cpus, memory)
+        else:
             nodes[node_id].devices.append(DeviceSlot(id=device_id, node_id=node_id, index=index,
                                                      memory_total=memory_total, free_memory=memory_total))
     return list(nodes.values())
@@ -54,10 +63,17 @@ def _latest_attempts(jobs: list[Job]) -> dict[Any, Attempt]:
     return latest
 
 
+def gpu_allocations(queryset):
+    """``queryset`` of allocations without the CPU reservations (those on the nodes' CPU devices)."""
+    return queryset.exclude(device__kind=Device.Kind.CPU)
+
+
 def _allocation(attempt: Attempt) -> Allocation | None:
+    """The attempt's first GPU allocation (rank 0's), from its prefetched allocations."""
     cache = getattr(attempt, "_prefetched_objects_cache", {})
     if "allocations" in cache:
-        allocations = sorted(cache["allocations"], key=lambda allocation: allocation.rank)
+        allocations = sorted((allocation for allocation in cache["allocations"] if not allocation.device.cpu),
+                             key=lambda allocation: allocation.rank)
         return allocations[0] if allocations else None
     return None
 
@@ -84,8 +100,8 @@ def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
         else:
             unloaded.append(attempt.pk)
     if unloaded:
-        for allocation in (Allocation.objects.filter(attempt_id__in=unloaded).select_related("device__node")
-                           .order_by("attempt_id", "rank")):
+        for allocation in (gpu_allocations(Allocation.objects.filter(attempt_id__in=unloaded))
+                           .select_related("device__node").order_by("attempt_id", "rank")):
             allocations.setdefault(allocation.attempt_id, allocation)
     fractional = {job_id: allocations.get(attempt.pk) for job_id, attempt in latest.items()}
     fractional = {job_id: allocation for job_id, allocation in fractional.items()

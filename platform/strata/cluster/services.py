@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from strata.cluster.models import Device, DevicePool, Node, node_pool
+from strata.cluster.models import CPU_INDEX, Device, DevicePool, Node, gpu_devices, node_pool
 from strata.jobs.models import Allocation, Attempt
 from strata.jobs.services import STOPPED_STATES
 
@@ -30,8 +30,13 @@ def _lease_until(now):
 
 
 def node_register(*, name: str, hostname: str = "", address: str = "", labels: dict | None = None,
-                  devices: list[dict], info: dict | None = None) -> Node:
+                  devices: list[dict], info: dict | None = None, cpus: float | None = None,
+                  memory: int | None = None) -> Node:
     """Register (or re-register) a node with its devices and start a new session and lease.
+
+    ``cpus`` and ``memory`` (bytes), when the node reports them, are what jobs that reserve CPUs share: the node
+    gets (or keeps) its CPU device (``Device.Kind.CPU``), which their allocations point at; a node that reports
+    no CPUs has none and takes no such job.
 
     Attempts that were dispatched to an earlier session of this node died with it: they are requeued now
     rather than when the old lease would have expired.
@@ -45,7 +50,8 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
             name=name,
             defaults={"hostname": hostname, "address": address, "labels": labels or {}, "state": Node.State.UP,
                       "session": uuid.uuid4(), "registered_at": now, "last_heartbeat": now,
-                      "lease_expires_at": _lease_until(now), "info": info or {}},
+                      "lease_expires_at": _lease_until(now), "info": info or {}, "cpus": cpus,
+                      "memory": memory},
         )
         seen = set()
         for item in devices:
@@ -54,6 +60,11 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
                 node=node, index=int(item["index"]),
                 defaults={"kind": item["kind"], "name": item.get("name", ""), "memory_total": int(item["memory_total"])},
             )
+        if cpus:
+            seen.add(CPU_INDEX)
+            Device.objects.update_or_create(
+                node=node, index=CPU_INDEX,
+                defaults={"kind": Device.Kind.CPU, "name": f"{cpus:g} CPUs", "memory_total": int(memory or 0)})
         gone = Device.objects.filter(node=node).exclude(index__in=seen)
         Allocation.objects.filter(device__in=gone, active=True).update(active=False)
         gone.delete()
@@ -98,7 +109,8 @@ def pools_list() -> list[dict]:
     """Every pool that has nodes or a policy row: name, policy, node and device counts."""
     rows = {pool.name: pool for pool in DevicePool.objects.all()}
     counts: dict[str, list[int]] = {name: [0, 0] for name in rows}
-    for labels, devices in Node.objects.annotate(device_count=Count("devices")).values_list("labels", "device_count"):
+    counted = Count("devices", filter=~Q(devices__kind=Device.Kind.CPU))  # GPUs only, not the CPU devices
+    for labels, devices in Node.objects.annotate(device_count=counted).values_list("labels", "device_count"):
         entry = counts.setdefault(node_pool(labels), [0, 0])
         entry[0] += 1
         entry[1] += devices
@@ -283,7 +295,7 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
     with transaction.atomic():
         now = timezone.now()
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
-        devices = {device.index: device for device in node.devices.all()}
+        devices = {device.index: device for device in gpu_devices(node.devices.all())}
         rows, changed = [], []
         for sample in samples:
             device = devices.get(int(sample.get("index", -1)))

@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Q
 
 from components.runtime.panels import PanelData
-from strata.cluster.models import Device
+from strata.cluster.models import Device, gpu_devices
 from strata.jobs.models import Allocation, Job
 
 MAX_PANEL_POINTS = 20_000  # per metric series handed to a panel
@@ -194,7 +194,7 @@ def cluster_devices(team_ids) -> list[dict[str, Any]]:
     as ``{"foreign": True, "share": ...}`` with no name, id or team, so nothing leaks across teams."""
     visible = set(team_ids)
     devices = {}
-    for device in Device.objects.select_related("node").order_by("node__name", "index"):
+    for device in gpu_devices().select_related("node").order_by("node__name", "index"):  # CPUs: cluster_cpus
         devices[device.pk] = {
             "id": device.pk, "node": device.node.name, "node_state": device.node.state, "index": device.index,
             "kind": device.kind, "name": device.name, "memory_total": device.memory_total,

@@ -11,6 +11,8 @@ class Quota(models.Model):
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
     max_gpus = models.FloatField(null=True, blank=True, help_text="GPUs held at once (fractional).")
     max_gpu_memory = models.BigIntegerField(null=True, blank=True, help_text="GPU memory held at once, bytes.")
+    max_cpus = models.FloatField(null=True, blank=True, help_text="CPUs reserved at once (fractional).")
+    max_memory = models.BigIntegerField(null=True, blank=True, help_text="Host memory reserved at once, bytes.")
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
     gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per rolling window.")
     window_hours = models.FloatField(default=168.0, help_text="Length of the rolling GPU-hours window.")

@@ -17,11 +17,12 @@ from django.db import transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState, Participant
+from strata.cluster.models import Device
+from strata.jobs.models import ADMITTED_STATES, Allocation, Attempt, Job, JobState, Participant
 from strata.jobs.selectors import participants_active
 from strata.jobs.states import transition
 from strata.quotas.models import Quota
-from strata.scheduling.capacity import FULL, placement_problem, share_to_milli
+from strata.scheduling.capacity import FULL, gpu_free, placement_problem, share_to_milli
 
 # The smallest share of a device the scheduler places (one thousandth): a job always holds at least this.
 MIN_SHARE = 0.001
@@ -53,6 +54,8 @@ class ClusterView:
     def gpus(self, resources: dict) -> float:
         workers = int(resources.get("workers", 1))
         gpus = float(resources.get("gpus", 0))
+        if gpu_free(resources):  # it runs on CPUs, and holds (and is accounted) its CPUs instead
+            return 0.0
         if gpus <= 0:
             memory = int(resources.get("gpu_memory") or 0)
             milli = share_to_milli(memory / self.largest_memory) if self.largest_memory else 1
@@ -68,12 +71,21 @@ class TeamLoad:
     gpus: float = 0.0  # the jobs' GPUs and the active participants' (volunteers that joined the team's jobs)
     gpu_memory: int = 0
     participants: int = 0  # active participants of the team's jobs
+    cpus: float = 0.0  # the CPUs the jobs reserve (resources.cpus per worker)
+    memory: int = 0  # the host memory they reserve, bytes
 
     def add(self, job: Job, gpus: float) -> None:
         workers = int(job.resources.get("workers", 1))
         self.jobs += 1
         self.gpus += gpus
         self.gpu_memory += int(job.resources.get("gpu_memory") or 0) * workers
+        self.cpus += job_cpus(job.resources)
+        self.memory += int(job.resources.get("memory") or 0) * workers
+
+
+def job_cpus(resources: dict) -> float:
+    """The CPUs a job with ``resources`` reserves, all workers together (0 for a GPU job that states none)."""
+    return float(resources.get("cpus") or 0) * int(resources.get("workers", 1))
 
 
 def gpu_seconds(team_id: int, since=None, until=None) -> float:
@@ -97,6 +109,24 @@ def gpu_seconds(team_id: int, since=None, until=None) -> float:
         start = max(began, since) if since is not None else began
         if end > start:
             total += (end - start).total_seconds() * share
+    return total
+
+
+def cpu_seconds(team_id: int, since=None, until=None) -> float:
+    """CPU-seconds billed to a team, clipped to [since, until]: like GPU-seconds, each attempt's time from dispatch
+    to its end times the CPUs it reserved (its allocations on the nodes' CPU devices; a nested child's are inside
+    its parent's, which is billed for them)."""
+    until = until or timezone.now()
+    rows = Allocation.objects.filter(attempt__job__team_id=team_id, attempt__dispatched_at__isnull=False,
+                                     device__kind=Device.Kind.CPU, nested=False)
+    if since is not None:
+        rows = rows.filter(Q(attempt__ended_at__isnull=True) | Q(attempt__ended_at__gt=since))
+    total = 0.0
+    for dispatched, ended, cpus in rows.values_list("attempt__dispatched_at", "attempt__ended_at", "share"):
+        start = max(dispatched, since) if since is not None else dispatched
+        end = min(ended or until, until)
+        if end > start:
+            total += (end - start).total_seconds() * cpus
     return total
 
 
@@ -131,6 +161,14 @@ def blocking_limit(quota: Quota, load: TeamLoad, job: Job, window_gpu_seconds: f
         return problem
     if quota.max_gpu_memory is not None and load.gpu_memory + memory > quota.max_gpu_memory:
         return f"team at max_gpu_memory ({load.gpu_memory + memory} > {quota.max_gpu_memory} bytes)"
+    cpus = job_cpus(job.resources)
+    if quota.max_cpus is not None and cpus > 0 and load.cpus + cpus > quota.max_cpus + 1e-9:
+        return f"team at max_cpus ({load.cpus:g} held + {cpus:g} requested > {quota.max_cpus:g})"
+    host_memory = int(job.resources.get("memory") or 0) * workers
+    if quota.max_memory is not None and host_memory > 0 and load.memory + host_memory > quota.max_memory:
+        return f"team at max_memory ({load.memory + host_memory} > {quota.max_memory} bytes)"
+    if gpus <= 0:  # a job that holds no GPU uses no GPU-hours either
+        return None
     return _gpu_hours_problem(quota, window_gpu_seconds)
 
 
@@ -168,9 +206,12 @@ def never_fits(quota: Quota, job: Job, view: ClusterView | None = None) -> str |
     """A reason why ``job`` can never be admitted under ``quota`` (checked at submit), or None."""
     if quota.max_concurrent_jobs == 0:
         return "team quota allows no jobs (max_concurrent_jobs=0)"
-    if quota.max_gpus == 0:
-        return "team quota allows no GPUs (max_gpus=0), and every job holds a share of one"
-    return blocking_limit(quota, TeamLoad(), job, None, view or ClusterView())
+    view = view or ClusterView()
+    if quota.max_gpus == 0 and view.gpus(job.resources) > 0:
+        return "team quota allows no GPUs (max_gpus=0), and every GPU job holds a share of one"
+    if quota.max_cpus == 0 and job_cpus(job.resources) > 0:
+        return "team quota allows no CPUs (max_cpus=0), and the job reserves some"
+    return blocking_limit(quota, TeamLoad(), job, None, view)
 
 
 def never_placeable(job: Job, view: ClusterView | None = None) -> str | None:
@@ -226,6 +267,10 @@ def team_usage(team_id: int) -> dict:
         "gpu_memory": load.gpu_memory,
         "gpu_hours_window": gpu_seconds(team_id, since=now - timedelta(hours=quota.window_hours), until=now) / 3600,
         "gpu_hours_total": gpu_seconds(team_id, until=now) / 3600,
+        "cpus": load.cpus,
+        "memory": load.memory,
+        "cpu_hours_window": cpu_seconds(team_id, since=now - timedelta(hours=quota.window_hours), until=now) / 3600,
+        "cpu_hours_total": cpu_seconds(team_id, until=now) / 3600,
         "window_hours": quota.window_hours,
         "pending": Job.objects.filter(team_id=team_id, state=JobState.PENDING).count(),
         "participants": load.participants,
@@ -247,12 +292,16 @@ class QuotaInvalid(ValueError):
 QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
     "max_gpus": (float, True, 0, None),
     "max_gpu_memory": (int, True, 0, 2**60),  # 1 EiB: a 64-bit column holds it
+    "max_cpus": (float, True, 0, None),
+    "max_memory": (int, True, 0, 2**60),
     "max_concurrent_jobs": (int, True, 0, 2**31 - 1),
     "gpu_hours": (float, True, 0, None),
     "window_hours": (float, False, 0.01, 24 * 366),
     "priority": (int, False, -100, 100),
     "weight": (float, False, 0.001, 1000),
 }
+
+BYTE_FIELDS = frozenset({"max_gpu_memory", "max_memory"})  # sizes: bytes, or a string such as "16GiB"
 
 
 def _clean_value(name: str, value):
@@ -269,7 +318,7 @@ def _clean_value(name: str, value):
         return None
     if isinstance(value, bool):
         raise ValueError("expected a number")
-    if name == "max_gpu_memory":
+    if name in BYTE_FIELDS:
         try:
             number = parse_bytes(value)
         except ValueError:
@@ -293,13 +342,13 @@ def _clean_value(name: str, value):
     if minimum is not None and number < minimum:
         raise ValueError(f"must be at least {minimum:g}")
     if maximum is not None and number > maximum:
-        raise ValueError(f"must be at most {maximum} bytes" if name == "max_gpu_memory" else f"must be at most {maximum:g}")
+        raise ValueError(f"must be at most {maximum} bytes" if name in BYTE_FIELDS else f"must be at most {maximum:g}")
     return number
 
 
 def quota_clean(changes: dict) -> dict:
     """Typed, range-checked values for the quota fields in ``changes`` (numbers or strings: "" is unlimited,
-    ``max_gpu_memory`` accepts sizes such as "16GiB"). Raises QuotaInvalid listing every bad field."""
+    ``max_gpu_memory`` and ``max_memory`` accept sizes such as "16GiB"). Raises QuotaInvalid listing every bad field."""
     cleaned, errors = {}, {}
     for name, value in changes.items():
         if name not in QUOTA_FIELDS:

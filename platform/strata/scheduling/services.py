@@ -22,7 +22,7 @@ from django.db.models import F, Max, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from strata.cluster.models import LIVE_STATES, Device, Node
+from strata.cluster.models import LIVE_STATES, Device, Node, gpu_devices
 from strata.jobs import history
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.participants import participants_expire
@@ -30,7 +30,15 @@ from strata.jobs.services import attempt_drop_node, attempt_lost
 from strata.jobs.states import InvalidTransition, transition
 from strata.quotas.models import Quota
 from strata.quotas.services import admit_pending, teams_with_pending
-from strata.scheduling.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot
+from strata.scheduling.capacity import (
+    FULL,
+    CapacityIndex,
+    DeviceSlot,
+    NodeSlot,
+    cpu_request,
+    gpu_free,
+    host_slot,
+)
 from strata.telemetry.metrics import timed_pass
 
 log = logging.getLogger(__name__)
@@ -57,18 +65,25 @@ def _lock() -> None:
 
 def load_capacity(now=None) -> CapacityIndex:
     now = now or timezone.now()
-    nodes = {
-        node.id: NodeSlot(id=node.id, name=node.name, labels=node.labels or {})
-        for node in Node.objects.filter(state=Node.State.UP, lease_expires_at__gt=now).only("id", "name", "labels")
-    }
+    nodes, offers = {}, {}
+    for node in Node.objects.filter(state=Node.State.UP, lease_expires_at__gt=now).only(
+            "id", "name", "labels", "cpus", "memory"):
+        nodes[node.id] = NodeSlot(id=node.id, name=node.name, labels=node.labels or {})
+        offers[node.id] = (node.cpus, node.memory)
     devices = {}
-    for device_id, node_id, index, memory_total in Device.objects.filter(node_id__in=list(nodes)).values_list(
-        "id", "node_id", "index", "memory_total"
+    for device_id, node_id, index, kind, memory_total in Device.objects.filter(node_id__in=list(nodes)).values_list(
+        "id", "node_id", "index", "kind", "memory_total"
     ):
+        if kind == Device.Kind.CPU:  # the node's CPUs and host memory: what jobs that reserve CPUs take
+            cpus, memory = offers[node_id]
+            if cpus:
+                devices[device_id] = nodes[node_id].host = host_slot(device_id, node_id, index, cpus, memory)
+            continue
         slot = DeviceSlot(id=device_id, node_id=node_id, index=index, memory_total=memory_total,
                           free_memory=memory_total)
         devices[device_id] = slot
         nodes[node_id].devices.append(slot)
+    # A node's free CPUs and memory: what it reported, less what the active attempts hold on its CPU device.
     for device_id, share, memory in Allocation.objects.filter(active=True, nested=False,
                                                               device_id__in=list(devices)).values_list(
         "device_id", "share", "memory"
@@ -172,7 +187,7 @@ class _estimator:
         self.measured = _measured_memory()
         self.profiles = _measured_profiles(self.canonical)
         self.by_spec = {kind for kind, _ in self.profiles}
-        self.largest = Device.objects.aggregate(largest=Max("memory_total"))["largest"] or 0
+        self.largest = gpu_devices().aggregate(largest=Max("memory_total"))["largest"] or 0
         self.applies: dict[str, bool] = {}
         self.answers: dict = {}
 
@@ -287,6 +302,12 @@ def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex, in
         for option in options:
             device = option[0][0]
             node = capacity.nodes[device.node_id]
+            if device.cpu:  # a worker that holds no GPU: only its node (and its host memory) to go on
+                candidates.append(Candidate(
+                    rank=rank, node_id=inputs.node_key(node.id), node=node.name, labels=dict(node.labels),
+                    devices=(), share=0.0, memory=0, free_share=0.0, free_memory=device.free_memory,
+                    memory_total=device.memory_total, reports=dict(inputs.reports(device.node_id))))
+                continue
             candidates.append(Candidate(
                 rank=rank, node_id=inputs.node_key(node.id), node=node.name, labels=dict(node.labels),
                 devices=tuple(slot.index for slot, _, _ in option), share=option[0][1] / FULL,
@@ -334,7 +355,7 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items()]
         heapq.heapify(heap)
         placements, waiting = [], {}
-        failed_shapes: list[tuple[float, int, int, str]] = []
+        failed_shapes: list[tuple[float, int, int, int, int, str]] = []
         preemption_budget = max_preemptions
         while heap:
             _, _, team = heapq.heappop(heap)
@@ -346,19 +367,23 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
             workers = int(resources.get("workers", 1))
             selector = resources.get("node_labels") or None
             key = repr(sorted(selector.items())) if selector else ""
+            cpus, host_memory = cpu_request(resources)
             # A request at least as large as one that already failed in this pass cannot fit either (whatever
-            # a placement hook would choose: it only chooses among places that fit).
-            doomed = any(gpus >= g and memory >= m and workers >= w and key == k for g, m, w, k in failed_shapes)
+            # a placement hook would choose: it only chooses among places that fit). GPUs and CPUs both count:
+            # a job that holds no GPU is no larger than a GPU job that failed, nor the other way round.
+            doomed = any(gpus >= g and memory >= m and workers >= w and cpus >= c and host_memory >= h and key == k
+                         for g, m, w, c, h, k in failed_shapes)
             choose = _chooser(team, item, scorers, capacity, hook_inputs) if scorers and not doomed else None
             taken = None if doomed else capacity.place(resources, selector, choose)
             if taken:
-                share = sum(milli for _, _, milli, _ in taken) / FULL
+                share = sum(milli for _, slot, milli, _ in taken if not slot.cpu) / FULL
                 placements.append((job_id, taken, share))
                 held[team] += share
             else:
                 if not doomed:
-                    failed_shapes.append((gpus, memory, workers, key))
-                why = "waiting: no node has free devices that fit"
+                    failed_shapes.append((gpus, memory, workers, cpus, host_memory, key))
+                why = ("waiting: no node has free CPUs and memory that fit" if gpu_free(resources)
+                       else "waiting: no node has free devices that fit")
                 if job_id in notes:
                     why += f" ({notes[job_id]})"
                 if preemption_budget > 0 and workers == 1:
@@ -399,15 +424,19 @@ def _place_nested() -> tuple[list, dict]:
     nodes: dict = defaultdict(dict)  # parent -> node id -> NodeSlot
     devices: dict = defaultdict(dict)  # parent -> device id -> DeviceSlot
     owner = {attempt: parent for parent, attempt in live.items()}
-    for attempt_id, device_id, node_id, index, total, share, memory in (
+    for attempt_id, device_id, node_id, index, kind, total, share, memory in (
             Allocation.objects.filter(attempt_id__in=list(owner), active=True, nested=False)
-            .values_list("attempt_id", "device_id", "device__node_id", "device__index", "device__memory_total",
-                         "share", "memory")):
+            .values_list("attempt_id", "device_id", "device__node_id", "device__index", "device__kind",
+                         "device__memory_total", "share", "memory")):
         parent = owner[attempt_id]
-        slot = DeviceSlot(id=device_id, node_id=node_id, index=index, memory_total=total,
-                          free=round(share * FULL), free_memory=memory)
+        node = nodes[parent].setdefault(node_id, NodeSlot(id=node_id, name=str(node_id), labels={}))
+        if kind == Device.Kind.CPU:  # the CPUs (and host memory) the parent reserved: its children share them
+            slot = node.host = host_slot(device_id, node_id, index, share, memory)
+        else:
+            slot = DeviceSlot(id=device_id, node_id=node_id, index=index, memory_total=total,
+                              free=round(share * FULL), free_memory=memory)
+            node.devices.append(slot)
         devices[parent][device_id] = slot
-        nodes[parent].setdefault(node_id, NodeSlot(id=node_id, name=str(node_id), labels={})).devices.append(slot)
     for parent, device_id, share, memory in (
             Allocation.objects.filter(active=True, nested=True, attempt__job__parent_id__in=list(live))
             .values_list("attempt__job__parent_id", "device_id", "share", "memory")):
@@ -490,7 +519,9 @@ def _create_attempts(placements, now, notes=None, *, nested: bool = False) -> li
     numbers = dict(Attempt.objects.filter(job_id__in=job_ids).values("job_id").annotate(n=Max("number"))
                    .values_list("job_id", "n"))
     node_ids = {slot.node_id for _, taken, _ in placements for _, slot, _, _ in taken}
-    sessions = dict(Node.objects.filter(id__in=node_ids).values_list("id", "session"))
+    sessions, names = {}, {}
+    for node_id, session, name in Node.objects.filter(id__in=node_ids).values_list("id", "session", "name"):
+        sessions[node_id], names[node_id] = session, name
     attempts, allocations, events, dispatches = [], [], [], []
     for job_id, taken, share in placements:
         primary = taken[0][1].node_id
@@ -498,10 +529,7 @@ def _create_attempts(placements, now, notes=None, *, nested: bool = False) -> li
         attempts.append((attempt_id, job_id, number, primary, sessions[primary], token, share, now, now, now, "", ""))
         for rank, slot, milli, memory in taken:
             allocations.append((attempt_id, slot.id, rank, milli / FULL, memory, True, nested))
-        where = ", ".join(sorted({f"{slot.index}" for _, slot, _, _ in taken}))
-        held = sum(milli for _, _, milli, _ in taken) / FULL
-        message = (f"SCHEDULED: attempt {number} placed on devices {where} ({held:g} GPU"
-                   + (" inside its parent's allocation)" if nested else ")"))
+        message = f"SCHEDULED: attempt {number} placed {_placed_text(taken, nested, names)}"
         if notes and job_id in notes:
             message += f"; {notes[job_id]}"
         events.append((job_id, attempt_id, now, "state", {"state": S.SCHEDULED}, message))
@@ -522,6 +550,19 @@ def _create_attempts(placements, now, notes=None, *, nested: bool = False) -> li
             history.record("dispatch", job=job_id, attempt=attempt_id, token=token, number=number, share=share,
                            dispatched_at=dispatched.timestamp(), nested=nested)
     return dispatches
+
+
+def _placed_text(taken: list, nested: bool, names: dict) -> str:
+    """Where a placement went, for its SCHEDULED event: the devices and GPUs, and the CPUs it reserved."""
+    gpus = [(slot, milli) for _, slot, milli, _ in taken if not slot.cpu]
+    cpus = sum(milli for _, slot, milli, _ in taken if slot.cpu) / FULL
+    inside = " inside its parent's allocation" if nested else ""
+    if not gpus:
+        where = ", ".join(sorted({names.get(slot.node_id, str(slot.node_id)) for _, slot, _, _ in taken}))
+        return f"on the CPUs of node {where} ({cpus:g} CPU{inside})"
+    where = ", ".join(sorted({f"{slot.index}" for slot, _ in gpus}))
+    held = sum(milli for _, milli in gpus) / FULL
+    return f"on devices {where} ({held:g} GPU{f', {cpus:g} CPU' if cpus else ''}{inside})"
 
 
 def _announce_scheduled(job_ids: list) -> None:
@@ -557,7 +598,8 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
     costs: dict = {}
     for (attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory, kind,
          held) in active:
-        if device_id not in capacity.devices:
+        slot = capacity.slot(device_id)
+        if slot is None:
             continue
         effective = victim_priority + (quotas[team_id].priority if team_id in quotas else 0)
         stopping = state in {S.CANCELLED, S.PREEMPTED}
@@ -573,7 +615,7 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
             cost = costs[attempt_id]
             if cost is None:  # a plugin refuses to have it preempted
                 continue
-        node_id = capacity.devices[device_id].node_id
+        node_id = slot.node_id
         entry = by_node[node_id].setdefault(attempt_id, {
             "job": victim_job, "stopping": stopping, "cost": cost,
             "order": (not stopping, effective, cost, -(started.timestamp() if started else 0)), "allocs": []})
@@ -608,11 +650,8 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
 
 
 def resources_fit(capacity: CapacityIndex, resources: dict, selector, exclude) -> bool:
-    gpus = float(resources.get("gpus", 0))
-    memory = resources.get("gpu_memory")
-    if gpus > 1:
-        return capacity.find_whole(int(round(gpus)), memory, selector, exclude) is not None
-    return capacity.find_fraction(gpus, memory, selector, exclude) is not None
+    """Whether one worker of ``resources`` fits now outside the nodes ``exclude``: its GPUs, its CPUs, or both."""
+    return capacity.fits(resources, selector, exclude)
 
 
 # --- reaper and reconciler ----------------------------------------------------------------------------------

@@ -117,7 +117,12 @@ def base_specs(world) -> dict[str, dict]:
 
 BAD_ENVELOPE = [  # (field the 400 names, the body's fields)
     ("resources.gpus", {"resources": {"gpus": -1}}),
-    ("resources.gpus", {"resources": {"gpus": 0}}),
+    ("resources.cpus", {"resources": {"gpus": 0, "cpus": 0}}),
+    ("resources.cpus", {"resources": {"gpus": 0, "cpus": -1}}),
+    ("resources.cpus", {"resources": {"gpus": 0, "cpus": 10**30}}),
+    ("resources.cpus", {"resources": {"gpus": 0, "cpus": "2"}}),
+    ("resources.memory", {"resources": {"gpus": 0, "memory": "99999999999999999999999TiB"}}),
+    ("resources.memory", {"resources": {"gpus": 0, "memory": -1}}),
     ("resources.gpus", {"resources": {"gpus": 1e9}}),
     ("resources.gpus", {"resources": {"gpus": 65}}),
     ("resources.gpus", {"resources": {"gpus": 2.5}}),

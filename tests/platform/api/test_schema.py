@@ -115,9 +115,11 @@ def test_the_time_limit_schema_agrees_with_the_server(schema, value, valid, alic
     ({"gpus": 0.5, "gpu_memory": None}, True),
     ({"gpus": 65}, False), ({"gpus": -1}, False), ({"gpus": "1"}, False), ({"workers": 0}, False),
     ({"workers": 1.5}, False), ({"gpu_memory": "lots"}, False), ({"gpu_memory": 0}, False),
-    ({"node_labels": {"zone": ["a"]}}, False), ({"cpus": 4}, False)])
+    ({"node_labels": {"zone": ["a"]}}, False), ({"cores": 4}, False),
+    ({"gpus": 0}, True), ({"gpus": 0, "cpus": 0.5, "memory": "1GiB"}, True), ({"gpus": 0.5, "cpus": 2}, True),
+    ({"gpus": 0, "cpus": 0}, False), ({"gpus": 0, "cpus": "2"}, False), ({"gpus": 0, "memory": "lots"}, False)])
 def test_the_resources_schema_agrees_with_the_server(schema, resources, valid, alice_client, make_node):
-    make_node("n1", gpus=4)
+    make_node("n1", gpus=4, cpus=8, host_memory=32 * 2**30)
     ref = _submit_body(schema)["oneOf"][0]
     assert _validator(schema, _component(schema, ref)["properties"]["resources"]).is_valid(resources) is valid
     response = alice_client.post("/api/v1/jobs/", {"kind": "train", "spec": {"workload": "mlp-digits"},

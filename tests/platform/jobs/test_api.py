@@ -67,7 +67,10 @@ def test_bad_gpu_counts_are_refused(alice, job_body, gpus):
     ({"workers": 1.5}, "resources.workers"),
     ({"gpu_memory": "lots"}, "resources.gpu_memory"),
     ({"gpu_memory": -5}, "resources.gpu_memory"),
-    ({"cpus": 4}, "resources.cpus"),
+    ({"cpus": 0}, "resources.cpus"),
+    ({"gpus": 0, "cpus": "4"}, "resources.cpus"),
+    ({"gpus": 0, "memory": "lots"}, "resources.memory"),
+    ({"cpus_per_worker": 4}, "resources.cpus_per_worker"),
     ({"node_labels": ["a"]}, "resources.node_labels"),
 ])
 def test_bad_resources_name_the_field(alice, job_body, resources, field):

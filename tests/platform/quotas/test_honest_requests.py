@@ -24,12 +24,15 @@ def submit(client, resources, **extra):
                               "resources": resources, **extra}, format="json")
 
 
-def test_gpus_zero_is_refused(alpha):
+def test_gpus_zero_is_a_cpu_job_and_a_sliver_of_a_gpu_is_refused(alpha):
     _, client = alpha
     response = submit(client, {"gpus": 0})
-    assert response.status_code == 400 and "real share" in response.json()["resources.gpus"][0]
+    # No GPU: it holds a real share of a node's CPUs instead (one unless it says), accounted like GPUs.
+    assert response.status_code == 201
+    assert response.json()["resources"] == {"gpus": 0.0, "gpu_memory": None, "workers": 1, "cpus": 1.0,
+                                            "memory": None}
     assert submit(client, {"gpus": 0.0001}).status_code == 400
-    assert Job.objects.count() == 0
+    assert Job.objects.count() == 1
 
 
 def test_max_gpus_zero_refuses_every_job_even_one_sized_by_memory(alpha, make_node):

@@ -26,16 +26,21 @@ class NodeSerializer(serializers.ModelSerializer):
     devices = DeviceSerializer(many=True, read_only=True)
     lease_valid = serializers.BooleanField(read_only=True)
 
+    cpus = serializers.FloatField(read_only=True, allow_null=True,
+                                  help_text="CPUs the node reported (shared by jobs that reserve CPUs); null if none.")
+    memory = serializers.IntegerField(read_only=True, allow_null=True,
+                                      help_text="Host memory (bytes) the node reported; null if none.")
+
     class Meta:
         model = Node
         fields = ["id", "name", "hostname", "state", "labels", "registered_at", "last_heartbeat", "lease_expires_at",
-                  "lease_valid", "devices"]
+                  "lease_valid", "cpus", "memory", "devices"]
         read_only_fields = fields
 
 
 class DeviceReportSerializer(serializers.Serializer):
     index = serializers.IntegerField(min_value=0, max_value=1024)
-    kind = serializers.ChoiceField(choices=Device.Kind.choices)
+    kind = serializers.ChoiceField(choices=[(Device.Kind.CUDA, "cuda"), (Device.Kind.VIRTUAL, "virtual")])
     name = serializers.CharField(max_length=200, required=False, default="")
     memory_total = serializers.IntegerField(min_value=1)
 
@@ -47,6 +52,10 @@ class RegisterSerializer(serializers.Serializer):
     labels = serializers.DictField(child=serializers.CharField(max_length=200), required=False, default=dict)
     devices = DeviceReportSerializer(many=True)
     info = serializers.DictField(required=False, default=dict)
+    cpus = serializers.FloatField(min_value=0.001, max_value=1_000_000, required=False, allow_null=True, default=None,
+                                  help_text="CPUs the node offers to jobs that reserve CPUs; without it, none.")
+    memory = serializers.IntegerField(min_value=0, max_value=2**60, required=False, allow_null=True, default=None,
+                                      help_text="Host memory (bytes) the node offers to such jobs.")
 
 
 class SampleSerializer(serializers.Serializer):
@@ -194,7 +203,11 @@ class ClaimDeviceSerializer(serializers.Serializer):
 class ClaimWorkerSerializer(serializers.Serializer):
     rank = serializers.IntegerField()
     node = serializers.UUIDField()
-    device = ClaimDeviceSerializer()
+    device = ClaimDeviceSerializer(allow_null=True, help_text=(
+        "The GPU share of this worker; null for a worker that holds no GPU (a job with gpus: 0 runs on the "
+        "node's CPUs)."))
+    cpus = serializers.FloatField(required=False, help_text="CPUs reserved for the worker on the node, if any.")
+    memory = serializers.IntegerField(required=False, help_text="Host memory (bytes) reserved with them.")
 
 
 class ClaimAnswerSerializer(serializers.Serializer):

@@ -14,11 +14,15 @@ def _limit_field(name: str) -> serializers.Field:
 class ByteSizeField(serializers.Field):
     """Bytes, or a size such as "16GiB" (parsed by quota_clean, like the web editor); null is unlimited."""
 
+    def __init__(self, quota_field: str = "max_gpu_memory", **kwargs):
+        super().__init__(**kwargs)
+        self.quota_field = quota_field
+
     def to_internal_value(self, data):
         try:
-            return quota_clean({"max_gpu_memory": data})["max_gpu_memory"]
+            return quota_clean({self.quota_field: data})[self.quota_field]
         except QuotaInvalid as error:
-            raise serializers.ValidationError(error.errors["max_gpu_memory"]) from None
+            raise serializers.ValidationError(error.errors[self.quota_field]) from None
 
     def to_representation(self, value):
         return value
@@ -28,6 +32,8 @@ class QuotaSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     max_gpus = _limit_field("max_gpus")
     max_gpu_memory = ByteSizeField(allow_null=True, required=False)
+    max_cpus = _limit_field("max_cpus")
+    max_memory = ByteSizeField("max_memory", allow_null=True, required=False)
     max_concurrent_jobs = _limit_field("max_concurrent_jobs")
     gpu_hours = _limit_field("gpu_hours")
     window_hours = _limit_field("window_hours")
@@ -36,8 +42,8 @@ class QuotaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Quota
-        fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_concurrent_jobs", "gpu_hours", "window_hours",
-                  "priority", "weight"]
+        fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_concurrent_jobs",
+                  "gpu_hours", "window_hours", "priority", "weight"]
         read_only_fields = ["id", "team"]
 
     def validate(self, attrs):
@@ -55,6 +61,11 @@ class UsageSerializer(serializers.Serializer):
     gpu_memory = serializers.IntegerField(help_text="Bytes of GPU memory they hold or ask for.")
     gpu_hours_window = serializers.FloatField(help_text="GPU-hours used in the last window_hours.")
     gpu_hours_total = serializers.FloatField()
+    cpus = serializers.FloatField(help_text="CPUs the admitted jobs reserve (jobs with gpus: 0, and GPU jobs that "
+                                            "state cpus).")
+    memory = serializers.IntegerField(help_text="Bytes of host memory they reserve.")
+    cpu_hours_window = serializers.FloatField(help_text="CPU-hours used in the last window_hours.")
+    cpu_hours_total = serializers.FloatField()
     window_hours = serializers.FloatField()
     pending = serializers.IntegerField(help_text="Jobs waiting for quota.")
     participants = serializers.IntegerField(help_text="Active participants of the team's jobs (machines outside "
