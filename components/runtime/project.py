@@ -54,7 +54,7 @@ def command_errors(command: Any, name: str = "spec.command") -> dict[str, str]:
     if command is None:
         return {}
     if not isinstance(command, list) or not command:
-        return {name: "must be a non-empty list of strings, e.g. [\"python\", \"train.py\"]"}
+        return {name: "must be a non-empty list of strings, e.g. [\"python\", \"main.py\"]"}
     if len(command) > MAX_COMMAND_ARGS:
         return {name: f"must have at most {MAX_COMMAND_ARGS} arguments"}
     bad = [i for i, arg in enumerate(command) if not isinstance(arg, str)]
@@ -210,33 +210,46 @@ class DiskCache:
     def get(self, key: str, build: Callable[[Path], None], *, note: Callable[[str], None] = lambda _m: None) -> Lease:
         """The entry ``key``, built by ``build(directory)`` if absent; returns a shared :class:`Lease` on it.
         Concurrent callers wait for one build (an exclusive lock per key). A build that raises leaves nothing."""
-        lock = self._lock(key)
-        handle = open(lock, "a+")  # noqa: SIM115 -- held for the lease's lifetime
+        handle = open(self._lock(key), "a+")  # noqa: SIM115 -- held for the lease's lifetime
         try:
-            if not self.ready(key):
+            while True:
+                if self.ready(key):
+                    fcntl.flock(handle, fcntl.LOCK_SH)  # waits only for an evictor holding it exclusively
+                    if self.ready(key):
+                        break
+                    continue
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+                except BlockingIOError:  # another attempt builds it (or an evictor removes it): wait for it
                     note(f"waiting for another attempt's build of {self.label} {key[:12]}")
-                    fcntl.flock(handle, fcntl.LOCK_EX)
+                    fcntl.flock(handle, fcntl.LOCK_SH)
+                    if self.ready(key):
+                        break
+                    fcntl.flock(handle, fcntl.LOCK_UN)  # its build failed: try building it ourselves
+                    time.sleep(0.05)
+                    continue
                 if not self.ready(key):
-                    target = self.entry(key)
-                    _remove_tree(target)  # a build that died half-way
-                    started = time.monotonic()
-                    try:
-                        build(target)
-                    except BaseException:
-                        _remove_tree(target)
-                        raise
-                    (self.root / f"{key}.size").write_text(str(_tree_size(target)))
-                    (self.root / f"{key}.ready").write_text(f"{time.time():.3f} {time.monotonic() - started:.3f}\n")
-            fcntl.flock(handle, fcntl.LOCK_SH)  # an exclusive lock is converted; a waiter's is taken shared
+                    self._build(key, build)
+                fcntl.flock(handle, fcntl.LOCK_SH)  # the exclusive lock is converted
+                break
             os.utime(self._lock(key))  # last used: the lock file's mtime
         except BaseException:
             handle.close()
             raise
         self.evict(keep=key)
         return Lease(self.entry(key), handle)
+
+    def _build(self, key: str, build: Callable[[Path], None]) -> None:
+        target = self.entry(key)
+        _remove_tree(target)  # a build that died half-way
+        started = time.monotonic()
+        try:
+            build(target)
+        except BaseException:
+            _remove_tree(target)
+            raise
+        (self.root / f"{key}.size").write_text(str(_tree_size(target)))
+        (self.root / f"{key}.ready").write_text(f"{time.time():.3f} {time.monotonic() - started:.3f}\n")
 
     def entries(self) -> list[tuple[float, int, str]]:
         """(last used, size, key) of every ready entry."""

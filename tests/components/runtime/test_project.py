@@ -1,0 +1,165 @@
+"""A team's project on a node: bundle and environment caches (built once, concurrent waiters, LRU eviction that
+skips entries in use), environments layered on the node's Python, failed builds as user errors."""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+import time
+
+import pytest
+from support import index_environment, package_index
+
+from components.runtime import bundles
+from components.runtime.project import (
+    DiskCache,
+    ProjectCache,
+    UserError,
+    build_environment,
+    environment_digest,
+    prepare_rank,
+)
+
+HELLO = {"strata-hello": {"strata_hello/__init__.py": "GREETING = 'hello from the index'\n"}}
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    with package_index(tmp_path / "index", HELLO) as url:
+        for name, value in index_environment(url).items():
+            monkeypatch.setenv(name, value)
+        yield url
+
+
+def test_concurrent_gets_build_once(tmp_path):
+    cache = DiskCache(tmp_path / "cache", budget=10**9)
+    builds = []
+
+    def build(target):
+        builds.append(1)
+        time.sleep(0.5)
+        target.mkdir()
+        (target / "f").write_text("x")
+
+    leases = []
+    threads = [threading.Thread(target=lambda: leases.append(cache.get("k", build))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(builds) == 1 and len(leases) == 4
+    assert all((lease.path / "f").read_text() == "x" for lease in leases)
+    for lease in leases:
+        lease.release()
+
+
+def test_a_failed_build_leaves_nothing_and_the_next_one_retries(tmp_path):
+    cache = DiskCache(tmp_path / "cache", budget=10**9)
+
+    def broken(target):
+        target.mkdir()
+        raise UserError("no")
+
+    with pytest.raises(UserError):
+        cache.get("k", broken)
+    assert not (tmp_path / "cache" / "k").exists() and not cache.ready("k")
+    lease = cache.get("k", lambda target: target.mkdir())
+    assert lease.path.is_dir()
+    lease.release()
+
+
+def test_eviction_is_lru_and_skips_entries_in_use(tmp_path):
+    cache = DiskCache(tmp_path / "cache", budget=2500)
+
+    def build_of(size):
+        def build(target):
+            target.mkdir()
+            (target / "data").write_bytes(b"x" * size)
+        return build
+
+    in_use = cache.get("a", build_of(1000))  # held: never evicted
+    cache.get("b", build_of(1000)).release()
+    time.sleep(0.02)
+    cache.get("c", build_of(1000)).release()  # 3000 > 2500: the oldest entry not in use (b) goes
+    assert cache.ready("a") and not cache.ready("b") and cache.ready("c")
+    assert not (tmp_path / "cache" / "b").exists()
+    in_use.release()
+
+
+def test_the_environment_installs_from_the_index_and_sees_the_node_packages(tmp_path, index):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("strata-hello\ntorch\n")  # torch: already on the node, never installed again
+    notes = []
+    build_environment(tmp_path / "env", requirements, [], notes.append)
+    import subprocess
+
+    out = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c",
+                          "import strata_hello, torch, components.runtime.bundles; print(strata_hello.GREETING)"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hello from the index"
+    assert not list((tmp_path / "env").rglob("torch/__init__.py"))  # not a second copy of torch
+    assert any("Successfully installed strata-hello" in note for note in notes)
+
+
+def test_a_broken_requirement_fails_with_pips_message(tmp_path, index):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("no-such-package-strata==9.9\n")
+    with pytest.raises(UserError, match="could not be built.*no-such-package-strata"):
+        build_environment(tmp_path / "env", requirements, [], lambda _m: None)
+
+
+def test_two_ranks_of_one_environment_build_it_once(tmp_path, index):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import strata_hello\n")
+    (project / "requirements.txt").write_text("strata-hello\n")
+    archive = io.BytesIO()
+    _, digest = bundles.pack(project, archive)
+    downloads = []
+
+    def download(target):
+        downloads.append(1)
+        target.write_bytes(archive.getvalue())
+
+    claim = {"attempt": "att", "code": {"digest": digest, "expanded_size": 1000},
+             "spec": {"command": ["python", "train.py"], "environment": {"requirements": "requirements.txt"}}}
+    cache = ProjectCache(tmp_path / "state")
+    notes = []
+    first = prepare_rank(cache, claim, 0, download=download, note=notes.append)
+    second = prepare_rank(cache, claim, 1, download=download, note=notes.append)
+    assert len(downloads) == 1
+    assert sum("built in" in note for note in notes) == 1 and any("(cached)" in note for note in notes)
+    assert first.python == second.python != sys.executable
+    assert (first.workdir / "train.py").read_text() == "import strata_hello\n"
+    (first.workdir / "new.txt").write_text("writable")  # the working copy is the attempt's own
+    cached = cache.code.entry(digest) / "train.py"
+    with pytest.raises(PermissionError):
+        if __import__("os").geteuid() == 0:  # root ignores file modes: the modes themselves are checked
+            assert not cached.stat().st_mode & 0o222
+            raise PermissionError
+        cached.write_text("changed")
+    assert first.env["STRATA_CHECKPOINT_DIR"].endswith("checkpoint")
+    first.release()
+    second.release()
+
+
+def test_a_bundle_whose_bytes_do_not_match_its_digest_is_refused(tmp_path):
+    claim = {"attempt": "att", "code": {"digest": "0" * 64}, "spec": {"command": ["true"]}}
+    with pytest.raises(UserError, match="do not match its digest"):
+        prepare_rank(ProjectCache(tmp_path / "state"), claim, 0,
+                     download=lambda target: target.write_bytes(b"junk"), note=lambda _m: None)
+    assert not (tmp_path / "state" / "code" / ("0" * 64)).exists()
+
+
+def test_requirements_without_a_bundle_are_a_user_error(tmp_path):
+    claim = {"attempt": "att", "spec": {"command": ["true"], "environment": {"requirements": "requirements.txt"}}}
+    with pytest.raises(UserError, match="needs a code bundle"):
+        prepare_rank(ProjectCache(tmp_path / "state"), claim, 0, download=None, note=lambda _m: None)
+
+
+def test_the_digest_depends_on_what_is_installed_only():
+    base = {"pip": ["a"], "env": {"X": "1"}}
+    assert environment_digest(base, "r") == environment_digest({"pip": ["a"], "env": {"X": "2"}}, "r")
+    assert environment_digest(base, "r") != environment_digest(base, "r2")
