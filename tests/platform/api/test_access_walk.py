@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import re
+import tarfile
 from datetime import timedelta
 
 import pytest
@@ -28,7 +29,7 @@ from support import api_routes, fill_route
 
 from components.runtime import registry
 from strata.accounts.models import ApiToken, token_digest
-from strata.jobs.models import Artifact, Attempt, Job, JobToken, Participant, PluginRecord
+from strata.jobs.models import Artifact, Attempt, CodeBundle, Job, JobToken, Participant, PluginRecord
 
 PREFIX = "/api/v1/"
 UNSAFE = {"post", "put", "patch", "delete"}
@@ -39,7 +40,7 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-finish", "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens", "attempt-rendezvous",
-               "attempt-credential"}
+               "attempt-credential", "attempt-code"}
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 # Routes about one job: filled once per job of every kind (job-route once per registered route name too).
@@ -48,10 +49,11 @@ JOB_ROUTES = {"job-detail", "job-artifacts", "job-cancel", "job-download", "job-
               "job-evict-participant"}
 # Lists (the caller's own objects; alpha's must not show) and cluster-wide objects with no team data.
 LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list", "token-list", "pool-list",
-               "collection"}
+               "collection", "code-list"}
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
-TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item"}
+TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
+                "code-download"}
 ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing it is for cluster admins
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \
     | ADMIN_ONLY
@@ -141,7 +143,16 @@ def world(make_team, make_user, make_token, make_node, node_token, run_pass, api
         assert response.status_code == 201, (collection, response.content)
         records[collection] = PluginRecord.objects.get(collection=collection, team=alpha, name=record["name"])
     jobs["train-source"] = source
+    project = io.BytesIO()
+    with tarfile.open(fileobj=project, mode="w:gz") as archive:
+        data = b"print('alpha-secret-code')\n"
+        info = tarfile.TarInfo("alpha_secret_main.py")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    uploaded = a.generic("POST", f"{PREFIX}code/", data=project.getvalue(), content_type="application/gzip")
+    assert uploaded.status_code == 201, uploaded.content
     return {
+        "code": uploaded.json()["digest"],
         "alpha": alpha, "beta": beta, "alice": alice, "bob": bob, "admin": admin, "node": node, "agent": agent,
         "a": a, "jobs": jobs, "artifact": artifact, "attempt": attempt, "job_tokens": job_tokens,
         "participants": participants, "records": records, "token_a": ApiToken.objects.get(user=alice),
@@ -165,6 +176,7 @@ def _secrets(world) -> list[str]:
     values += [str(token.pk) for token in world["job_tokens"].values()]
     values += [token.prefix for token in world["job_tokens"].values()]
     values += [str(p.pk) for p in world["participants"].values()]
+    values.append(world["code"])
     return values
 
 
@@ -188,7 +200,8 @@ def _requests(world):
     any_participant = next(iter(world["participants"].values()))
     base = {"team": world["alpha"].slug, "slug": world["alpha"].slug, "attempt_id": str(world["attempt"].pk),
             "child_id": str(jobs["train"].pk), "name": "alpha-secret.bin", "participant_id": str(any_participant.pk),
-            "pk": str(jobs["train"].pk), "artifact_id": str(world["artifact"].pk), "token_id": str(any_token.pk)}
+            "pk": str(jobs["train"].pk), "artifact_id": str(world["artifact"].pk), "token_id": str(any_token.pk),
+            "digest": world["code"]}
     for name, text, methods in API_ROUTES:
         fills = []
         if name in JOB_ROUTES:
@@ -242,7 +255,7 @@ def _foreign_expected(name: str, method: str) -> set[int]:
         return {403} if name == "quota-detail" and method in {"put", "patch"} else {404}
     if name in ADMIN_ONLY:
         return {200} if method == "get" else {403}
-    if name in {"job-list", "collection"} and method == "post":
+    if name in {"job-list", "collection", "code-list"} and method == "post":
         return {400}
     if name == "token-list" and method == "post":
         return {201, 400}  # bob's own new token (a session must name his team: 400)
@@ -258,6 +271,7 @@ def _snapshot(world) -> dict:
         "job_tokens": sorted((str(t.pk), t.revoked_at) for t in JobToken.objects.all()),
         "participants": sorted((str(p.pk), p.state) for p in Participant.objects.all()),
         "records": PluginRecord.objects.count(),
+        "code": sorted(CodeBundle.objects.values_list("team_id", "digest")),
     }
 
 

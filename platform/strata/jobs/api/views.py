@@ -395,7 +395,7 @@ class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
 
     permission_classes = [IsUser]
     lookup_field = "digest"
-    lookup_value_regex = "(sha256:)?[0-9a-f]{12,64}"
+    lookup_value_regex = "[0-9a-f]{12,64}"
 
     def get_queryset(self):
         queryset = CodeBundle.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team", "owner")
