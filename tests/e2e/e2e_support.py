@@ -78,12 +78,13 @@ class Cluster:
         self.session.headers["Authorization"] = f"Bearer {self.credentials['token']}"
         return self
 
-    def start_node(self, name: str, virtual_gpus: int = 1) -> subprocess.Popen:
+    def start_node(self, name: str, virtual_gpus: int = 1, env: dict | None = None) -> subprocess.Popen:
         log = (self.home / f"node-{name}.out").open("ab")
         node = subprocess.Popen(
             [*strata_command(), "node", "--server", self.url, "--name", name, "--virtual-gpus", str(virtual_gpus),
              "--state-dir", str(self.home / f"node-{name}")],
-            env=e2e_env(STRATA_NODE_TOKEN=self.credentials["node_token"]), stdout=log, stderr=subprocess.STDOUT,
+            env=e2e_env(STRATA_NODE_TOKEN=self.credentials["node_token"], **(env or {})), stdout=log,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         self.nodes.append(node)
         return node

@@ -37,17 +37,127 @@ def load_job_file(path: str) -> dict:
     return data
 
 
+def _human(size: float) -> str:
+    from components.runtime.bundles import human_size
+
+    return human_size(int(size))
+
+
+def push_code(client: ControlPlaneClient, directory: str, team: str | None) -> str:
+    """Pack ``directory`` (honouring .gitignore and .strataignore) and upload it; returns the bundle's digest.
+    The same contents uploaded again by the team are the same bundle (nothing is stored twice)."""
+    import tempfile
+
+    from components.runtime import bundles
+    from strata.cli.config import ConfigError
+
+    with tempfile.TemporaryFile() as archive:
+        try:
+            manifest, digest = bundles.pack(directory, archive, max_bytes=_code_limit())
+        except bundles.BundleError as error:
+            raise ConfigError(f"cannot ship {directory}: {error}") from None
+        size = archive.tell()
+        print(f"packed {directory}: {len(manifest.files)} files, {_human(manifest.size)} "
+              f"({_human(size)} compressed), sha256:{digest[:12]}", flush=True)
+        archive.seek(0)
+        params = {"team": team} if team else {}
+        response = client.request("POST", "code/", data=archive, params=params, timeout=600, raw=True,
+                                  headers={"Content-Type": "application/gzip"})
+    answer = response.json()
+    print(f"code bundle {answer['digest'][:12]} " + ("uploaded" if response.status_code == 201 else
+                                                     "already stored (same contents)"), flush=True)
+    return answer["digest"]
+
+
+def _code_limit() -> int:
+    import os
+
+    raw = os.environ.get("STRATA_MAX_CODE_BYTES", "")
+    return int(raw) if raw.isdigit() else 100 * 2**20
+
+
+def _ship_code(client: ControlPlaneClient, body: dict, args) -> None:
+    """``--code DIR``, or the job file's ``code:`` naming a directory (relative to the file), becomes a bundle."""
+    directory = getattr(args, "code", None)
+    named = body.get("code")
+    if directory is None and isinstance(named, str) and args.file != "-":
+        candidate = Path(args.file).parent / named
+        if candidate.is_dir():
+            directory = str(candidate)
+    if directory is not None:
+        body["code"] = push_code(client, directory, body.get("team"))
+
+
 def submit(args) -> int:
     client = connect(args)
     body = load_job_file(args.file)
     if args.team:
         body["team"] = args.team
+    _ship_code(client, body, args)
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
     job = client.post("jobs/", body, headers=headers)
     print(f"submitted job {job['id']} ({job['name']}): {job['state']}", flush=True)
     if not args.wait:
         return 0
     return wait_for_job(client, job["id"], timeout=args.timeout)
+
+
+def code(args) -> int:
+    client = connect(args)
+    if args.code_command == "push":
+        print(push_code(client, args.directory, args.team))
+        return 0
+    if args.code_command == "list":
+        page = client.get("code/", params={"team": args.team} if args.team else {})
+        rows = page.get("results", page) if isinstance(page, dict) else page
+        print(f"{'DIGEST':14} {'TEAM':12} {'FILES':>6} {'SIZE':>10} {'JOBS':>5}  CREATED")
+        for row in rows:
+            print(f"{row['digest'][:12]:14} {row['team']:12} {row['file_count']:>6} {_human(row['expanded_size']):>10} "
+                  f"{row['jobs']:>5}  {row['created_at'][:19]}")
+        return 0
+    bundle = client.get(f"code/{args.digest.removeprefix('sha256:')}/")
+    print(f"sha256:{bundle['digest']}  team {bundle['team']}  {bundle['file_count']} files, "
+          f"{_human(bundle['expanded_size'])}, used by {bundle['jobs']} job(s)")
+    for entry in bundle["files"]:
+        print(f"{entry['size']:>12}  {entry['path']}")
+    return 0
+
+
+ENV_CHECK = ("import sys, importlib.metadata as m; print('python', sys.version.split()[0]); "
+             "[print('installed', d.metadata['Name'], d.version) for d in "
+             "sorted(m.distributions(path=[p for p in sys.path if p.startswith(sys.prefix)]), "
+             "key=lambda d: str(d.metadata['Name']).lower())]")
+
+
+def env_build(args) -> int:
+    """Build the environment of a job file on a node: a CPU job that only imports nothing and lists what the
+    environment installed. Exits 0 when the build succeeded; the build's log is the job's log."""
+    client = connect(args)
+    source = load_job_file(args.file)
+    environment = (source.get("spec") or {}).get("environment")
+    if not environment:
+        raise ValueError(f"{args.file} has no spec.environment to build")
+    if not source.get("kind"):
+        raise ValueError(f"{args.file} names no kind")
+    body = {"kind": source["kind"], "name": f"env-build-{Path(args.file).stem}"[:200],
+            "resources": {"gpus": 0, "cpus": 1}, "max_attempts": 1,
+            "spec": {"command": ["python", "-c", ENV_CHECK], "environment": environment}}
+    if args.team or source.get("team"):
+        body["team"] = args.team or source.get("team")
+    if source.get("code") is not None:
+        body["code"] = source["code"]
+    _ship_code(client, body, args)
+    job = client.post("jobs/", body)
+    print(f"building the environment in job {job['id']}", flush=True)
+    code = wait_for_job(client, job["id"], timeout=args.timeout)
+    after = 0
+    while lines := client.get(f"jobs/{job['id']}/logs/", params={"after": after}):
+        for line in lines:
+            message = line.get("message", "")
+            if message.startswith(("[env]", "environment", "installed ", "python ", "building")):
+                print(message)
+        after = lines[-1]["id"]
+    return code
 
 
 def _progress(kind: str):

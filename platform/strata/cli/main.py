@@ -113,6 +113,26 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--team")
     submit.add_argument("--idempotency-key")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    submit.add_argument("--code", metavar="DIR", help="ship this project directory with the job (a code bundle; "
+                        "honours .gitignore and .strataignore); the job file's 'code:' may name one too")
+
+    code = commands.add_parser("code", help="code bundles: a project directory uploaded once per content").add_subparsers(
+        dest="code_command", required=True)
+    code_push = code.add_parser("push", help="pack and upload a directory; prints its digest")
+    code_push.add_argument("directory")
+    code_push.add_argument("--team")
+    code_list = code.add_parser("list", help="the team's code bundles")
+    code_list.add_argument("--team")
+    code_show = code.add_parser("show", help="a bundle's files")
+    code_show.add_argument("digest")
+
+    env = commands.add_parser("env", help="job environments").add_subparsers(dest="env_command", required=True)
+    env_build = env.add_parser("build", help="build a job file's environment on a node (a short CPU job) and "
+                               "print what it installed, before a big sweep")
+    env_build.add_argument("file")
+    env_build.add_argument("--code", metavar="DIR", help="the project directory (for environment.requirements)")
+    env_build.add_argument("--team")
+    env_build.add_argument("--timeout", type=float, default=1800.0)
 
     jobs = commands.add_parser("jobs", help="list jobs")
     jobs.add_argument("--state")
@@ -166,7 +186,8 @@ def dispatch(args) -> int:
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "check": local.check, "migrate": local.migrate_command,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
-                "quota": client.quota, "participants": client.participants}
+                "quota": client.quota, "participants": client.participants, "code": client.code,
+                "env": client.env_build}
     if args.command in handlers:
         return handlers[args.command](args)
     from components.runtime import registry
