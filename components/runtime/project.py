@@ -57,9 +57,10 @@ def command_errors(command: Any, name: str = "spec.command") -> dict[str, str]:
         return {name: "must be a non-empty list of strings, e.g. [\"python\", \"main.py\"]"}
     if len(command) > MAX_COMMAND_ARGS:
         return {name: f"must have at most {MAX_COMMAND_ARGS} arguments"}
-    bad = [i for i, arg in enumerate(command) if not isinstance(arg, str)]
+    bad = [i for i, arg in enumerate(command) if not isinstance(arg, str | int | float) or isinstance(arg, bool)]
     if bad:
-        return {name: f"must hold strings only (item {bad[0]} is {type(command[bad[0]]).__name__})"}
+        return {name: f"must hold strings (or numbers) only (item {bad[0]} is {type(command[bad[0]]).__name__})"}
+    command = normalize_command(command)
     if not command[0].strip():
         return {name: "the program (the first item) must not be empty"}
     if sum(len(arg.encode("utf-8", "surrogatepass")) for arg in command) > MAX_COMMAND_BYTES:
@@ -67,6 +68,11 @@ def command_errors(command: Any, name: str = "spec.command") -> dict[str, str]:
     if any("\x00" in arg for arg in command):
         return {name: "must not contain NUL characters"}
     return {}
+
+
+def normalize_command(command: list[Any]) -> list[str]:
+    """The command as strings: a number (``--epochs 3`` written in YAML, a sweep's ``{{lr}}``) as its text."""
+    return [arg if isinstance(arg, str) else str(arg) for arg in command]
 
 
 def _relative_file(value: Any) -> str | None:

@@ -8,7 +8,12 @@ from typing import Any, ClassVar
 
 from components.runtime.data import option_errors
 from components.runtime.distributed import distributed_errors, normalize, workers_problems
-from components.runtime.project import command_errors, environment_errors, normalize_environment
+from components.runtime.project import (
+    command_errors,
+    environment_errors,
+    normalize_command,
+    normalize_environment,
+)
 from components.runtime.spec import Checker, KindSpec
 
 # The last two are the embeddings plugin's DLRMs on CTR data (components.train.workloads.PLUGIN_WORKLOADS).
@@ -183,7 +188,7 @@ class TrainSpec(KindSpec):
             "data": data if isinstance(data, dict) else {},
         }
         if command is not None:
-            normalized["command"] = list(command)
+            normalized["command"] = normalize_command(command)
         environment = normalize_environment(spec.get("environment"))
         if environment is not None:
             normalized["environment"] = environment
