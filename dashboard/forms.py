@@ -147,6 +147,9 @@ def common_fields(kind: str, teams, default_team: str | None) -> list[FormField]
         FormField(name="name", label="Name", control="text", placeholder=f"{kind}-job", max_length=200,
                   help="A label for lists and logs; need not be unique."),
         team_field,
+        FormField(name="code", label="Code bundle", control="text", placeholder="digest of an uploaded bundle",
+                  max_length=71, help="Your project: the digest of a bundle already uploaded (strata code list), "
+                  "or upload a zip or tar of the project directory below. Empty: built-in code only."),
         FormField(name="priority", label="Priority", control="number", value_type="integer", step="1",
                   minimum=-100, maximum=100, value="0",
                   help="-100 to 100. Higher runs first and may preempt lower-priority jobs."),

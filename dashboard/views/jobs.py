@@ -211,12 +211,17 @@ def job_new(request):
     nonce = request.POST.get("nonce") if request.method == "POST" else None
     if not nonce or not forms.NONCE.match(nonce):
         nonce = uuid.uuid4().hex
-    post, errors = None, {}
+    post, errors, code_error = None, {}, ""
     if request.method == "POST":
-        post = request.POST
+        post = request.POST.copy()
+        try:
+            if digest := _upload_code(request):
+                post["code"] = digest  # the re-rendered form keeps it: the archive need not be chosen again
+        except ValueError as error:
+            code_error = str(error)
         document, form_errors = forms.document_from_post(kind, post)
         submission = forms.validate_submission(request, document, form_errors)
-        if submission.valid and (job := _submit(request, submission, nonce)) is not None:
+        if not code_error and submission.valid and (job := _submit(request, submission, nonce)) is not None:
             return redirect(_submitted(request, job))
         errors = submission.errors
     else:
@@ -231,8 +236,29 @@ def job_new(request):
         kinds=[(name, spec.description) for name, spec in registry.kinds().items()],
         # The editor starts on the same job as the form (normalized when valid, as typed when not).
         form=form, nonce=nonce, snippets=snippets, editor_text=snippets["yaml"],
-        validate_url=reverse("dashboard:job-validate"),
+        validate_url=reverse("dashboard:job-validate"), code_error=code_error,
+        code_limit=settings.STRATA_MAX_CODE_BYTES,
     ))
+
+
+def _upload_code(request) -> str | None:
+    """The digest of the project archive posted with the form (stored as a bundle of the chosen team), or None
+    when none was chosen. Raises ValueError naming the problem (the same checks as ``POST /api/v1/code/``)."""
+    from strata.jobs.code import CodeRejected, code_store
+    from strata.jobs.selectors import SubmitTeamError, submit_team
+
+    upload = request.FILES.get("code_archive")
+    if upload is None:
+        return None
+    try:
+        team = submit_team(request, request.POST.get("team") or None)
+    except SubmitTeamError as error:
+        raise ValueError(f"choose the team the code belongs to: {error}") from None
+    try:
+        bundle, _created = code_store(team=team, user=request.user, source=upload)
+    except CodeRejected as error:
+        raise ValueError(str(error)) from None
+    return bundle.digest
 
 
 def _initial_post(form: dict[str, Any]) -> dict[str, str]:

@@ -75,7 +75,8 @@
         const response = await fetch(validateUrl, {
           method: "POST", credentials: "same-origin",
           headers: {"X-CSRFToken": Strata.csrf(), "Accept": "application/json"},
-          body: new URLSearchParams(new FormData(form)),
+          // The fields as text (a chosen archive is uploaded with the submit itself, not with each check).
+          body: new URLSearchParams([...new FormData(form)].filter(([, value]) => typeof value === "string")),
         });
         if (!response.ok) return;
         const data = await response.json();
