@@ -173,3 +173,34 @@ def test_a_bad_value_shows_the_field_error(admin, ui_cluster):
     page.click("#validate-spec")
     page.wait_for_selector("#editor-errors li[data-field=document]")
     assert ui_cluster.get("jobs/")["count"] == before
+
+
+def test_upload_a_project_zip_on_the_submit_page_and_the_job_succeeds(admin, ui_cluster, tmp_path):
+    """A zip of a project directory, chosen on the submit page next to the command: it becomes a code bundle of
+    the team, the job runs it, and the job page shows the bundle's digest and files."""
+    import zipfile
+
+    archive = tmp_path / "my-project.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("my-project/main.py", "import pathlib, strata_report\n"
+                                              "print('hello from the uploaded zip')\n"
+                                              "strata_report.report(step=1, accuracy=0.75)\n")
+        bundle.writestr("my-project/README.md", "A project.\n")
+    page = admin.page
+    admin.goto("/jobs/new/?kind=train")
+    page.fill("input[name=name]", "ui-zip-project")
+    page.fill("input[name='resources.gpus']", "0.5")
+    page.set_input_files("input[name=code_archive]", str(archive))
+    page.fill("[name='spec.command']", '["python", "main.py"]')
+    page.click("#submit-job")
+    page.wait_for_url("**/jobs/*-*/")
+    job_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    job = ui_cluster.job(job_id)
+    assert job["code"]["file_count"] == 2, job
+    page.wait_for_selector("#job-state[data-state=SUCCEEDED]", timeout=180_000)
+    assert "hello from the uploaded zip" in page.inner_text("#logs") or \
+        "hello from the uploaded zip" in "\n".join(ui_cluster.logs(job_id))
+    assert [p["value"] for p in ui_cluster.metrics(job_id) if p["name"] == "accuracy"] == [0.75]
+    code = page.inner_text("#job-code")
+    assert job["code"]["digest"][:12] in code and "main.py" in page.inner_html("#job-code")
+    assert not admin.console_errors, admin.console_errors

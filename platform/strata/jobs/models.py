@@ -60,7 +60,8 @@ class Job(models.Model):
     spec = models.JSONField(default=dict)
     # The team's code bundle the job runs (a project submitted with --code), or null for built-in code.
     code = models.ForeignKey(CodeBundle, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
-    # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}
+    # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}, plus "cpus" and
+    # "memory" (per worker, reserved on the node) when the job reserves CPUs (a gpus: 0 job always does)
     resources = models.JSONField(default=dict)
     priority = models.IntegerField(default=0)
     # Child jobs: a running job may submit jobs of its own team (a sweep's trials, ranks); cancelling it cancels them.
