@@ -247,3 +247,24 @@ def test_an_entrypoint_from_the_bundle_and_a_broken_requirement(cluster, tmp_pat
     result = cluster.cli("submit", str(missing), "--code", str(directory), "--wait", timeout=300)
     job = cluster.job(result.stdout.split("submitted job ")[1].split()[0])
     assert job["state"] == "FAILED" and len(job["attempts"]) == 1 and "notthere" in job["reason"], job
+
+
+def test_a_user_workload_on_a_share_and_a_sweep_of_it(cluster):
+    """A team's own Workload class from the bundle, on half a GPU, stepped and checkpointed by Strata's loop; then
+    a tune sweep of it (trials of the same bundle)."""
+    example = EXAMPLES / "workload-share"
+    result = cluster.cli("submit", str(example / "job.yaml"), "--wait", timeout=600)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    job = cluster.job(job_id)
+    assert job["resources"]["gpus"] == 0.5 and job["code"] is not None
+    accuracy = [p["value"] for p in cluster.metrics(job_id) if p["name"] == "test_accuracy"]
+    assert len(accuracy) == 4 and accuracy[-1] >= 0.85, accuracy
+    assert {"model.pt", "metrics.json"} <= set(artifacts(cluster, job_id))
+
+    result = cluster.cli("submit", str(example / "sweep.yaml"), "--wait", timeout=900)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    sweep = cluster.job(result.stdout.split("submitted job ")[1].split()[0])
+    assert sweep["state"] == "SUCCEEDED" and len(sweep["children"]) == 4, sweep
+    assert all(cluster.job(child["id"])["spec"]["entrypoint"] == "mywork:DigitsWorkload"
+               for child in sweep["children"])
