@@ -81,11 +81,11 @@ def too_large(manifest: Manifest, limit: int) -> BundleError:
 
 
 # -- packing a directory (the CLI) ---------------------------------------------------------------------------
-def _ignore_spec(root: Path):
+def _ignore_spec(root: Path, ignore_files: bool = True):
     import pathspec
 
-    lines = list(ALWAYS_IGNORED)
-    for name in IGNORE_FILES:
+    lines = list(ALWAYS_IGNORED) if ignore_files else []
+    for name in IGNORE_FILES if ignore_files else ():
         path = root / name
         if path.is_file():
             lines.extend(path.read_text(errors="replace").splitlines())
@@ -106,21 +106,25 @@ def _nested_specs(root: Path, directory: Path):
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def collect(directory: str | os.PathLike) -> tuple[Path, list[tuple[str, Path]]]:
+def collect(directory: str | os.PathLike, *, ignore_files: bool = True) -> tuple[Path, list[tuple[str, Path]]]:
     """The files of ``directory`` a bundle holds: ``(root, [(relative POSIX path, absolute path)])``, sorted.
 
     Honours ``.gitignore`` and ``.strataignore`` (the root's and those of subdirectories, as git does) and
-    :data:`ALWAYS_IGNORED`. Symbolic links are followed only when they stay inside the directory; one that
-    leaves it is refused, naming it."""
+    :data:`ALWAYS_IGNORED`; with ``ignore_files=False`` (a data set: every file is data) none of them. Symbolic
+    links are followed only when they stay inside the directory; one that leaves it is refused, naming it."""
     root = Path(directory).resolve()
     if not root.is_dir():
         raise BundleError(f"{directory} is not a directory")
-    top = _ignore_spec(root)
+    top = _ignore_spec(root, ignore_files)
     found: list[tuple[str, Path]] = []
     stack: list[tuple[Path, list[tuple[str, object]]]] = [(root, [])]
+    visited: set[Path] = set()
     while stack:
         current, specs = stack.pop()
-        nested = _nested_specs(root, current)
+        if current.resolve() in visited:  # a link back to a directory already packed (a loop)
+            continue
+        visited.add(current.resolve())
+        nested = _nested_specs(root, current) if ignore_files else None
         if nested is not None:
             specs = [*specs, (current.relative_to(root).as_posix(), nested)]
         for entry in sorted(os.scandir(current), key=lambda e: e.name):
@@ -144,15 +148,19 @@ def collect(directory: str | os.PathLike) -> tuple[Path, list[tuple[str, Path]]]
 
 
 def pack(directory: str | os.PathLike, target: BinaryIO, *, max_bytes: int = DEFAULT_MAX_BYTES,
-         max_files: int = DEFAULT_MAX_FILES) -> tuple[Manifest, str]:
+         max_files: int = DEFAULT_MAX_FILES, ignore_files: bool = True,
+         compresslevel: int = 9) -> tuple[Manifest, str]:
     """Write the canonical bundle of ``directory`` to ``target``; returns (manifest, sha256 of what was written).
-    Over ``max_bytes`` (expanded) or ``max_files``, raises :class:`BundleError` naming the largest files."""
-    _root, files = collect(directory)
+    Over ``max_bytes`` (expanded) or ``max_files``, raises :class:`BundleError` naming the largest files.
+    ``ignore_files=False`` packs every file (a data set); ``compresslevel`` is gzip's (the same tree and level
+    always give the same bytes)."""
+    _root, files = collect(directory, ignore_files=ignore_files)
     manifest = Manifest([BundleFile(rel, path.stat().st_size, bool(path.stat().st_mode & 0o111))
                          for rel, path in files])
     _check_limits(manifest, max_bytes, max_files)
     return manifest, _write_canonical(((f, path.open("rb")) for f, (_rel, path) in zip(manifest.files, files,
-                                                                                      strict=True)), target)
+                                                                                      strict=True)), target,
+                                      compresslevel)
 
 
 def _check_limits(manifest: Manifest, max_bytes: int, max_files: int) -> None:
@@ -180,9 +188,9 @@ class _HashingWriter(io.RawIOBase):
         return len(data)
 
 
-def _write_canonical(entries: Iterable[tuple[BundleFile, BinaryIO]], target: BinaryIO) -> str:
+def _write_canonical(entries: Iterable[tuple[BundleFile, BinaryIO]], target: BinaryIO, compresslevel: int = 9) -> str:
     writer = _HashingWriter(target)
-    with gzip.GzipFile(fileobj=writer, mode="wb", mtime=0, filename="") as zipped, \
+    with gzip.GzipFile(fileobj=writer, mode="wb", mtime=0, filename="", compresslevel=compresslevel) as zipped, \
             tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for info_file, source in entries:
             with source:
@@ -359,6 +367,23 @@ def canonicalize(source: BinaryIO, target: BinaryIO, *, max_bytes: int = DEFAULT
         raise BundleError("the archive holds no files")
     ordered = sorted(spooled, key=lambda pair: pair[0].path)
     return manifest, _write_canonical(ordered, target)
+
+
+def inspect(source: BinaryIO, *, max_bytes: int = DEFAULT_MAX_BYTES,
+            max_files: int = DEFAULT_MAX_FILES) -> Manifest:
+    """Check an archive entry by entry as :func:`unpack` would, without writing anything (every entry is read
+    through, so a damaged or lying one is found). Returns the manifest; raises :class:`BundleError`."""
+    files = []
+    for info, data in _entries(source, max_bytes, max_files):
+        read = 0
+        while chunk := data.read(CHUNK):
+            read += len(chunk)
+        if read != info.size:
+            raise BundleError(f"{info.path}: holds {read} bytes where the archive says {info.size}")
+        files.append(info)
+    if not files:
+        raise BundleError("the archive holds no files")
+    return Manifest(sorted(files, key=lambda f: f.path))
 
 
 def _spool(data: BinaryIO, info: BundleFile) -> BinaryIO:

@@ -31,6 +31,11 @@ Two more things a provider may do:
   data is augmented afresh every epoch asks for each epoch's samples, and the provider decides where they
   come from (computed now, or a cached earlier computation reused) -- the :class:`EpochSource` protocol.
 
+One option belongs to the core itself (:data:`CORE_PROVIDERS`): ``mount: {alias: name}`` mounts the team's
+uploaded data sets (``strata data upload``, ``/api/v1/data/``) read-only at ``$STRATA_DATA_DIR/<alias>`` for
+the job's processes. Checked at submit like any option, and resolved there through ``lookup(DATA_COLLECTION,
+name)`` to the data set's digest, so the stored spec says exactly what was mounted (:func:`mounts_of`).
+
 Light: imported by the control plane (for the option check); no torch or numpy here.
 """
 
@@ -40,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -121,6 +127,78 @@ class EpochSource:
         pass
 
 
+MOUNT_OPTION = "mount"
+DATA_COLLECTION = "data"  # what :meth:`Mounts.resolve` asks ``lookup`` for: the team's uploaded data sets
+MAX_MOUNTS = 32
+MOUNT_ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DATA_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+RESOLVED_MOUNT = frozenset({"name", "digest", "format", "file", "size", "expanded_size"})
+DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Mounts(DataProvider):
+    """The core's data option ``mount: {alias: data set name}``: the team's uploaded data sets, read-only at
+    ``$STRATA_DATA_DIR/<alias>`` on the node. Resolved at submit to ``{alias: {name, digest, format, size,
+    expanded_size[, file]}}``; a resolved mount is kept as long as the team still has that data set unchanged."""
+
+    options: ClassVar[frozenset[str]] = frozenset({MOUNT_OPTION})
+
+    def validate(self, data: dict[str, Any]) -> dict[str, str]:
+        mount = data.get(MOUNT_OPTION)
+        if not isinstance(mount, dict) or not mount:
+            return {MOUNT_OPTION: "must be an object of alias: data set name (strata data list shows the names), "
+                                  "e.g. {images: pets-2024}"}
+        if len(mount) > MAX_MOUNTS:
+            return {MOUNT_OPTION: f"must mount at most {MAX_MOUNTS} data sets"}
+        errors = {}
+        for alias, value in mount.items():
+            where = f"{MOUNT_OPTION}.{str(alias)[:64]}"
+            if not isinstance(alias, str) or not MOUNT_ALIAS.match(alias) or alias in (".", ".."):
+                errors[where] = "the alias must be 1 to 64 letters, digits, '.', '_' or '-' (a directory name)"
+            elif isinstance(value, dict):
+                if not (set(value) <= RESOLVED_MOUNT and isinstance(value.get("name"), str)
+                        and isinstance(value.get("digest"), str) and DIGEST.match(value["digest"])):
+                    errors[where] = "must name a data set (a resolved mount is {name, digest, ...})"
+            elif not isinstance(value, str) or not DATA_NAME.match(value):
+                errors[where] = "must name one of the team's data sets (lower case letters, digits, '.', '_', '-')"
+        return errors
+
+    def resolve(self, data: dict[str, Any], lookup: Callable[[str, str], dict[str, Any] | None]) -> dict[str, Any]:
+        from components.runtime.spec import SpecError
+
+        resolved: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for alias, value in (data.get(MOUNT_OPTION) or {}).items():
+            name = value.get("name") if isinstance(value, dict) else value
+            found = lookup(DATA_COLLECTION, str(name))
+            where = f"{MOUNT_OPTION}.{alias}"
+            if found is None:
+                errors[where] = f"no data set named {name!r} in this team (strata data list shows them)"
+            elif isinstance(value, dict) and value.get("digest") != found.get("digest"):
+                errors[where] = (f"data set {name!r} is no longer the one this job mounted "
+                                 f"({str(value.get('digest'))[:12]}): it was deleted or uploaded again")
+            else:
+                resolved[alias] = {key: found[key] for key in RESOLVED_MOUNT if key in found}
+        if errors:
+            raise SpecError(errors)
+        return {MOUNT_OPTION: resolved}
+
+
+CORE_PROVIDERS: tuple[DataProvider, ...] = (Mounts(),)
+"""Options of the core itself, taken besides the installed providers' wherever options are checked and
+resolved."""
+
+
+def mounts_of(spec: Any) -> dict[str, dict[str, Any]]:
+    """The resolved mounts of a job's (stored) spec: ``{alias: {name, digest, format, size, ...}}``."""
+    data = spec.get("data") if isinstance(spec, dict) else None
+    mount = data.get(MOUNT_OPTION) if isinstance(data, dict) else None
+    if not isinstance(mount, dict):
+        return {}
+    return {alias: value for alias, value in mount.items()
+            if isinstance(value, dict) and isinstance(value.get("digest"), str) and DIGEST.match(value["digest"])}
+
+
 def recipe_key(recipe: dict[str, Any]) -> str:
     """The content hash of a recipe: equal recipes (key order aside) have equal keys."""
     encoded = json.dumps(recipe, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -147,7 +225,7 @@ def option_errors(data: Any, providers: list[DataProvider] | None = None, *,
         return {prefix: "must hold finite JSON values only"}
     if size > MAX_OPTIONS_BYTES:
         return {prefix: f"must be at most {MAX_OPTIONS_BYTES} bytes as JSON"}
-    providers = _providers() if providers is None else providers
+    providers = [*CORE_PROVIDERS, *(_providers() if providers is None else providers)]
     errors: dict[str, str] = {}
     owned = {option for provider in providers for option in provider.options}
     for option in data:
@@ -175,7 +253,7 @@ def resolve_options(data: dict[str, Any], lookup: Callable[[str, str], dict[str,
 
     resolved = dict(data)
     errors: dict[str, str] = {}
-    for provider in _providers() if providers is None else providers:
+    for provider in [*CORE_PROVIDERS, *(_providers() if providers is None else providers)]:
         mine = {option: data[option] for option in provider.options if option in data}
         if not mine:
             continue

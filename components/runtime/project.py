@@ -9,10 +9,13 @@ On the node, everything lives under the node's state directory:
 - ``envs/<digest>/``: a virtual environment per environment digest, layered on the node's own Python (a ``.pth``
   file adds the node's site-packages, so torch and Strata are never installed again), built once with pip (or
   uv, see :func:`installer`);
-- ``work/<attempt>-<rank>/``: the attempt's working directory: a writable copy of the bundle (``code/``), and
-  ``output/``, ``checkpoint/`` and ``tmp/``; removed when the attempt ends.
+- ``data/<digest>/``: a data set the job mounts (``spec.data.mount``), fetched once per digest, read-only;
+- ``work/<attempt>-<rank>/``: the attempt's working directory: a writable copy of the bundle (``code/``),
+  ``output/``, ``checkpoint/``, ``tmp/`` and ``data/`` (``STRATA_DATA_DIR``: a link per mount alias to its
+  cached data set); removed when the attempt ends.
 
-Both caches are LRU under a byte budget (``STRATA_CODE_CACHE_BYTES``, ``STRATA_ENV_CACHE_BYTES``). Every entry
+The caches are LRU under a byte budget (``STRATA_CODE_CACHE_BYTES``, ``STRATA_ENV_CACHE_BYTES``,
+``STRATA_DATA_CACHE_BYTES``). Every entry
 has a lock file: a build holds it exclusively (concurrent attempts wait for the one build), a running attempt
 holds it shared (eviction skips entries in use).
 """
@@ -44,6 +47,8 @@ ENVIRONMENT_FIELDS = {"requirements", "pip", "python_path", "env"}
 MAX_PIP_SPECS = 200
 DEFAULT_CODE_CACHE_BYTES = 2 * 2**30
 DEFAULT_ENV_CACHE_BYTES = 10 * 2**30
+DEFAULT_DATA_CACHE_BYTES = 20 * 2**30
+MAX_DATA_FILES = 1_000_000
 ENV_BUILD_TIMEOUT_S = float(os.environ.get("STRATA_ENV_BUILD_TIMEOUT_S", "1800"))
 USERLIB = Path(__file__).with_name("userlib")  # strata_report: importable in every command job
 
@@ -391,9 +396,11 @@ def project_of(claim: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, 
 
 
 def uses_project(claim: dict[str, Any]) -> bool:
+    from components.runtime.data import mounts_of
+
     code, environment = project_of(claim)
     spec = claim.get("spec") or {}
-    return bool(code or environment or spec.get("command"))
+    return bool(code or environment or spec.get("command") or mounts_of(spec))
 
 
 @dataclass
@@ -403,11 +410,40 @@ class ProjectCache:
     state_dir: Path
     code_budget: int = int(os.environ.get("STRATA_CODE_CACHE_BYTES", DEFAULT_CODE_CACHE_BYTES))
     env_budget: int = int(os.environ.get("STRATA_ENV_CACHE_BYTES", DEFAULT_ENV_CACHE_BYTES))
+    data_budget: int = int(os.environ.get("STRATA_DATA_CACHE_BYTES", DEFAULT_DATA_CACHE_BYTES))
 
     def __post_init__(self):
         self.state_dir = Path(self.state_dir)
         self.code = DiskCache(self.state_dir / "code", self.code_budget, "code bundle")
         self.envs = DiskCache(self.state_dir / "envs", self.env_budget, "environment")
+        self.data = DiskCache(self.state_dir / "data", self.data_budget, "data set")
+
+    @staticmethod
+    def _fetched(cache: DiskCache, digest: str, label: str, download: Callable[[Path], None],
+                 note: Callable[[str], None], place: Callable[[Any, Path, Path], Any]) -> Lease:
+        """The read-only entry ``digest`` of ``cache``: ``download(path)`` writes its bytes to ``path``, which are
+        checked against the digest, then ``place(open file, its path, target)`` lays them out (a manifest)."""
+        from components.runtime import bundles
+
+        def build(target: Path) -> None:
+            fetched = cache.root / f"{digest}.download"
+            try:
+                started = time.monotonic()
+                download(fetched)
+                with fetched.open("rb") as source:
+                    if bundles.digest_of(source) != digest:
+                        raise UserError(f"{label} {digest[:12]}: the bytes received do not match its digest")
+                    source.seek(0)
+                    manifest = place(source, fetched, target)
+                note(f"{label} {digest[:12]}: {len(manifest.files)} files, "
+                     f"{bundles.human_size(manifest.size)}, fetched in {time.monotonic() - started:.1f} s")
+            except bundles.BundleError as error:
+                raise UserError(f"{label} {digest[:12]}: {error}") from None
+            finally:
+                fetched.unlink(missing_ok=True)
+            make_read_only(target)
+
+        return cache.get(digest, build, note=note)
 
     def bundle(self, digest: str, download: Callable[[Path], None], note: Callable[[str], None], *,
                expanded: int | None = None) -> Lease:
@@ -415,25 +451,29 @@ class ProjectCache:
         ``expanded``: its size unpacked, as the control plane measured it (nothing past it is written)."""
         from components.runtime import bundles
 
-        def build(target: Path) -> None:
-            archive = self.code.root / f"{digest}.download"
-            try:
-                started = time.monotonic()
-                download(archive)
-                with archive.open("rb") as source:
-                    if bundles.digest_of(source) != digest:
-                        raise UserError(f"code bundle {digest[:12]}: the bytes received do not match its digest")
-                    source.seek(0)
-                    manifest = bundles.unpack(source, target, max_bytes=expanded or bundles.DEFAULT_MAX_BYTES)
-                note(f"code bundle {digest[:12]}: {len(manifest.files)} files, "
-                     f"{bundles.human_size(manifest.size)}, fetched in {time.monotonic() - started:.1f} s")
-            except bundles.BundleError as error:
-                raise UserError(f"code bundle {digest[:12]}: {error}") from None
-            finally:
-                archive.unlink(missing_ok=True)
-            make_read_only(target)
+        def place(source, _path: Path, target: Path):
+            return bundles.unpack(source, target, max_bytes=expanded or bundles.DEFAULT_MAX_BYTES)
 
-        return self.code.get(digest, build, note=note)
+        return self._fetched(self.code, digest, "code bundle", download, note, place)
+
+    def data_set(self, mount: dict[str, Any], download: Callable[[Path], None], note: Callable[[str], None]) -> Lease:
+        """The read-only data set of a resolved mount (``{name, digest, format, expanded_size[, file]}``): a
+        directory (an archive unpacked, or the one file under its name); ``download(path)`` writes its bytes."""
+        from components.runtime import bundles
+
+        def place(source, path: Path, target: Path):
+            if mount.get("format") == "file":
+                name = bundles.clean_path(str(mount.get("file") or "data"))
+                if "/" in name:
+                    raise bundles.BundleError(f"{name}: a file's name has no directories")
+                target.mkdir(parents=True)
+                source.close()
+                shutil.move(str(path), str(target / name))
+                return bundles.Manifest([bundles.BundleFile(name, (target / name).stat().st_size)])
+            return bundles.unpack(source, target, max_bytes=int(mount.get("expanded_size") or 0) or 1,
+                                  max_files=MAX_DATA_FILES)
+
+        return self._fetched(self.data, str(mount["digest"]), f"data set {mount.get('name')}", download, note, place)
 
     def environment(self, environment: dict[str, Any], bundle_dir: Path | None,
                     note: Callable[[str], None]) -> Lease | None:
@@ -466,9 +506,14 @@ class ProjectCache:
 
 
 def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, download: Callable[[Path], None],
-                 note: Callable[[str], None]) -> Project:
-    """Fetch the bundle and build the environment (each once per node), then make this rank's working
-    directory. Raises :class:`UserError` for what retrying cannot fix."""
+                 note: Callable[[str], None],
+                 download_data: Callable[[str, Path], None] | None = None) -> Project:
+    """Fetch the bundle and the mounted data sets and build the environment (each once per node), then make this
+    rank's working directory, with a read-only link per mount in its ``data/`` (``STRATA_DATA_DIR``).
+    ``download_data(digest, path)`` writes a data set's bytes. Raises :class:`UserError` for what retrying
+    cannot fix."""
+    from components.runtime.data import mounts_of
+
     code, environment = project_of(claim)
     leases: list[Lease] = []
     try:
@@ -499,13 +544,20 @@ def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, downl
             workdir.mkdir(parents=True)
         project = Project(workdir=workdir, output_dir=work / "output", checkpoint_dir=work / "checkpoint",
                           tmp_dir=work / "tmp", python=python, leases=leases)
-        for directory in (project.output_dir, project.checkpoint_dir, project.tmp_dir):
+        for directory in (project.output_dir, project.checkpoint_dir, project.tmp_dir, work / "data"):
             directory.mkdir(parents=True, exist_ok=True)
+        for alias, mount in sorted(mounts_of(claim.get("spec")).items()):
+            if download_data is None:
+                raise RuntimeError("the job mounts data sets, and this node cannot fetch them")
+            digest = str(mount["digest"])
+            lease = cache.data_set(mount, lambda path, digest=digest: download_data(digest, path), note)
+            leases.append(lease)
+            (work / "data" / alias).symlink_to(lease.path, target_is_directory=True)
         extra = [str(workdir / p) for p in (environment or {}).get("python_path") or []]
         project.env = {**(environment or {}).get("env", {}),
                        "STRATA_WORKDIR": str(workdir), "STRATA_OUTPUT_DIR": str(project.output_dir),
                        "STRATA_CHECKPOINT_DIR": str(project.checkpoint_dir), "TMPDIR": str(project.tmp_dir),
-                       "STRATA_PYTHON_PATH": os.pathsep.join(extra)}
+                       "STRATA_DATA_DIR": str(work / "data"), "STRATA_PYTHON_PATH": os.pathsep.join(extra)}
         if python != sys.executable:
             project.env["VIRTUAL_ENV"] = str(Path(python).parent.parent)
         return project

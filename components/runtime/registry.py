@@ -222,7 +222,8 @@ def _try(load):
 
 # Names core commands already use: a plugin may not shadow them.
 RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
-                               "cancel", "quota", "bench", "plugins", "job-token", "participants"})
+                               "cancel", "quota", "bench", "plugins", "job-token", "participants", "code", "env",
+                               "data"})
 # The core's own benchmarks (strata.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 # The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
@@ -231,7 +232,8 @@ RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "l
 
 # The core's own top-level API resources (/api/v1/<name>/): a plugin's collection may not take these names.
 RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
-                                  "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants"})
+                                  "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants",
+                                  "code", "data", "uploads"})
 
 
 def _load() -> _State:
@@ -241,6 +243,7 @@ def _load() -> _State:
     owners.update({("command", name): "core" for name in RESERVED_COMMANDS})
     owners.update({("job route", name): "core" for name in RESERVED_JOB_ROUTES})
     owners.update({("collection", name): "core" for name in RESERVED_COLLECTIONS})
+    owners.update({("data option", "mount"): "core"})  # components.runtime.data.Mounts
     for source, manifest in _manifests():
         name = getattr(manifest, "name", None) or source
         if isinstance(manifest, Exception):

@@ -110,22 +110,29 @@ class AttemptRunner:
         mine = [a for a in claim["allocations"] if a["node"] == self.config["node"]]
         return sorted({a["rank"] for a in mine}) or [0]
 
-    def _download_code(self, target: Path) -> None:
-        response = self.client.request("GET", self._path("code/"), params=self._auth(), raw=True, stream=True,
-                                       timeout=600)
+    def _download(self, suffix: str, target: Path, timeout: float = 600) -> None:
+        response = self.client.request("GET", self._path(suffix), params=self._auth(), raw=True, stream=True,
+                                       timeout=timeout)
         with response, target.open("wb") as out:
             for chunk in response.iter_content(1 << 20):
                 out.write(chunk)
 
+    def _download_code(self, target: Path) -> None:
+        self._download("code/", target)
+
+    def _download_data(self, digest: str, target: Path) -> None:
+        self._download(f"data/{digest}/", target, timeout=3600)
+
     def prepare(self, claim: dict) -> None:
-        """Fetch the job's code bundle and build its environment (once per node: cached), and make each rank's
-        working directory. Raises :class:`~components.runtime.project.UserError` for what retrying cannot fix
+        """Fetch the job's code bundle and the data sets it mounts and build its environment (once per node:
+        cached), and make each rank's working directory. Raises :class:`~components.runtime.project.UserError` for what retrying cannot fix
         (a failed build, a damaged bundle). The build's output goes to the job's log as it comes."""
         if not uses_project(claim):
             return
         cache = ProjectCache(Path(self.config["state_dir"]))
         for rank in self._ranks_here(claim):
-            self.projects[rank] = prepare_rank(cache, claim, rank, download=self._download_code, note=self._note)
+            self.projects[rank] = prepare_rank(cache, claim, rank, download=self._download_code, note=self._note,
+                                               download_data=self._download_data)
             self._poll_logs_only()
 
     def _poll_logs_only(self) -> None:

@@ -177,6 +177,9 @@ STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024
 STRATA_MAX_UPLOAD_BYTES = env_int("STRATA_MAX_UPLOAD_BYTES", 512 * 2**20, minimum=1024)
 # A code bundle's files, unpacked (POST /api/v1/code/, strata submit --code): over it, the error names the largest.
 STRATA_MAX_CODE_BYTES = env_int("STRATA_MAX_CODE_BYTES", 100 * 2**20, minimum=1024)
+# A data set (strata data upload, /api/v1/uploads/): its bytes, and its files unpacked; and one chunk of an upload.
+STRATA_MAX_DATA_BYTES = env_int("STRATA_MAX_DATA_BYTES", 10 * 2**30, minimum=1024)
+STRATA_MAX_DATA_CHUNK_BYTES = env_int("STRATA_MAX_DATA_CHUNK_BYTES", 64 * 2**20, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20

@@ -14,6 +14,7 @@ from strata.api.values import safe_name, text_problem
 UPLOAD_PATH_MARKER = "/artifacts/"
 CODE_UPLOAD_PATH = "/api/v1/code/"
 CODE_ARCHIVE_SLACK = 16 * 2**20  # a zip or tar of a bundle at the limit is somewhat larger than its files
+DATA_UPLOAD_PREFIX = "/api/v1/uploads/"  # PUT .../uploads/{id}/chunks/{n}/: one chunk of a data set
 
 
 def body_limit(path: str) -> int:
@@ -23,6 +24,8 @@ def body_limit(path: str) -> int:
     is_upload = path.startswith("/api/v1/node/") and UPLOAD_PATH_MARKER in path
     if path == CODE_UPLOAD_PATH:  # code bundles: their own limit (STRATA_MAX_CODE_BYTES)
         return max(settings.STRATA_MAX_CODE_BYTES + CODE_ARCHIVE_SLACK, settings.STRATA_MAX_BODY_BYTES)
+    if path.startswith(DATA_UPLOAD_PREFIX) and "/chunks/" in path:  # a data set's chunk: STRATA_MAX_DATA_CHUNK_BYTES
+        return max(settings.STRATA_MAX_DATA_CHUNK_BYTES, settings.STRATA_MAX_BODY_BYTES)
     return settings.STRATA_MAX_UPLOAD_BYTES if is_upload else settings.STRATA_MAX_BODY_BYTES
 
 

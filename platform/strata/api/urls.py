@@ -6,7 +6,10 @@ from strata.accounts.api.views import TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
+    AttemptDataView,
     CodeBundleViewSet,
+    DataSetViewSet,
+    DataUploadViewSet,
     JobRouteView,
     JobViewSet,
     ParticipantHeartbeatView,
@@ -24,6 +27,8 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("code", CodeBundleViewSet, basename="code")
+router.register("data", DataSetViewSet, basename="data")
+router.register("uploads", DataUploadViewSet, basename="upload")
 
 ATTEMPT = "node/attempts/<uuid:attempt_id>"
 urlpatterns = [
@@ -41,6 +46,7 @@ urlpatterns = [
     path(f"{ATTEMPT}/sources/<str:name>/", cluster.AttemptSourceView.as_view(), name="attempt-source"),
     path(f"{ATTEMPT}/checkpoint/", cluster.AttemptCheckpointView.as_view(), name="attempt-checkpoint"),
     path(f"{ATTEMPT}/code/", cluster.AttemptCodeView.as_view(), name="attempt-code"),
+    path(f"{ATTEMPT}/data/<str:digest>/", AttemptDataView.as_view(), name="attempt-data"),
     path(f"{ATTEMPT}/tokens/", cluster.AttemptTokensView.as_view(), name="attempt-tokens"),
     path(f"{ATTEMPT}/rendezvous/", cluster.AttemptRendezvousView.as_view(), name="attempt-rendezvous"),
     path(f"{ATTEMPT}/children/", cluster.AttemptChildrenView.as_view(), name="attempt-children"),

@@ -62,7 +62,7 @@ def server_limits():
     # Waitress refuses bodies over this before buffering them; the middleware enforces the real, per-route
     # limits (an artifact upload's is the largest) with a JSON 413, so leave it a little room above them.
     max_body = max(settings.STRATA_MAX_UPLOAD_BYTES, settings.STRATA_MAX_BODY_BYTES,
-                   settings.STRATA_MAX_CODE_BYTES + CODE_ARCHIVE_SLACK) + 2**20
+                   settings.STRATA_MAX_CODE_BYTES + CODE_ARCHIVE_SLACK, settings.STRATA_MAX_DATA_CHUNK_BYTES) + 2**20
     return ServerLimits(connection_limit=settings.STRATA_SERVER_CONNECTION_LIMIT,
                         idle_timeout=settings.STRATA_SERVER_IDLE_TIMEOUT,
                         header_timeout=settings.STRATA_SERVER_HEADER_TIMEOUT,

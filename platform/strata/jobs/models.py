@@ -28,15 +28,12 @@ TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCE
 ADMITTED_STATES = frozenset({JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.PREEMPTED})
 
 
-class CodeBundle(models.Model):
-    """A team's project directory as one content-addressed archive (``components.runtime.bundles``): the SHA-256
-    of its canonical bytes names it, so a team's identical uploads are stored once. Kept while a job uses it
-    (``Job.code`` protects it)."""
+class StoredFiles(models.Model):
+    """Files a team uploaded, kept in the artifact storage under ``storage_key`` (abstract: code bundles and
+    data sets)."""
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="code_bundles")
     digest = models.CharField(max_length=64)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    size = models.BigIntegerField(help_text="Bytes of the archive (gzip'd tar).")
     expanded_size = models.BigIntegerField(help_text="Bytes of its files, unpacked.")
     file_count = models.PositiveIntegerField()
     files = models.JSONField(default=list, help_text="[{path, size}] sorted by path.")
@@ -44,11 +41,73 @@ class CodeBundle(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        abstract = True
+
+
+class CodeBundle(StoredFiles):
+    """A team's project directory as one content-addressed archive (``components.runtime.bundles``): the SHA-256
+    of its canonical bytes names it, so a team's identical uploads are stored once. Kept while a job uses it
+    (``Job.code`` protects it)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="code_bundles")
+    size = models.BigIntegerField(help_text="Bytes of the archive (gzip'd tar).")
+
+    class Meta:
         ordering = ["-created_at"]
         constraints = [models.UniqueConstraint(fields=["team", "digest"], name="one_code_bundle_per_digest")]
 
     def __str__(self) -> str:
         return f"code {self.digest[:12]} of {self.team_id}"
+
+
+class DataSet(StoredFiles):
+    """A team's uploaded data (one file, or a directory as a canonical gzip'd tar made by
+    ``components.runtime.bundles``), named uniquely in the team and mounted read-only into jobs
+    (``spec.data.mount``). Its SHA-256 (of the stored bytes) is what a job's resolved spec names."""
+
+    class Format(models.TextChoices):
+        ARCHIVE = "archive"  # a directory, as a gzip'd tar
+        FILE = "file"  # one file, stored as it is
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="data_sets")
+    name = models.CharField(max_length=64)
+    format = models.CharField(max_length=16, choices=Format.choices)
+    size = models.BigIntegerField(help_text="Bytes stored (the archive, or the file).")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_data_set_per_name")]
+
+    def __str__(self) -> str:
+        return f"data {self.name} ({self.digest[:12]}) of {self.team_id}"
+
+
+class DataUpload(models.Model):
+    """A chunked, resumable upload of a :class:`DataSet` in progress: chunks arrive in any order, each checked
+    against its SHA-256, and are stored until ``complete`` assembles and verifies the whole."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="data_uploads")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=64)
+    format = models.CharField(max_length=16, choices=DataSet.Format.choices)
+    file_name = models.CharField(max_length=255, blank=True, help_text="The file's name (format file).")
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    chunk_size = models.BigIntegerField()
+    received = models.JSONField(default=dict, help_text="{chunk index: its sha256}, of the chunks stored.")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @property
+    def chunk_count(self) -> int:
+        return max(1, -(-self.size // self.chunk_size))
+
+    def __str__(self) -> str:
+        return f"upload {self.pk} of {self.name}"
 
 
 class Job(models.Model):
@@ -60,6 +119,9 @@ class Job(models.Model):
     spec = models.JSONField(default=dict)
     # The team's code bundle the job runs (a project submitted with --code), or null for built-in code.
     code = models.ForeignKey(CodeBundle, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    # The team's data sets the job mounts (spec.data.mount, resolved at submit): one is not deleted while an
+    # unfinished job mounts it.
+    data_sets = models.ManyToManyField(DataSet, blank=True, related_name="jobs")
     # Normalized: {"gpus": float per worker, "gpu_memory": bytes per worker or null, "workers": int}, plus "cpus" and
     # "memory" (per worker, reserved on the node) when the job reserves CPUs (a gpus: 0 job always does)
     resources = models.JSONField(default=dict)

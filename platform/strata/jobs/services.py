@@ -21,6 +21,7 @@ from components.runtime.registry import subscribers as registry_subscribers
 from components.runtime.tokens import token_digest
 from strata.cluster.models import Device
 from strata.jobs import history
+from strata.jobs.data import data_link
 from strata.jobs.events import emit
 from strata.jobs.models import (
     TERMINAL_STATES,
@@ -113,6 +114,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     try:
         with transaction.atomic():
             job.save()
+            data_link(job)
             job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
             history.record("submit", job=job, kind=job.kind, team=team.slug, max_attempts=job.max_attempts,
                            parent=str(parent.pk) if parent is not None else None)
@@ -211,11 +213,16 @@ def check_sources(team, kind: str, spec: dict) -> None:
 
 def record_lookup(team):
     """``lookup(collection, name)``: the body (with ``name``) of ``team``'s record of that name in a plugin's
-    collection, or of the collection's built-in entry of that name; None when there is neither."""
+    collection, or of the collection's built-in entry of that name; None when there is neither. The core's own
+    collection ``DATA_COLLECTION`` is the team's uploaded data sets (``strata.jobs.data``)."""
     from components.runtime import registry
+    from components.runtime.data import DATA_COLLECTION
+    from strata.jobs.data import data_lookup
     from strata.jobs.models import PluginRecord
 
     def lookup(collection: str, name: str) -> dict | None:
+        if collection == DATA_COLLECTION:
+            return data_lookup(team, name)
         found = registry.collections().get(collection)
         if found is None:
             return None

@@ -90,6 +90,15 @@ def test_a_link_that_leaves_the_directory_is_refused(tmp_path):
         bundles.pack(project, io.BytesIO())
 
 
+def test_a_link_loop_inside_the_directory_is_packed_once(tmp_path):
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "m.py").write_text("x\n")
+    (project / "pkg" / "again").symlink_to("..")  # a loop back to the project
+    manifest, _ = bundles.pack(project, io.BytesIO())
+    assert [f.path for f in manifest.files] == ["pkg/m.py"]
+
+
 def _tar(members) -> io.BytesIO:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:

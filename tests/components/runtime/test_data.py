@@ -12,7 +12,16 @@ import pytest
 
 from components.runtime import registry
 from components.runtime.conformance.data import DataProviderConformance
-from components.runtime.data import DataProvider, Memo, option_errors, prepare, recipe_key
+from components.runtime.data import (
+    DATA_COLLECTION,
+    DataProvider,
+    Memo,
+    mounts_of,
+    option_errors,
+    prepare,
+    recipe_key,
+    resolve_options,
+)
 from components.runtime.plugins import Plugin
 
 
@@ -124,7 +133,7 @@ def test_every_bad_option_is_named():
     assert option_errors({"stash": True}, providers) == {}
     errors = option_errors({"stash": "yes", "speed": 1, "broken": 1}, providers)
     assert errors == {"spec.data.stash": "must be true or false",
-                      "spec.data.speed": "no installed plugin takes this data option (known: broken, stash)",
+                      "spec.data.speed": "no installed plugin takes this data option (known: broken, mount, stash)",
                       "spec.data.broken": "could not be checked: RuntimeError"}
     assert set(option_errors("stash", providers)) == {"spec.data"}
     assert set(option_errors({"stash": True}, [], prefix="spec.x")) == {"spec.x.stash"}
@@ -142,3 +151,35 @@ def test_plugins_contribute_data_providers_and_an_option_has_one_owner(install_p
     with pytest.raises(SpecError) as caught:
         TrainSpec().validate({"workload": "mlp-digits", "data": {"stash": 3}})
     assert caught.value.errors == {"spec.data.stash": "must be true or false"}
+
+
+# -- the core's own option: mount: {alias: data set name} -------------------------------------------------------
+DIGEST_A = "a" * 64
+
+
+def test_mount_is_a_core_option_checked_alias_by_alias():
+    assert option_errors({"mount": {"images": "pets-2024", "csv": "tables"}}, []) == {}
+    errors = option_errors({"mount": {"../up": "pets", "ok": "Bad Name", "fine": {"name": "x", "digest": "zz"}}}, [])
+    assert set(errors) == {"spec.data.mount.../up", "spec.data.mount.ok", "spec.data.mount.fine"}
+    assert set(option_errors({"mount": []}, [])) == {"spec.data.mount"}
+    assert set(option_errors({"mount": {}}, [])) == {"spec.data.mount"}
+    assert set(option_errors({"mount": {f"a{i}": "x" for i in range(40)}}, [])) == {"spec.data.mount"}
+
+
+def test_mount_resolves_to_the_digest_and_a_resolved_mount_to_itself():
+    sets = {"pets": {"name": "pets", "digest": DIGEST_A, "format": "archive", "size": 10, "expanded_size": 30}}
+
+    def lookup(collection, name):
+        assert collection == DATA_COLLECTION
+        return sets.get(name)
+
+    resolved, errors = resolve_options({"mount": {"images": "pets"}}, lookup, providers=[])
+    assert not errors and resolved == {"mount": {"images": sets["pets"]}}
+    assert mounts_of({"data": resolved}) == {"images": sets["pets"]}
+    assert resolve_options(resolved, lookup, providers=[]) == (resolved, {})  # idempotent
+    _, errors = resolve_options({"mount": {"images": "nothing"}}, lookup, providers=[])
+    assert set(errors) == {"spec.data.mount.images"} and "no data set named 'nothing'" in errors["spec.data.mount.images"]
+    stale = {"mount": {"images": {**sets["pets"], "digest": "b" * 64}}}
+    _, errors = resolve_options(stale, lookup, providers=[])
+    assert "uploaded again" in errors["spec.data.mount.images"]
+    assert mounts_of({"data": {"mount": {"images": "pets"}}}) == {} and mounts_of(None) == {}

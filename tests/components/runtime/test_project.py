@@ -19,6 +19,8 @@ from components.runtime.project import (
     build_environment,
     environment_digest,
     prepare_rank,
+    remove_workdir,
+    uses_project,
 )
 
 HELLO = {"strata-hello": {"strata_hello/__init__.py": "GREETING = 'hello from the index'\n"}}
@@ -163,3 +165,70 @@ def test_the_digest_depends_on_what_is_installed_only():
     base = {"pip": ["a"], "env": {"X": "1"}}
     assert environment_digest(base, "r") == environment_digest({"pip": ["a"], "env": {"X": "2"}}, "r")
     assert environment_digest(base, "r") != environment_digest(base, "r2")
+
+
+# -- data sets mounted into the rank (spec.data.mount, resolved) -------------------------------------------------
+def _data_set(tmp_path, files: dict[str, bytes]) -> tuple[bytes, dict]:
+    root = tmp_path / "upload"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    archive = io.BytesIO()
+    manifest, digest = bundles.pack(root, archive, ignore_files=False, compresslevel=1)
+    return archive.getvalue(), {"name": "pets", "digest": digest, "format": "archive", "size": len(archive.getvalue()),
+                                "expanded_size": manifest.size}
+
+
+def _root_or_refused(path):
+    with pytest.raises(PermissionError):
+        if __import__("os").geteuid() == 0:  # root ignores file modes: the modes themselves are checked
+            assert not path.stat().st_mode & 0o222
+            raise PermissionError
+        path.write_text("changed")
+
+
+def test_mounts_are_fetched_once_per_digest_read_only_under_strata_data_dir(tmp_path):
+    data, mount = _data_set(tmp_path, {"images/a.txt": b"alpha", ".gitignore": b"*\n"})
+    single = b"x,y\n1,2\n"
+    import hashlib
+
+    table = {"name": "table", "digest": hashlib.sha256(single).hexdigest(), "format": "file", "file": "t.csv",
+             "size": len(single), "expanded_size": len(single)}
+    fetched = []
+
+    def download_data(digest, target):
+        fetched.append(digest)
+        target.write_bytes(data if digest == mount["digest"] else single)
+
+    claim = {"attempt": "att", "spec": {"workload": "mlp-digits",
+                                        "data": {"mount": {"images": mount, "again": mount, "table": table}}}}
+    assert uses_project(claim) and not uses_project({"attempt": "x", "spec": {"workload": "mlp-digits"}})
+    cache = ProjectCache(tmp_path / "state")
+    notes = []
+    ranks = [prepare_rank(cache, claim, rank, download=None, note=notes.append, download_data=download_data)
+             for rank in (0, 1)]
+    assert sorted(fetched) == sorted([mount["digest"], table["digest"]])  # once per digest, for both ranks
+    for project in ranks:
+        data_dir = __import__("pathlib").Path(project.env["STRATA_DATA_DIR"])
+        assert (data_dir / "images" / "images" / "a.txt").read_bytes() == b"alpha"
+        assert (data_dir / "again" / ".gitignore").read_bytes() == b"*\n"
+        assert (data_dir / "table" / "t.csv").read_bytes() == single
+        _root_or_refused(data_dir / "images" / "images" / "a.txt")
+        assert (data_dir / "images").resolve() == cache.data.entry(mount["digest"]).resolve()
+    # The cache entry is leased while a rank uses it: eviction skips it.
+    cache.data.budget = 0
+    assert cache.data.evict() == []
+    for rank, project in enumerate(ranks):
+        project.release()
+        remove_workdir(cache.state_dir, "att", rank)
+    assert cache.data.entry(mount["digest"]).is_dir()  # removing a workdir leaves the cached data set
+    assert sorted(cache.data.evict()) == sorted([mount["digest"], table["digest"]])
+
+
+def test_a_data_set_whose_bytes_do_not_match_is_a_user_error(tmp_path):
+    _, mount = _data_set(tmp_path, {"a.txt": b"a"})
+    claim = {"attempt": "att", "spec": {"command": ["true"], "data": {"mount": {"d": mount}}}}
+    with pytest.raises(UserError, match="data set pets .*do not match its digest"):
+        prepare_rank(ProjectCache(tmp_path / "state"), claim, 0, download=None, note=lambda _m: None,
+                     download_data=lambda _digest, target: target.write_bytes(b"junk"))
+    assert not (tmp_path / "state" / "data" / mount["digest"]).exists()

@@ -17,6 +17,7 @@ it is taught how to fill it.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import tarfile
@@ -29,7 +30,17 @@ from support import api_routes, fill_route
 
 from components.runtime import registry
 from strata.accounts.models import ApiToken, token_digest
-from strata.jobs.models import Artifact, Attempt, CodeBundle, Job, JobToken, Participant, PluginRecord
+from strata.jobs.models import (
+    Artifact,
+    Attempt,
+    CodeBundle,
+    DataSet,
+    DataUpload,
+    Job,
+    JobToken,
+    Participant,
+    PluginRecord,
+)
 
 PREFIX = "/api/v1/"
 UNSAFE = {"post", "put", "patch", "delete"}
@@ -40,7 +51,7 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-finish", "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens", "attempt-rendezvous",
-               "attempt-credential", "attempt-code"}
+               "attempt-credential", "attempt-code", "attempt-data"}
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 # Routes about one job: filled once per job of every kind (job-route once per registered route name too).
@@ -49,11 +60,11 @@ JOB_ROUTES = {"job-detail", "job-artifacts", "job-cancel", "job-download", "job-
               "job-evict-participant"}
 # Lists (the caller's own objects; alpha's must not show) and cluster-wide objects with no team data.
 LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list", "token-list", "pool-list",
-               "collection", "code-list"}
+               "collection", "code-list", "data-list", "upload-list"}
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
 TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
-                "code-download"}
+                "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-complete"}
 ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing it is for cluster admins
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \
     | ADMIN_ONLY
@@ -151,8 +162,24 @@ def world(make_team, make_user, make_token, make_node, node_token, run_pass, api
         archive.addfile(info, io.BytesIO(data))
     uploaded = a.generic("POST", f"{PREFIX}code/", data=project.getvalue(), content_type="application/gzip")
     assert uploaded.status_code == 201, uploaded.content
+    # A data set of alpha's (uploaded in one chunk), mounted by a job, and an upload still open.
+    secret = b"alpha-secret-data-set"
+    digest = hashlib.sha256(secret).hexdigest()
+    opened = a.post(f"{PREFIX}uploads/", {"name": "alpha-secret-set", "size": len(secret), "sha256": digest,
+                                         "chunk_size": 1024, "format": "file", "file": "secret.txt"}, format="json")
+    assert opened.status_code == 201, opened.content
+    assert a.generic("PUT", f"{PREFIX}uploads/{opened.json()['id']}/chunks/0/", data=secret,
+                     content_type="application/octet-stream", HTTP_CONTENT_SHA256=digest).status_code == 200
+    assert a.post(f"{PREFIX}uploads/{opened.json()['id']}/complete/").status_code == 201
+    pending = a.post(f"{PREFIX}uploads/", {"name": "alpha-secret-pending", "size": 5000, "sha256": "1" * 64,
+                                          "chunk_size": 1024}, format="json")
+    assert pending.status_code == 201, pending.content
+    mounting = a.post(f"{PREFIX}jobs/", {"kind": "train", "name": "alpha-secret-mount", "resources": {"gpus": 0.25},
+                                         "spec": {"command": ["true"], "data": {"mount": {"d": "alpha-secret-set"}}}},
+                      format="json")
+    assert mounting.status_code == 201, mounting.content
     return {
-        "code": uploaded.json()["digest"],
+        "code": uploaded.json()["digest"], "data_digest": digest, "upload": pending.json()["id"],
         "alpha": alpha, "beta": beta, "alice": alice, "bob": bob, "admin": admin, "node": node, "agent": agent,
         "a": a, "jobs": jobs, "artifact": artifact, "attempt": attempt, "job_tokens": job_tokens,
         "participants": participants, "records": records, "token_a": ApiToken.objects.get(user=alice),
@@ -176,7 +203,7 @@ def _secrets(world) -> list[str]:
     values += [str(token.pk) for token in world["job_tokens"].values()]
     values += [token.prefix for token in world["job_tokens"].values()]
     values += [str(p.pk) for p in world["participants"].values()]
-    values.append(world["code"])
+    values += [world["code"], world["data_digest"], world["upload"]]
     return values
 
 
@@ -215,6 +242,12 @@ def _requests(world):
                 fills += [{**values, "route": route} if route else values for route in routes]
         elif name in {"collection", "collection-item"}:
             fills = [{**base, "collection": c, "name": r.name} for c, r in world["records"].items()]
+        elif name == "data-detail":
+            fills = [{**base, "name": "alpha-secret-set"}]
+        elif name.startswith("upload-"):
+            fills = [{**base, "pk": world["upload"], "index": "0"}]
+        elif name == "attempt-data":
+            fills = [{**base, "digest": world["data_digest"]}]
         elif name == "token-detail":
             fills = [{**base, "pk": str(world["token_a"].pk)}]
         elif name == "node-detail":
@@ -255,7 +288,7 @@ def _foreign_expected(name: str, method: str) -> set[int]:
         return {403} if name == "quota-detail" and method in {"put", "patch"} else {404}
     if name in ADMIN_ONLY:
         return {200} if method == "get" else {403}
-    if name in {"job-list", "collection", "code-list"} and method == "post":
+    if name in {"job-list", "collection", "code-list", "upload-list"} and method == "post":
         return {400}
     if name == "token-list" and method == "post":
         return {201, 400}  # bob's own new token (a session must name his team: 400)
@@ -272,6 +305,9 @@ def _snapshot(world) -> dict:
         "participants": sorted((str(p.pk), p.state) for p in Participant.objects.all()),
         "records": PluginRecord.objects.count(),
         "code": sorted(CodeBundle.objects.values_list("team_id", "digest")),
+        "data": sorted(DataSet.objects.values_list("team_id", "name", "digest")),
+        "uploads": sorted((str(pk), str(received)) for pk, received in DataUpload.objects.values_list("pk",
+                                                                                                   "received")),
     }
 
 

@@ -16,22 +16,7 @@ CODE = "/api/v1/code/"
 JOBS = "/api/v1/jobs/"
 
 
-@pytest.fixture
-def alice(make_team, make_user, make_token, api):
-    team = make_team("alpha")
-    return api(make_token(make_user("alice", team), team))
-
-
-@pytest.fixture
-def bob(make_team, make_user, make_token, api):
-    team = make_team("beta")
-    return api(make_token(make_user("bob", team), team))
-
-
-@pytest.fixture(autouse=True)
-def artifact_root(settings, tmp_path):
-    settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
-    return tmp_path / "artifacts"
+pytestmark = pytest.mark.usefixtures("artifact_root")  # alice, bob, artifact_root: conftest.py
 
 
 def project_archive(tmp_path, files=None) -> bytes:

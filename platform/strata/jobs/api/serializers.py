@@ -9,11 +9,15 @@ from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
+from strata.jobs.data import missing_chunks
 from strata.jobs.models import (
+    TERMINAL_STATES,
     Allocation,
     Artifact,
     Attempt,
     CodeBundle,
+    DataSet,
+    DataUpload,
     Job,
     JobEvent,
     JobToken,
@@ -469,3 +473,58 @@ class CodeBundleDetailSerializer(CodeBundleSerializer):
     class Meta(CodeBundleSerializer.Meta):
         fields = [*CodeBundleSerializer.Meta.fields, "files"]
         read_only_fields = fields
+
+
+class DataSetSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    jobs = serializers.SerializerMethodField(help_text="How many unfinished jobs mount it (it is kept while any "
+                                                       "does).")
+
+    class Meta:
+        model = DataSet
+        fields = ["name", "team", "owner", "digest", "format", "size", "expanded_size", "file_count", "created_at",
+                  "jobs"]
+        read_only_fields = fields
+
+    def get_jobs(self, data_set) -> int:
+        return data_set.jobs.exclude(state__in=TERMINAL_STATES).count()
+
+
+class DataSetDetailSerializer(DataSetSerializer):
+    class Meta(DataSetSerializer.Meta):
+        fields = [*DataSetSerializer.Meta.fields, "files"]
+        read_only_fields = fields
+
+
+class DataUploadCreateSerializer(serializers.Serializer):
+    """``POST /api/v1/uploads/`` (checked by ``strata.jobs.data.upload_fields``; this types the schema)."""
+
+    name = serializers.RegexField(r"^[a-z0-9][a-z0-9._-]{0,63}$", help_text="The data set's name in the team.")
+    size = serializers.IntegerField(min_value=1, help_text="Bytes of the whole upload.")
+    sha256 = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="SHA-256 of the whole upload (hex).")
+    chunk_size = serializers.IntegerField(min_value=1024, help_text="Bytes per chunk (the last may be shorter).")
+    format = serializers.ChoiceField(DataSet.Format.choices, default="archive",
+                                     help_text="archive: a directory as a tar.gz; file: one file as it is.")
+    file = serializers.CharField(required=False, help_text="With format file: the file's name.")
+    team = serializers.CharField(required=False, help_text="The team (slug); default: the token's team.")
+
+
+class DataUploadSerializer(serializers.ModelSerializer):
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    file = serializers.CharField(source="file_name", read_only=True)
+    chunks = serializers.IntegerField(source="chunk_count", read_only=True, help_text="How many chunks in all.")
+    received = serializers.SerializerMethodField(help_text="The indices of the chunks stored, sorted.")
+    missing = serializers.SerializerMethodField(help_text="The indices of the chunks still to send, sorted.")
+
+    class Meta:
+        model = DataUpload
+        fields = ["id", "name", "team", "format", "file", "size", "sha256", "chunk_size", "chunks", "received",
+                  "missing", "created_at", "updated_at"]
+        read_only_fields = fields
+
+    def get_received(self, upload) -> list[int]:
+        return sorted(int(index) for index in upload.received)
+
+    def get_missing(self, upload) -> list[int]:
+        return missing_chunks(upload)

@@ -25,11 +25,17 @@ from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
 from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
+from strata.cluster.api.views import ATTEMPT_QUERY, NO_FILE, STALE_ATTEMPT, NodeAPIView, _attempt_from_query
+from strata.jobs import data as data_sets
 from strata.jobs import participants, services
 from strata.jobs.api.serializers import (
     ArtifactSerializer,
     CodeBundleDetailSerializer,
     CodeBundleSerializer,
+    DataSetDetailSerializer,
+    DataSetSerializer,
+    DataUploadCreateSerializer,
+    DataUploadSerializer,
     JobEventSerializer,
     JobListSerializer,
     JobSerializer,
@@ -47,7 +53,7 @@ from strata.jobs.api.serializers import (
     ParticipantSerializer,
 )
 from strata.jobs.code import CodeRejected, code_delete, code_store
-from strata.jobs.models import Artifact, CodeBundle, JobState
+from strata.jobs.models import Artifact, CodeBundle, DataSet, DataUpload, JobState
 from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
 from strata.jobs.storage import get_storage
 from strata.telemetry.metrics import SUBMIT_SECONDS
@@ -471,4 +477,157 @@ class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
         response = FileResponse(get_storage().open(bundle.storage_key), content_type="application/gzip",
                                 as_attachment=True, filename=f"code-{bundle.digest[:12]}.tar.gz")
         response["Content-Length"] = str(bundle.size)
+        return response
+
+
+# -- data sets: /api/v1/data/ and their chunked uploads, /api/v1/uploads/ (strata.jobs.data) ----------------------
+def _rejected(error: data_sets.DataRejected) -> Response:
+    """A JSON answer naming each field (``{"field": ["message"]}``; a 409's ``detail`` as DRF words it)."""
+    if set(error.errors) == {"detail"}:
+        return Response({"detail": error.errors["detail"]}, status=error.status)
+    return Response({field: [message] for field, message in error.errors.items()}, status=error.status)
+
+
+class TeamScopedViewSet(viewsets.GenericViewSet):
+    """The caller's teams' objects, optionally ``?team=slug``; another team's is a 404."""
+
+    permission_classes = [IsUser]
+    model = DataSet
+
+    def get_queryset(self):
+        queryset = self.model.objects.filter(team_id__in=visible_team_ids(self.request)).select_related("team",
+                                                                                                        "owner")
+        if team := self.request.query_params.get("team"):
+            queryset = queryset.filter(team__slug=team)
+        return queryset
+
+
+@extend_schema_view(list=extend_schema(parameters=[TEAM_PARAMETER]),
+                    retrieve=extend_schema(parameters=[TEAM_PARAMETER]))
+class DataSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """The teams' uploaded data sets (``strata data upload`` makes one; jobs mount them with
+    ``spec.data.mount``): list, inspect (with the file list) or delete one no unfinished job mounts."""
+
+    lookup_field = "name"
+    lookup_value_regex = "[a-z0-9][a-z0-9._-]{0,63}"
+
+    def get_serializer_class(self):
+        return DataSetDetailSerializer if self.action == "retrieve" else DataSetSerializer
+
+    def get_object(self):
+        found = list(self.get_queryset().filter(name=self.kwargs["name"])[:2])
+        if len(found) != 1:
+            raise Http404("no such data set" if not found else "several of your teams have a data set of this "
+                                                                "name: add ?team=slug")
+        return found[0]
+
+    @extend_schema(parameters=[TEAM_PARAMETER],
+                   responses={204: None, 409: error_response(409, "Unfinished jobs mount the data set.")})
+    def destroy(self, request, *args, **kwargs):
+        try:
+            data_sets.data_delete(self.get_object())
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScopedViewSet):
+    """Chunked, resumable uploads of data sets: open one (``POST``), send its chunks in any order, each with its
+    SHA-256 (``PUT .../chunks/{n}/``), see which arrived (``GET``: a client resumes by sending only the missing
+    ones), then ``complete`` it: the chunks are assembled, the whole SHA-256 verified and the data set created."""
+
+    model = DataUpload
+    serializer_class = DataUploadSerializer
+    lookup_value_regex = "[0-9a-f-]{36}"
+
+    def get_object(self):
+        try:
+            pk = uuid.UUID(str(self.kwargs["pk"]))
+        except ValueError:
+            raise Http404("no such upload") from None
+        return get_object_or_404(self.get_queryset(), pk=pk)
+
+    def get_parsers(self):
+        if self.request is not None and self.request.method == "PUT":
+            return [RawArchiveParser()]  # the raw body: one chunk
+        return super().get_parsers()
+
+    @extend_schema(request=DataUploadCreateSerializer,
+                   responses={201: OpenApiResponse(DataUploadSerializer, description="A new upload."),
+                              200: OpenApiResponse(DataUploadSerializer, description="The team's open upload of the "
+                                                   "same name and contents: send its missing chunks."),
+                              409: error_response(409, "The team already has a data set of this name.")})
+    def create(self, request, *args, **kwargs):
+        body = request.data if isinstance(request.data, dict) else None
+        try:
+            fields = data_sets.upload_fields(body)
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        try:
+            team = submit_team(request, body.get("team") or request.query_params.get("team") or None)
+        except SubmitTeamError as error:
+            raise serializers.ValidationError({"team": [str(error)]}) from None
+        try:
+            upload, created = data_sets.upload_open(team=team, user=request.user, fields=fields)
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        return Response(DataUploadSerializer(upload).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request, *args, **kwargs):
+        """Abandon the upload: its chunks are dropped."""
+        data_sets.upload_abort(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY},
+                   parameters=[OpenApiParameter("Content-SHA256", {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                                                OpenApiParameter.HEADER, required=True,
+                                                description="The SHA-256 of the chunk (hex)."),
+                               OpenApiParameter("index", int, OpenApiParameter.PATH,
+                                                description="The chunk's index, from 0.")],
+                   responses={200: DataUploadSerializer,
+                              400: error_response(400, "A bad chunk (its length or SHA-256), named: nothing of it "
+                                                       "is kept.")})
+    @action(detail=True, methods=["put"], url_path=r"chunks/(?P<index>[0-9]{1,9})")
+    def chunk(self, request, pk=None, index=None):
+        """Store one chunk: its bytes are the body, its SHA-256 the ``Content-SHA256`` header."""
+        upload = self.get_object()
+        source = request.stream or io.BytesIO()
+        try:
+            upload = data_sets.chunk_store(upload, int(index), source, request.headers.get("Content-SHA256"))
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        return Response(DataUploadSerializer(upload).data)
+
+    @extend_schema(request=None,
+                   responses={201: DataSetDetailSerializer,
+                              400: error_response(400, "The whole does not match its SHA-256, or a directory's "
+                                                       "archive is refused (named): the upload is dropped."),
+                              409: error_response(409, "Chunks are missing, or the name was taken meanwhile.")})
+    @action(detail=True, methods=["post"])
+    def complete(self, request, pk=None):
+        """Assemble the chunks, verify the whole and create the data set."""
+        try:
+            data_set = data_sets.upload_complete(self.get_object())
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        return Response(DataSetDetailSerializer(data_set).data, status=status.HTTP_201_CREATED)
+
+
+class AttemptDataView(NodeAPIView):
+    """GET a data set the attempt's job mounts (``spec.data.mount``), by digest: its stored bytes (a gzip'd tar,
+    or the file). 404 unless the job mounts it and it is of the job's team. The node checks the bytes against
+    the digest before it unpacks them."""
+
+    @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                                                       404: NO_FILE, 409: STALE_ATTEMPT})
+    def get(self, request, attempt_id, digest):
+        attempt = _attempt_from_query(request, attempt_id)
+        data_set = data_sets.data_for_attempt(attempt.job, str(digest).lower())
+        if data_set is None:
+            raise Http404("the job mounts no such data set")
+        response = FileResponse(data_sets.DataBytes.open(data_set.storage_key),
+                                content_type="application/octet-stream")
+        response["Content-Length"] = str(data_set.size)
         return response
