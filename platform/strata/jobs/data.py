@@ -1,0 +1,280 @@
+"""Data sets: a team's files or directories, uploaded in checked chunks and mounted read-only into jobs.
+
+An upload is chunked and resumable: :func:`upload_open` starts one (or finds the team's open upload of the same
+name and contents, so an interrupted client sends only the chunks still missing), :func:`chunk_store` keeps one
+chunk after checking its SHA-256, and :func:`upload_complete` assembles the chunks, verifies the SHA-256 of the
+whole, checks a directory's archive entry by entry (``components.runtime.bundles``: no absolute paths, ``..``,
+links or devices; within ``STRATA_MAX_DATA_BYTES`` unpacked) and creates the :class:`DataSet`.
+
+Jobs mount data sets by name (``spec.data.mount: {alias: name}``, the core's data option in
+``components.runtime.data``); the name is resolved at submit to the data set's digest (:func:`data_lookup`) and
+the job is linked to it (:func:`data_link`), so a data set is not deleted while an unfinished job mounts it.
+
+Bytes go through the artifact storage behind the three functions of :class:`DataBytes` (a later step moves them to
+an object store with direct transfers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from typing import Any, BinaryIO
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from components.runtime import bundles
+from components.runtime.data import DATA_NAME, mounts_of
+from strata.jobs.models import TERMINAL_STATES, DataSet, DataUpload, Job
+from strata.jobs.storage import get_storage
+
+MAX_DATA_FILES = 1_000_000
+MIN_CHUNK_BYTES = 1024
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+COPY = 1 << 20
+
+
+class DataRejected(ValueError):
+    """A request about data sets that cannot be done: ``errors`` names each field; ``status`` is the answer's."""
+
+    def __init__(self, errors: dict[str, str], status: int = 400):
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
+        self.status = status
+
+
+class DataBytes:
+    """Where a data set's bytes and an upload's chunks are kept: the artifact storage, for now."""
+
+    @staticmethod
+    def save(key: str, source: BinaryIO, max_bytes: int) -> tuple[int, str]:
+        return get_storage().save(key, source, max_bytes)
+
+    @staticmethod
+    def open(key: str) -> BinaryIO:
+        return get_storage().open(key)
+
+    @staticmethod
+    def delete(key: str) -> None:
+        get_storage().delete(key)
+
+
+def chunk_key(upload: DataUpload, index: int) -> str:
+    return f"uploads/{upload.team_id}/{upload.pk}/{index}"
+
+
+def data_key(team_id: int, upload: DataUpload) -> str:
+    return f"data/{team_id}/{upload.pk}"
+
+
+def _sha(value: Any) -> str | None:
+    text = str(value or "").strip().lower().removeprefix("sha256:")
+    return text if SHA256.match(text) else None
+
+
+def _integer(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def upload_fields(body: Any) -> dict[str, Any]:
+    """The checked fields of ``POST /api/v1/uploads/``; raises :class:`DataRejected` naming every bad one."""
+    if not isinstance(body, dict):
+        raise DataRejected({"non_field_errors": "the body must be a JSON object"})
+    errors: dict[str, str] = {}
+    allowed = {"name", "size", "sha256", "chunk_size", "format", "file", "team"}
+    for key in body:
+        if key not in allowed:
+            errors[str(key)[:64]] = f"unknown field; allowed: {', '.join(sorted(allowed))}"
+    name = body.get("name")
+    if not isinstance(name, str) or not DATA_NAME.match(name):
+        errors["name"] = "required: 1 to 64 lower case letters, digits, '.', '_' or '-', starting with a letter or digit"
+    limit = settings.STRATA_MAX_DATA_BYTES
+    size = _integer(body.get("size"))
+    if size is None or size < 1:
+        errors["size"] = "required: the number of bytes uploaded (at least 1)"
+    elif size > limit:
+        errors["size"] = (f"{bundles.human_size(size)} is over the {bundles.human_size(limit)} limit for a data set "
+                          "(STRATA_MAX_DATA_BYTES)")
+    sha = _sha(body.get("sha256"))
+    if sha is None:
+        errors["sha256"] = "required: the SHA-256 of the whole upload (64 hex digits)"
+    most = settings.STRATA_MAX_DATA_CHUNK_BYTES
+    chunk_size = _integer(body.get("chunk_size"))
+    if chunk_size is None or not MIN_CHUNK_BYTES <= chunk_size <= most:
+        errors["chunk_size"] = f"required: bytes per chunk, from {MIN_CHUNK_BYTES} to {most}"
+    fmt = body.get("format", DataSet.Format.ARCHIVE)
+    file_name = body.get("file") or ""
+    if fmt not in DataSet.Format.values:
+        errors["format"] = "must be archive (a directory as a tar.gz: strata data upload packs one) or file"
+    elif fmt == DataSet.Format.FILE:
+        if not isinstance(file_name, str) or not file_name or "/" in file_name or "\\" in file_name \
+                or file_name in (".", "..") or "\x00" in file_name or len(file_name.encode()) > 255:
+            errors["file"] = "required with format file: the file's name (no directories)"
+    elif file_name:
+        errors["file"] = "only with format file"
+    if errors:
+        raise DataRejected(errors)
+    return {"name": name, "size": size, "sha256": sha, "chunk_size": chunk_size, "format": fmt,
+            "file_name": file_name if fmt == DataSet.Format.FILE else ""}
+
+
+def upload_open(*, team, user, fields: dict[str, Any]) -> tuple[DataUpload, bool]:
+    """The team's open upload of the same name and contents (a client resuming), or a new one. Returns (upload,
+    created). A name the team already has is a 409 naming ``name``."""
+    if DataSet.objects.filter(team=team, name=fields["name"]).exists():
+        raise DataRejected({"name": f"team {team.slug} already has a data set named {fields['name']} (delete it "
+                                    "first, or choose another name)"}, status=409)
+    existing = DataUpload.objects.filter(team=team, **fields).order_by("-created_at").first()
+    if existing is not None:
+        return existing, False
+    return DataUpload.objects.create(team=team, owner=user, **fields), True
+
+
+def chunk_length(upload: DataUpload, index: int) -> int:
+    """How many bytes chunk ``index`` has (the last one may be shorter)."""
+    return min(upload.chunk_size, upload.size - index * upload.chunk_size)
+
+
+def chunk_store(upload: DataUpload, index: int, source: BinaryIO, checksum: Any) -> DataUpload:
+    """Check chunk ``index`` (its length, its SHA-256 against ``checksum``) and keep it; a bad chunk is a 400
+    naming it, and nothing of it is kept. Sending a chunk again replaces it."""
+    count = upload.chunk_count
+    if not 0 <= index < count:
+        raise DataRejected({"chunk": f"chunk {index}: no such chunk (this upload has chunks 0 to {count - 1})"})
+    expected = _sha(checksum)
+    if expected is None:
+        raise DataRejected({"Content-SHA256": f"chunk {index}: required, the SHA-256 of the chunk (64 hex digits)"})
+    length = chunk_length(upload, index)
+    digest, size = hashlib.sha256(), 0
+    with tempfile.TemporaryFile() as spooled:
+        while data := source.read(COPY):
+            size += len(data)
+            if size > length:
+                break
+            digest.update(data)
+            spooled.write(data)
+        if size != length:
+            raise DataRejected({"chunk": f"chunk {index}: {'more than' if size > length else 'only'} "
+                                         f"{min(size, length)} bytes, where it must hold {length}"})
+        if digest.hexdigest() != expected:
+            raise DataRejected({"chunk": f"chunk {index}: its SHA-256 is {digest.hexdigest()}, not {expected} "
+                                         "(damaged on the way: send it again)"})
+        spooled.seek(0)
+        DataBytes.save(chunk_key(upload, index), spooled, length)
+    with transaction.atomic():
+        upload = DataUpload.objects.select_for_update().get(pk=upload.pk)
+        upload.received = {**upload.received, str(index): expected}
+        upload.updated_at = timezone.now()
+        upload.save(update_fields=["received", "updated_at"])
+    return upload
+
+
+def missing_chunks(upload: DataUpload) -> list[int]:
+    return [index for index in range(upload.chunk_count) if str(index) not in upload.received]
+
+
+def upload_abort(upload: DataUpload) -> None:
+    """Forget an upload and its chunks."""
+    keys = [chunk_key(upload, int(index)) for index in upload.received]
+    upload.delete()
+    transaction.on_commit(lambda: [DataBytes.delete(key) for key in keys])
+
+
+def upload_complete(upload: DataUpload) -> DataSet:
+    """Assemble the chunks, verify the whole SHA-256 (a mismatch: 400 naming ``sha256``, and the upload is
+    forgotten), check a directory's archive and create the data set. The chunks are then dropped."""
+    missing = missing_chunks(upload)
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise DataRejected({"chunks": f"{len(missing)} chunk(s) still missing: {shown}"}, status=409)
+    if DataSet.objects.filter(team=upload.team_id, name=upload.name).exists():
+        raise DataRejected({"name": f"the team already has a data set named {upload.name}"}, status=409)
+    limit = settings.STRATA_MAX_DATA_BYTES
+    with tempfile.TemporaryFile() as whole:
+        digest = hashlib.sha256()
+        for index in range(upload.chunk_count):
+            with DataBytes.open(chunk_key(upload, index)) as chunk:
+                while data := chunk.read(COPY):
+                    digest.update(data)
+                    whole.write(data)
+        if whole.tell() != upload.size or digest.hexdigest() != upload.sha256:
+            upload_abort(upload)
+            raise DataRejected({"sha256": f"the chunks assemble to {whole.tell()} bytes with SHA-256 "
+                                          f"{digest.hexdigest()}, not {upload.size} bytes with {upload.sha256}; "
+                                          "the upload was dropped: start again"})
+        whole.seek(0)
+        if upload.format == DataSet.Format.ARCHIVE:
+            try:
+                manifest = bundles.inspect(whole, max_bytes=limit, max_files=MAX_DATA_FILES)
+            except bundles.BundleError as error:
+                upload_abort(upload)
+                raise DataRejected({"file": f"{error}; the upload was dropped"}) from None
+        else:
+            manifest = bundles.Manifest([bundles.BundleFile(upload.file_name, upload.size)])
+        whole.seek(0)
+        key = data_key(upload.team_id, upload)
+        DataBytes.save(key, whole, upload.size)
+    try:
+        with transaction.atomic():
+            data_set = DataSet.objects.create(
+                team_id=upload.team_id, name=upload.name, digest=upload.sha256, format=upload.format,
+                owner_id=upload.owner_id, size=upload.size, expanded_size=manifest.size,
+                file_count=len(manifest.files), files=manifest.as_list(), storage_key=key)
+            upload_abort(upload)
+    except IntegrityError:  # the same name completed at the same time
+        DataBytes.delete(key)
+        raise DataRejected({"name": f"the team already has a data set named {upload.name}"}, status=409) from None
+    return data_set
+
+
+def data_in_use(data_set: DataSet) -> list[str]:
+    """The unfinished jobs that mount ``data_set``."""
+    return [str(pk) for pk in data_set.jobs.exclude(state__in=TERMINAL_STATES).values_list("pk", flat=True)[:10]]
+
+
+def data_delete(data_set: DataSet) -> None:
+    """Delete a data set no unfinished job mounts (409 naming the jobs otherwise)."""
+    using = data_in_use(data_set)
+    if using:
+        raise DataRejected({"detail": f"unfinished jobs mount data set {data_set.name}: {', '.join(using)}; it is "
+                                      "kept until they end"}, status=409)
+    key = data_set.storage_key
+    data_set.delete()
+    transaction.on_commit(lambda: DataBytes.delete(key))
+
+
+def data_lookup(team, name: str) -> dict[str, Any] | None:
+    """What a job's mount of ``name`` resolves to (``components.runtime.data.Mounts``), or None."""
+    found = DataSet.objects.filter(team=team, name=name).first()
+    if found is None:
+        return None
+    answer = {"name": found.name, "digest": found.digest, "format": found.format, "size": found.size,
+              "expanded_size": found.expanded_size}
+    if found.format == DataSet.Format.FILE:
+        answer["file"] = found.files[0]["path"]
+    return answer
+
+
+def data_link(job: Job) -> None:
+    """Link ``job`` to the data sets its resolved spec mounts (they are kept while it is unfinished)."""
+    mounts = mounts_of(job.spec)
+    if not mounts:
+        return
+    names = {mount["name"]: mount["digest"] for mount in mounts.values()}
+    found = [ds for ds in DataSet.objects.filter(team_id=job.team_id, name__in=names) if names[ds.name] == ds.digest]
+    job.data_sets.set(found)
+
+
+def data_for_attempt(job: Job, digest: str) -> DataSet | None:
+    """The data set ``digest`` if ``job`` mounts it and it is of the job's team (what a node may fetch)."""
+    if not any(mount["digest"] == digest for mount in mounts_of(job.spec).values()):
+        return None
+    return job.data_sets.filter(team_id=job.team_id, digest=digest).first()
