@@ -126,6 +126,21 @@ def build_parser() -> argparse.ArgumentParser:
     code_show = code.add_parser("show", help="a bundle's files")
     code_show.add_argument("digest")
 
+    data = commands.add_parser("data", help="data sets: files or directories uploaded once, mounted read-only "
+                               "into jobs (spec.data.mount)").add_subparsers(dest="data_command", required=True)
+    data_upload = data.add_parser("upload", help="upload a file or a directory as a named data set (chunked; an "
+                                  "interrupted upload of the same contents resumes)")
+    data_upload.add_argument("name")
+    data_upload.add_argument("path")
+    data_upload.add_argument("--team")
+    data_upload.add_argument("--chunk-size", default="8MiB", help="bytes per chunk (default 8MiB)")
+    for action, about in (("list", "the team's data sets"), ("show", "a data set's files"),
+                          ("delete", "delete a data set no unfinished job mounts")):
+        parser_ = data.add_parser(action, help=about)
+        if action != "list":
+            parser_.add_argument("name")
+        parser_.add_argument("--team")
+
     env = commands.add_parser("env", help="job environments").add_subparsers(dest="env_command", required=True)
     env_build = env.add_parser("build", help="build a job file's environment on a node (a short CPU job) and "
                                "print what it installed, before a big sweep")
@@ -187,7 +202,7 @@ def dispatch(args) -> int:
                 "check": local.check, "migrate": local.migrate_command,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
                 "quota": client.quota, "participants": client.participants, "code": client.code,
-                "env": client.env_build}
+                "env": client.env_build, "data": client.data}
     if args.command in handlers:
         return handlers[args.command](args)
     from components.runtime import registry
