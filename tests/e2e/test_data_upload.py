@@ -1,0 +1,57 @@
+"""Uploaded data sets on a real cluster (``strata up`` with a node): ``strata data upload`` sends a directory in
+checked chunks, a command job mounts it with ``spec.data.mount`` and reads it read-only under ``STRATA_DATA_DIR``;
+the data set is kept while the job runs and can be deleted once it ended."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from e2e_support import TERMINAL, cluster  # noqa: F401 -- the module's cluster fixture
+
+READ = textwrap.dedent('''
+    import os, pathlib, sys
+    root = pathlib.Path(os.environ["STRATA_DATA_DIR"]) / "images"
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    print("files:", ",".join(files), flush=True)
+    rows = (root / "labels.csv").read_text().splitlines()
+    print(f"strata: rows={len(rows)}", flush=True)
+    try:
+        (root / "labels.csv").write_text("changed")
+    except OSError:
+        print("the data set is read-only", flush=True)
+    else:
+        sys.exit("the mounted data set was writable" if os.geteuid() else 0)
+''')
+
+
+def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path):  # noqa: F811
+    data = tmp_path / "pets"
+    (data / "cats").mkdir(parents=True)
+    (data / "cats" / "a.bin").write_bytes(bytes(range(256)) * 40)
+    (data / "labels.csv").write_text("a,cat\nb,dog\nc,cat\n")
+    (data / ".gitignore").write_text("*\n")  # data: shipped like any file
+    uploaded = cluster.cli("data", "upload", "pets", str(data), "--chunk-size", "4KiB", timeout=300)
+    assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+    assert "(100%)" in uploaded.stdout and "data set pets: 3 files" in uploaded.stdout, uploaded.stdout
+    listed = cluster.cli("data", "list")
+    assert listed.returncode == 0 and "pets" in listed.stdout, listed.stdout + listed.stderr
+
+    job_path = tmp_path / "job.json"
+    job_path.write_text(json.dumps({
+        "name": "reads-data", "kind": "train", "resources": {"gpus": 0.5},
+        "spec": {"command": ["python", "-c", READ], "data": {"mount": {"images": "pets"}}}}))
+    result = cluster.cli("submit", str(job_path), "--wait", timeout=600)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    job = cluster.job(job_id)
+    assert job["state"] == "SUCCEEDED", job
+    digest = cluster.get("data/pets/")["digest"]
+    assert job["spec"]["data"]["mount"]["images"]["digest"] == digest  # the stored spec names what was mounted
+    text = "\n".join(cluster.logs(job_id))
+    assert "files: .gitignore,cats/a.bin,labels.csv" in text, text[-3000:]
+    assert "the data set is read-only" in text or "rows=3" in text, text[-3000:]
+    assert any(point["name"] == "rows" and point["value"] == 3 for point in cluster.metrics(job_id))
+    assert job["state"] in TERMINAL
+    deleted = cluster.cli("data", "delete", "pets")
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
