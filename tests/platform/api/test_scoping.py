@@ -14,7 +14,7 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
-               "attempt-rendezvous", "attempt-credential"}
+               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data"}
 # Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
@@ -31,7 +31,9 @@ def test_route_table_is_what_this_walk_expects():
         "job-list", "job-detail", "job-artifacts", "job-cancel", "job-download", "job-events", "job-logs",
         "job-metrics", "job-resubmit", "job-route", "job-tokens", "job-revoke-token", "node-list", "node-detail", "device-list", "device-detail", "team-list",
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
-        "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant"}
+        "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant",
+        "code-list", "code-detail", "code-download", "data-list", "data-detail", "upload-list", "upload-detail",
+        "upload-chunk", "upload-complete"}
 
 
 @pytest.fixture
@@ -67,7 +69,7 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
                    "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin",
                    "route": "trials", "token_id": str(job.pk), "collection": "datasets",
-                   "participant_id": str(participant.pk)},
+                   "participant_id": str(participant.pk), "digest": "0" * 64, "index": "0"},
     }
 
 
