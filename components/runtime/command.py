@@ -43,11 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from components.runtime.context import Context
-from components.runtime.project import USERLIB, UserError
+from components.runtime.project import USERLIB, UserError, parse_report
 
 GRACE_S = float(os.environ.get("STRATA_COMMAND_GRACE_S", "5"))
-REPORT_LINE = re.compile(r"^\s*strata:\s*(.*)$")
-PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./-]{0,99})=(\S+)")
 TAIL_LINES = 30
 # The last line of a Python traceback, or the interpreter's own refusal, that retrying cannot fix.
 DETERMINISTIC = re.compile(r"^(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|TabError)\b|"
@@ -58,27 +56,6 @@ CHECKPOINT_NAME = "checkpoint.pt"  # the job's checkpoint artifact, whatever its
 
 class CommandFailed(RuntimeError):
     """The program exited with a non-zero code or was killed by a signal."""
-
-
-def parse_report(line: str) -> tuple[dict[str, float], int | None] | None:
-    """``strata: a=1 b=2 step=3`` as ({"a": 1.0, "b": 2.0}, 3); None when the line is not a report."""
-    match = REPORT_LINE.match(line)
-    if not match:
-        return None
-    values: dict[str, float] = {}
-    step = None
-    for name, text in PAIR.findall(match.group(1)):
-        try:
-            number = float(text)
-        except ValueError:
-            continue
-        if name == "step":
-            step = int(number)
-        else:
-            values[name] = number
-    if not values and step is None:
-        return None
-    return values, step
 
 
 def artifact_name(relative: str) -> str:

@@ -145,6 +145,33 @@ def needs_build(environment: dict[str, Any] | None) -> bool:
     return bool(environment and (environment.get("requirements") or environment.get("pip")))
 
 
+# -- what a command reports on stdout ----------------------------------------------------------------------------
+REPORT_LINE = re.compile(r"^\s*strata:\s*(.*)$")
+PAIR = re.compile(r"([A-Za-z_][A-Za-z0-9_./-]{0,99})=(\S+)")
+
+
+def parse_report(line: str) -> tuple[dict[str, float], int | None] | None:
+    """``strata: a=1 b=2 step=3`` as ({"a": 1.0, "b": 2.0}, 3); None when the line is not a report (the shape
+    Katib's stdout collector reads; ``strata_report.report`` prints it outside Strata)."""
+    match = REPORT_LINE.match(line)
+    if not match:
+        return None
+    values: dict[str, float] = {}
+    step = None
+    for name, text in PAIR.findall(match.group(1)):
+        try:
+            number = float(text)
+        except ValueError:
+            continue
+        if name == "step":
+            step = int(number)
+        else:
+            values[name] = number
+    if not values and step is None:
+        return None
+    return values, step
+
+
 # -- errors that retrying cannot fix ----------------------------------------------------------------------------
 class UserError(RuntimeError):
     """A deterministic error of the job itself (a failed environment build, a missing file, a command that does

@@ -10,7 +10,6 @@ from components.runtime import registry
 CORE_BENCHMARKS: dict[str, str] = {
     "control-plane": "strata.bench.control_plane:main",
     "dashboard": "strata.bench.dashboard:main",
-    "byo": "strata.bench.byo:main",
 }
 
 

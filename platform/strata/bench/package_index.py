@@ -1,4 +1,4 @@
-"""A PEP 503 package index on loopback serving pure-Python wheels built on the spot: what a project's
+"""A PEP 503 package index on loopback that offers pure-Python wheels built on the spot: what a project's
 ``requirements.txt`` installs from in ``strata bench byo`` and the tests, so neither reaches past 127.0.0.1.
 Standard library only."""
 
@@ -35,7 +35,7 @@ def build_wheel(directory: Path, name: str, version: str, modules: dict[str, str
 
 @contextlib.contextmanager
 def package_index(root: Path, packages: dict[str, dict[str, str]]) -> Iterator[str]:
-    """A PEP 503 simple index on 127.0.0.1 serving one wheel per package ({name: modules}); yields its URL.
+    """A PEP 503 simple index on 127.0.0.1 with one wheel per package ({name: modules}); yields its URL.
     Version 1.0.0 of each."""
     import functools
     import http.server

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from components.runtime.command import CommandFailed, parse_report, run_command
+from components.runtime.command import CommandFailed, run_command
 from components.runtime.context import LocalContext
-from components.runtime.project import UserError
+from components.runtime.project import UserError, parse_report
 
 
 @pytest.fixture

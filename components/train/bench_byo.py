@@ -38,7 +38,7 @@ from components.runtime import benchkit
 
 RUNS = 3
 BUNDLE_BYTES = 20 * 2**20
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DDP_EXAMPLE = REPO / "examples" / "projects" / "ddp-torchrun"
 FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
         "PYTHONUNBUFFERED": "1"}
@@ -259,7 +259,7 @@ def _ddp_with_torchrun(epochs: int, node_env: dict[str, str], work: Path) -> flo
                               "STRATA_OUTPUT_DIR": str(directory / "output")})
     if out.returncode != 0:
         raise RuntimeError(f"torchrun failed: {out.stderr[-500:]}")
-    from components.runtime.command import parse_report
+    from components.runtime.project import parse_report
 
     values = [(step, found[0]["step_seconds"]) for line in out.stdout.splitlines()
               if (found := parse_report(line)) and (step := found[1]) and "step_seconds" in found[0]]
