@@ -35,7 +35,7 @@ def test_pass_mixed_is_capacity_limited():
 
 
 def test_unknown_benchmark_lists_known_ones():
-    with pytest.raises(ValueError, match="known benchmarks: control-plane"):
+    with pytest.raises(ValueError, match="known benchmarks: byo, control-plane"):
         run_benchmark("gpu", quick=True)
 
 
