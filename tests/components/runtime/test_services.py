@@ -247,8 +247,11 @@ def test_the_worker_hosts_only_hostable_components(tmp_path):
 # -- outcomes as data ------------------------------------------------------------------------------------------
 
 def test_outcomes_are_data():
-    assert protocol.FINISH_OUTCOMES == ("succeeded", "failed", "time_limit", "service_lost")
+    assert protocol.FINISH_OUTCOMES == ("succeeded", "failed", "time_limit", "service_lost", "user_error")
     assert protocol.outcome("service_lost") is protocol.SERVICE_LOST
+    assert protocol.USER_ERROR.counts_as_failure and protocol.USER_ERROR.final  # failed at once, not retried
+    assert protocol.end_of_exit_code(protocol.EXIT_USER_ERROR) is End.USER_ERROR
+    assert protocol.finish_for(End.USER_ERROR, detail="no module") == (protocol.USER_ERROR, "no module")
     assert not protocol.SERVICE_LOST.counts_as_failure and protocol.SERVICE_LOST.requeue
     assert protocol.FAILED.counts_as_failure and protocol.TIME_LIMIT.final
     assert str(protocol.SUCCEEDED) == "succeeded"
@@ -260,6 +263,7 @@ def test_outcomes_are_data():
     (End.STOPPED, "stopped", ("failed", "stopped at the control plane's request")),
     (End.STOPPED, "", ("failed", "stopped at the control plane's request")),
     (End.CANCELLED, "", ("failed", "dropped by the host")),
+    (End.USER_ERROR, "", ("user_error", "boom")),
     (End.FAILED, "", ("failed", "failed in the host: boom")),
     (End.LOST, "", ("service_lost", "the host died under the attempt: boom")),
     (End.LOST, "stopped", ("failed", "stopped at the control plane's request")),

@@ -119,8 +119,23 @@ def test_unknown_field_is_rejected():
 def test_workload_and_entrypoint_are_exclusive():
     errors = errors_of({"workload": "mlp-digits", "entrypoint": "a.b:c"})
     assert set(errors) == {"spec.workload", "spec.entrypoint"}
-    assert all("not both" in message for message in errors.values())
-    assert "or an entrypoint" in errors_of({"epochs": 2})["spec.workload"]
+    assert all("not workload and entrypoint" in message for message in errors.values())
+    assert "an entrypoint or a command" in errors_of({"epochs": 2})["spec.workload"]
+    errors = errors_of({"workload": "mlp-digits", "command": ["python", "main.py"]})
+    assert set(errors) == {"spec.workload", "spec.command"}
+
+
+def test_a_command_is_a_list_of_strings_and_takes_no_options_or_distributed():
+    spec = TrainSpec().validate({"command": ["python", "main.py", "--lr", 0.1, "--epochs", 3],
+                                 "environment": {"requirements": "requirements.txt", "env": {"MODE": 1}}})
+    assert spec["command"] == ["python", "main.py", "--lr", "0.1", "--epochs", "3"]
+    assert spec["environment"] == {"requirements": "requirements.txt", "pip": [], "python_path": [],
+                                   "env": {"MODE": "1"}}
+    errors = errors_of({"command": ["python", True], "options": {"a": 1}, "distributed": {"strategy": "ddp"},
+                        "environment": {"requirements": "../x", "pip": ["-e ."], "env": {"RANK": "1"}, "zz": 1}})
+    assert {"spec.command", "spec.options", "spec.distributed", "spec.environment.requirements",
+            "spec.environment.pip", "spec.environment.env.RANK", "spec.environment.zz"} <= set(errors)
+    assert "non-empty list" in errors_of({"command": []})["spec.command"]
 
 
 def test_options_only_with_an_entrypoint_and_json_only():
