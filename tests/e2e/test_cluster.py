@@ -67,7 +67,8 @@ def test_submit_wait_succeeds_and_failure_fails(cluster, tmp_path):
     job_id = result.stdout.split()[2]
     job = cluster.job(job_id)
     assert job["state"] == "FAILED", job
-    assert job["failures"] == 1 and [a["outcome"] for a in job["attempts"]] == ["failed"]
+    # An entrypoint that cannot be imported is the job's own error: it fails at once (user_error), not retried.
+    assert job["failures"] == 1 and [a["outcome"] for a in job["attempts"]] == ["user_error"]
     assert "no_such_module" in job["attempts"][0]["exit_reason"] + job["reason"] + "\n".join(cluster.logs(job_id))
 
 

@@ -129,7 +129,7 @@ def test_a_bad_whole_checksum_at_complete_drops_the_upload(alice, payload):
 def test_complete_with_chunks_missing_is_a_409_naming_them(alice, payload):
     upload = open_upload(alice, "pets", payload).json()
     response = alice.post(f"{UPLOADS}{upload['id']}/complete/")
-    assert response.status_code == 409 and "chunks" in response.json()
+    assert response.status_code == 409 and "chunks" in response.json()["detail"]
 
 
 def test_limits_names_and_bad_fields_are_named(alice, settings, payload):
@@ -162,7 +162,7 @@ def test_a_file_upload_and_a_taken_name(alice):
     created = upload_all(alice, "table", data, format="file", file="table.csv")
     assert created["format"] == "file" and created["files"] == [{"path": "table.csv", "size": len(data)}]
     taken = open_upload(alice, "table", data, format="file", file="table.csv")
-    assert taken.status_code == 409 and "name" in taken.json()
+    assert taken.status_code == 409 and "name" in taken.json()["detail"]
 
 
 def test_another_teams_data_set_and_upload_are_404(alice, bob, payload):

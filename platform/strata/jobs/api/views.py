@@ -485,6 +485,9 @@ def _rejected(error: data_sets.DataRejected) -> Response:
     """A JSON answer naming each field (``{"field": ["message"]}``; a 409's ``detail`` as DRF words it)."""
     if set(error.errors) == {"detail"}:
         return Response({"detail": error.errors["detail"]}, status=error.status)
+    if error.status != 400:  # the Error schema: one ``detail`` naming each field
+        return Response({"detail": "; ".join(f"{field}: {message}" for field, message in error.errors.items())},
+                        status=error.status)
     return Response({field: [message] for field, message in error.errors.items()}, status=error.status)
 
 
