@@ -137,6 +137,8 @@ class CommandRun:
         env.setdefault("LOCAL_WORLD_SIZE", "1")
         env.setdefault("GROUP_RANK", "0")
         env.setdefault("NODE_RANK", env["GROUP_RANK"])
+        if int(env["LOCAL_WORLD_SIZE"]) > 1:  # as torchrun does: one thread per rank unless the job says otherwise
+            env.setdefault("OMP_NUM_THREADS", "1")
         env.update(rendezvous_env(self.ctx))
         devices = self.ctx.devices
         share = devices[0].share if devices else 1.0

@@ -125,15 +125,18 @@ class AttemptRunner:
 
     def prepare(self, claim: dict) -> None:
         """Fetch the job's code bundle and the data sets it mounts and build its environment (once per node:
-        cached), and make each rank's working directory. Raises :class:`~components.runtime.project.UserError` for what retrying cannot fix
-        (a failed build, a damaged bundle). The build's output goes to the job's log as it comes."""
+        cached), and make each rank's working directory. Raises :class:`~components.runtime.project.UserError` for
+        what retrying cannot fix (a failed build, a damaged bundle). The build's output goes to the job's log as it
+        comes, and the last note says how long the preparation took."""
         if not uses_project(claim):
             return
         cache = ProjectCache(Path(self.config["state_dir"]))
+        started = time.monotonic()
         for rank in self._ranks_here(claim):
             self.projects[rank] = prepare_rank(cache, claim, rank, download=self._download_code, note=self._note,
                                                download_data=self._download_data)
-            self._poll_logs_only()
+        self._note(f"project prepared in {time.monotonic() - started:.2f} s")
+        self._poll_logs_only()
 
     def _poll_logs_only(self) -> None:
         """Send the notes so far (an environment build is long: its log should not wait for the run)."""

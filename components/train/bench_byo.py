@@ -12,9 +12,9 @@ and reported as the median with its range:
    each run), against Ray Jobs (``ray job submit`` through ``JobSubmissionClient`` with ``runtime_env``
    ``{"working_dir", "pip": [package]}``, Ray 2.60 in ``.venv-peers``, ``make bench-peers``) until the same
    script prints the same first line. Target: at most 1x. Only with ``--peers``.
-3. **second job of a sweep**: the setup time (the attempt's start until the program's first line: fetching the
-   bundle, building the environment, the working directory) of a second job with the same bundle and
-   environment, against the first's. Target: at most 0.2x (ratio >= 5).
+3. **second job of a sweep**: the setup time (the node worker's preparation of the project, as its log's
+   "project prepared in" note says: fetching the bundle, building the environment, the working directory) of a
+   second job with the same bundle and environment, against the first's. Target: at most 0.2x (ratio >= 5).
 4. **DDP step**: the unchanged torchrun example (``examples/projects/ddp-torchrun``) on two workers of Strata
    against ``torchrun --nproc-per-node 2`` of the same script on the same machine: median seconds per step over
    epochs 2 and later. Target: ratio >= 0.95.
@@ -40,12 +40,11 @@ RUNS = 3
 BUNDLE_BYTES = 20 * 2**20
 REPO = Path(__file__).resolve().parents[2]
 DDP_EXAMPLE = REPO / "examples" / "projects" / "ddp-torchrun"
-FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
-        "PYTHONUNBUFFERED": "1"}
+FAST = {"PYTHONUNBUFFERED": "1"}  # the shipped heartbeat, lease and tick intervals: what a cluster runs with
 SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", "STRATA_HOME", "STRATA_CONFIG",
             "STRATA_URL", "STRATA_TOKEN", "STRATA_NODE_TOKEN")
 # Its first line carries the wall time it started at (the setup figure reads it against the attempt's start).
-MAIN = "import time\nprint('ready', time.time(), flush=True)\nimport {module}\nprint('imported', {module}.NAME, flush=True)\n"
+MAIN = "import time\nprint('program-ready', time.time(), flush=True)\nimport {module}\nprint('imported', {module}.NAME, flush=True)\n"
 say = benchkit.progress("  ")
 
 
@@ -182,17 +181,24 @@ def _project(root: Path, module: str, *, payload: int = 0, requirements: str | N
     return root
 
 
-def _timed_project_job(cluster: LocalCluster, directory: Path, environment: dict | None) -> tuple[float, float]:
-    """(submit -> the program's first line, the attempt's start -> the program's first line) in seconds."""
+def _timed_project_job(cluster: LocalCluster, directory: Path, environment: dict | None,
+                       timings: dict | None = None) -> tuple[float, float]:
+    """(submit -> the program's first line, the node's preparation of the project) in seconds; ``timings`` gets
+    the upload's seconds and the attempt's start -> the program's first line."""
     started = time.monotonic()
     digest = cluster.push(directory)
+    uploaded = time.monotonic() - started
     spec = {"command": ["python", "main.py"], **({"environment": environment} if environment else {})}
     job = cluster.post("jobs/", {"kind": "train", "name": "byo-bench", "code": digest, "max_attempts": 1,
                                  "resources": {"gpus": 0.5}, "spec": spec})
-    line = cluster.first_line(job["id"], "ready")
+    line = cluster.first_line(job["id"], "program-ready")
     elapsed = time.monotonic() - started
     done = cluster.wait_done(job["id"])
-    return elapsed, _setup_seconds(done, line)
+    prepared = cluster.first_line(job["id"], "project prepared in")
+    if timings is not None:
+        timings.setdefault("upload_s", []).append(round(uploaded, 3))
+        timings.setdefault("claim_to_program_s", []).append(round(_setup_seconds(done, line), 3))
+    return elapsed, float(prepared["message"].split("project prepared in", 1)[1].split()[0])
 
 
 def _setup_seconds(job: dict, line: dict) -> float:
@@ -201,7 +207,7 @@ def _setup_seconds(job: dict, line: dict) -> float:
     from datetime import datetime
 
     begin = datetime.fromisoformat(job["attempts"][-1]["started_at"].replace("Z", "+00:00")).timestamp()
-    ready = float(line["message"].split("ready", 1)[1].split()[0])
+    ready = float(line["message"].split("program-ready", 1)[1].split()[0])
     return max(0.0, ready - begin)
 
 
@@ -276,7 +282,7 @@ job = client.submit_job(entrypoint="python main.py", runtime_env={"working_dir":
 ready = None
 while True:
     logs = client.get_job_logs(job)
-    if ready is None and "ready" in logs:
+    if ready is None and "program-ready" in logs:
         ready = time.monotonic() - started  # observed by polling, as `strata bench byo` observes its own jobs
     status = client.get_job_status(job)
     if status in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
@@ -325,7 +331,7 @@ def main(quick: bool = False, output: str | None = None, peers: bool = False) ->
     from strata.bench.package_index import index_environment, package_index
 
     runs = 1 if quick else RUNS
-    epochs = 4 if quick else 8
+    epochs = 4 if quick else 12
     print(f"strata bench byo{' --quick' if quick else ''}: {runs} run(s) per figure, {os.cpu_count()} CPUs",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="strata-byo-") as root_text:
@@ -357,12 +363,12 @@ def main(quick: bool = False, output: str | None = None, peers: bool = False) ->
                 cached_env = {"pip": [cached_package]}
                 _timed_project_job(cluster, _project(root / "warm", cached_package.replace("-", "_")), cached_env)
 
-                builtin, bundle = [], []
+                builtin, bundle, start_timings = [], [], {}
                 for run in range(runs):
                     builtin.append(_timed_builtin_job(cluster))
                     directory = _project(root / f"bundle-{run}", cached_package.replace("-", "_"),
                                          payload=BUNDLE_BYTES)
-                    bundle.append(_timed_project_job(cluster, directory, cached_env)[0])
+                    bundle.append(_timed_project_job(cluster, directory, cached_env, start_timings)[0])
                     say(f"start, run {run + 1}: built-in {builtin[-1]:.2f} s, 20 MB bundle {bundle[-1]:.2f} s")
                 figures.append(_figure("start_cached_env", "submit -> code starts: 20 MB bundle, cached environment",
                                        bundle, builtin, 1 / 1.5, f"{statistics.median(bundle):.2f} s",
@@ -401,7 +407,8 @@ def main(quick: bool = False, output: str | None = None, peers: bool = False) ->
                 figures.append(_figure("ddp_step", "DDP step time, unchanged torchrun script, 2 ranks", strata_ddp,
                                        torchrun, 0.95, f"{statistics.median(strata_ddp) * 1000:.2f} ms",
                                        f"{statistics.median(torchrun) * 1000:.2f} ms (torchrun --nproc-per-node 2)"))
-                details = {"runs": runs, "bundle_bytes": BUNDLE_BYTES, "ddp_epochs": epochs}
+                details = {"runs": runs, "bundle_bytes": BUNDLE_BYTES, "ddp_epochs": epochs,
+                           "start_20mb_bundle": start_timings}
     doc = benchkit.document("byo", quick, figures, details)
     print()
     print(benchkit.figures_table(doc))

@@ -141,15 +141,15 @@ class TrainComponent(Component):
     def run(self, ctx: Context) -> None:
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
         ctx.spec = spec
-        threads = torch_threads()
-        # Read by torch when it is first imported, which for self-training entrypoints happens in user code;
-        # an entrypoint that needs no torch never pays for importing it.
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        if spec.get("command"):  # any program: components.runtime.command
+        if spec.get("command"):  # any program, with its own threads: components.runtime.command
             from components.runtime.command import run_command
 
             run_command(ctx, spec["command"])
             return
+        threads = torch_threads()
+        # Read by torch when it is first imported, which for self-training entrypoints happens in user code;
+        # an entrypoint that needs no torch never pays for importing it.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if spec["entrypoint"]:
             workload = resolve_entrypoint(ctx, spec["entrypoint"])
             if workload is None:
