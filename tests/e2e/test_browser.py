@@ -191,9 +191,15 @@ def test_upload_a_project_zip_on_the_submit_page_and_the_job_succeeds(admin, ui_
     page.fill("input[name=name]", "ui-zip-project")
     page.fill("input[name='resources.gpus']", "0.5")
     page.set_input_files("input[name=code_archive]", str(archive))
+    page.select_option("select[name='spec.workload']", "")  # a command instead of a built-in workload
     page.fill("[name='spec.command']", '["python", "main.py"]')
     page.click("#submit-job")
-    page.wait_for_url("**/jobs/*-*/")
+    try:
+        page.wait_for_url("**/jobs/*-*/", timeout=60_000)
+    except Exception:  # the form came back: say what it says
+        errors = [page.inner_text(e) for e in ["#form-errors"] if page.locator(e).count()]
+        fields = page.locator(".field-error").all_inner_texts()
+        raise AssertionError(f"the form was not submitted: {errors} {fields} {page.url}") from None
     job_id = page.url.rstrip("/").rsplit("/", 1)[-1]
     job = ui_cluster.job(job_id)
     assert job["code"]["file_count"] == 2, job
