@@ -18,8 +18,9 @@ The attempt's child process (``components.runtime.child``) supervises the progra
   (``a/b.txt`` is stored as ``a__b.txt``).
 - **Gangs.** Every rank gets what ``torchrun`` sets: ``MASTER_ADDR``/``MASTER_PORT`` (a free port on rank 0's
   node, published through the control plane's rendezvous), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK`` (the worker sets the local ones), so an unmodified DDP
-  script's ``init_process_group("gloo" | "nccl")`` meets its peers.
+  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK`` (the worker sets the local ones), and ``GLOO_SOCKET_IFNAME``
+  / ``NCCL_SOCKET_IFNAME`` naming the interface of the node's registered address, so an unmodified DDP script's
+  ``init_process_group("gloo" | "nccl")`` meets its peers across nodes.
 - **Fractional GPUs.** On a share of a CUDA device, a ``sitecustomize`` in the program's path caps torch's
   allocator at the share (``torch.cuda.set_per_process_memory_fraction``), as the child does for workloads.
 """
@@ -140,6 +141,15 @@ class CommandRun:
         if int(env["LOCAL_WORLD_SIZE"]) > 1:  # as torchrun does: one thread per rank unless the job says otherwise
             env.setdefault("OMP_NUM_THREADS", "1")
         env.update(rendezvous_env(self.ctx))
+        if self.ctx.world_size > 1:
+            # gloo and NCCL listen where the host name resolves (often 127.0.0.1): across nodes, the ranks must
+            # listen on the node's registered address, as the built-in gangs do (components.runtime.gang).
+            from components.runtime.gang import interface_of
+
+            interface = interface_of(self.ctx.node_address() or "")
+            if interface:
+                env.setdefault("GLOO_SOCKET_IFNAME", interface)
+                env.setdefault("NCCL_SOCKET_IFNAME", interface)
         devices = self.ctx.devices
         share = devices[0].share if devices else 1.0
         env["STRATA_GPU_SHARE"] = f"{share:g}"

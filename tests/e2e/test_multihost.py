@@ -111,6 +111,44 @@ def test_jobs_run_on_both_hosts_and_a_gang_spans_them(multihost):
     assert rendezvous and any(address + ":" in rendezvous[-1] for address in addresses), rendezvous
 
 
+def test_an_unchanged_torchrun_script_trains_across_the_two_hosts(multihost, tmp_path):
+    """examples/projects/ddp-torchrun as a code bundle: its ranks read only torchrun's variables (MASTER_ADDR and
+    MASTER_PORT from the control plane's rendezvous, on rank 0's host address) and train across both hosts."""
+    import glob
+    import io
+    import shutil
+    from pathlib import Path
+
+    from components.runtime import bundles
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "projects" / "ddp-torchrun"
+    archive = io.BytesIO()
+    bundles.pack(example, archive)
+    digest = multihost.api("POST", "code/", data=archive.getvalue())["digest"]
+    # The script's one requirement, from a wheel on the shared filesystem (the hosts reach no package index).
+    wheels = glob.glob("/opt/pypi/files/tabulate-0.10.0-py3-none-any.whl")
+    if wheels:
+        requirement = str(shutil.copy(wheels[0], tmp_path))
+    else:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp_path),
+                        "tabulate==0.10.0"], check=True, timeout=300)
+        requirement = str(next(tmp_path.glob("tabulate-*.whl")))
+    body = {"name": "mh-torchrun", "kind": "train", "code": digest, "max_attempts": 1,
+            "resources": {"gpus": 1, "workers": 2},
+            "spec": {"command": ["python", "train.py", "--epochs", "5"], "environment": {"pip": [requirement]}}}
+    gang = multihost.api("POST", "jobs/", json=body)["id"]
+    record = wait_state(multihost, gang, TERMINAL, 360)
+    assert record["state"] == "SUCCEEDED", (record["reason"], logs(multihost, gang)[-4000:])
+    assert {a["node"] for a in record["attempts"][-1]["allocations"]} == {"host-n1", "host-n2"}
+    points = multihost.api("GET", f"jobs/{gang}/metrics/")
+    accuracy = [point["value"] for point in points if point["name"] == "accuracy"]
+    assert len(accuracy) == 5 and accuracy[-1] >= 0.9, accuracy
+    events = multihost.api("GET", f"jobs/{gang}/events/")
+    rendezvous = [event["message"] for event in events if event["kind"] == "rendezvous"]
+    addresses = {multihost.hosts.address("n1"), multihost.hosts.address("n2")}
+    assert rendezvous and any(address + ":" in rendezvous[-1] for address in addresses), rendezvous
+
+
 def samples(text: str) -> dict[tuple[str, tuple], float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -268,3 +268,16 @@ def test_a_user_workload_on_a_share_and_a_sweep_of_it(cluster):
     assert sweep["state"] == "SUCCEEDED" and len(sweep["children"]) == 4, sweep
     assert all(cluster.job(child["id"])["spec"]["entrypoint"] == "mywork:DigitsWorkload"
                for child in sweep["children"])
+
+
+def test_sms_on_a_user_classification_workload(cluster):
+    """SMS (the straggler plugin's strategy) on a team's own ClassificationWorkload from the bundle, worker 1
+    slowed 2x: the job learns and the straggler report says SMS shrank the slow rank's batches."""
+    result = cluster.cli("submit", str(EXAMPLES / "workload-share" / "sms.yaml"), "--wait", timeout=900)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    job = cluster.job(result.stdout.split("submitted job ")[1].split()[0])
+    assert job["spec"]["distributed"]["strategy"] == "sms" and job["code"] is not None
+    accuracy = [p["value"] for p in cluster.metrics(job["id"]) if p["name"] == "test_accuracy"]
+    assert accuracy and accuracy[-1] >= 0.8, accuracy
+    report = job["attempts"][-1]["reports"]["straggler"]["payload"]
+    assert report["strategy"] == "sms" and report["world_size"] == 2 and report["dropped_samples"] > 0, report

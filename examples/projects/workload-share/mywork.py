@@ -3,6 +3,7 @@ checkpoints, resumes after a preemption and reports metrics without code of its 
 
     strata submit job.yaml --wait       # one job on half a GPU (code: . ships this directory)
     strata submit sweep.yaml --wait     # a tune sweep of it: Fluid water-fills the trials' shares
+    strata submit sms.yaml --wait       # DigitsClassification on two workers, one slowed, under SMS
 
 The Workload API (components.train.workloads.Workload) is what the research mechanisms that step the training
 need (docs/projects.md lists which); a plain script runs as a command job instead (../ddp-torchrun).
@@ -16,7 +17,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from components.train.workloads import Workload, generator, make_optimizer
+from components.train.workloads import ClassificationWorkload, Workload, generator, make_optimizer
 
 
 class DigitsWorkload(Workload):
@@ -68,3 +69,22 @@ class DigitsWorkload(Workload):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+class DigitsClassification(ClassificationWorkload):
+    """The same data as a ClassificationWorkload: its step is split at the gradient exchange (``backward`` /
+    ``apply_gradients``), which the straggler strategies (SMS, Stanza) need."""
+
+    name = "team-digits-classification"
+
+    def load_data(self, spec: dict[str, Any]):
+        digits = load_digits()
+        x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+        y = torch.tensor(digits.target)
+        order = torch.randperm(len(x), generator=generator(spec["seed"], "split"))
+        train, test = order[:1500], order[1500:]
+        return x[train], y[train], x[test], y[test]
+
+    def build_model(self, spec: dict[str, Any], x_train: torch.Tensor, classes: int) -> nn.Module:
+        width = spec.get("hidden") or 96
+        return nn.Sequential(nn.Linear(x_train.shape[1], width), nn.ReLU(), nn.Linear(width, classes))
