@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard.views import assets, auth, cluster, jobs, pools, usage
+from dashboard.views import assets, auth, cluster, jobs, pools, team_secrets, usage
 
 app_name = "dashboard"
 
@@ -15,4 +15,5 @@ urlpatterns = [
     *cluster.urlpatterns,
     *usage.urlpatterns,
     *pools.urlpatterns,
+    *team_secrets.urlpatterns,
 ]

@@ -43,7 +43,15 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # Set by Strata for every command job; a job's environment cannot override them.
 RESERVED_ENV = re.compile(r"^(STRATA_.*|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|"
                           r"MASTER_ADDR|MASTER_PORT|CUDA_VISIBLE_DEVICES|PYTHONPATH)$")
-ENVIRONMENT_FIELDS = {"requirements", "pip", "python_path", "env"}
+ENVIRONMENT_FIELDS = {"requirements", "pip", "python_path", "env", "secrets"}
+# Team secrets (``environment.secrets``: names of the team's secrets, given to the job as environment variables):
+# upper-case names, never one the runtime, the loader or the interpreter reads for itself.
+SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
+RESERVED_SECRET = re.compile(
+    r"^(STRATA_.*|RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|NODE_RANK|MASTER_ADDR|MASTER_PORT|"
+    r"CUDA_VISIBLE_DEVICES|PATH|HOME|TMPDIR|PWD|USER|LOGNAME|SHELL|IFS|ENV|BASH_ENV|_|VIRTUAL_ENV|PYTHON.*|LD_.*|"
+    r"OMP_NUM_THREADS|GLOO_SOCKET_IFNAME|NCCL_SOCKET_IFNAME|PYTORCH_CUDA_ALLOC_CONF|TORCHELASTIC_.*)$")
+MAX_JOB_SECRETS = 64
 MAX_PIP_SPECS = 200
 DEFAULT_CODE_CACHE_BYTES = 2 * 2**30
 DEFAULT_ENV_CACHE_BYTES = 10 * 2**30
@@ -90,12 +98,45 @@ def _relative_file(value: Any) -> str | None:
     return value
 
 
+def secret_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a team secret (None when it can)."""
+    if not isinstance(name, str) or not SECRET_NAME.match(name):
+        return "must be 1 to 64 upper-case letters, digits and underscores, not starting with a digit (e.g. HF_TOKEN)"
+    if RESERVED_SECRET.match(name):
+        return "is set by Strata, the loader or Python itself and cannot be a secret's name"
+    return None
+
+
+def secrets_errors(secrets: Any, name: str = "spec.environment.secrets") -> dict[str, str]:
+    """Problems of an ``environment.secrets`` list (names of the team's secrets), keyed by field."""
+    if secrets is None:
+        return {}
+    if not isinstance(secrets, list):
+        return {name: "must be a list of the team's secret names, e.g. [\"HF_TOKEN\"]"}
+    if len(secrets) > MAX_JOB_SECRETS:
+        return {name: f"must name at most {MAX_JOB_SECRETS} secrets"}
+    for item in secrets:
+        if problem := secret_name_problem(item):
+            return {name: f"{repr(item)[:70]} {problem}"}
+    return {}
+
+
+def requested_secrets(spec: Any) -> list[str]:
+    """The secret names a (checked) spec asks for, in order, each once; [] when none or not a list of names."""
+    environment = spec.get("environment") if isinstance(spec, dict) else None
+    names = environment.get("secrets") if isinstance(environment, dict) else None
+    if not isinstance(names, list):
+        return []
+    return list(dict.fromkeys(name for name in names if isinstance(name, str)))
+
+
 def environment_errors(environment: Any, name: str = "spec.environment") -> dict[str, str]:
-    """Problems of an ``environment`` (``{requirements, pip, python_path, env}``), every field at once."""
+    """Problems of an ``environment`` (``{requirements, pip, python_path, env, secrets}``), every field at once."""
     if environment is None:
         return {}
     if not isinstance(environment, dict):
-        return {name: "must be an object: {requirements: FILE, pip: [specs], python_path: [dirs], env: {NAME: value}}"}
+        return {name: "must be an object: {requirements: FILE, pip: [specs], python_path: [dirs], env: {NAME: value}, "
+                      "secrets: [NAME]}"}
     errors = {}
     for key in environment:
         if key not in ENVIRONMENT_FIELDS:
@@ -130,15 +171,24 @@ def environment_errors(environment: Any, name: str = "spec.environment") -> dict
                 elif not isinstance(value, str | int | float) or isinstance(value, bool) or "\x00" in str(value) \
                         or len(str(value)) > 32_768:
                     errors[label] = "must be a string or a number (at most 32 KiB)"
+    secret_problems = secrets_errors(environment.get("secrets"), f"{name}.secrets")
+    errors.update(secret_problems)
+    if not secret_problems and isinstance(env, dict):
+        both = sorted(set(requested_secrets({"environment": environment})) & {str(key) for key in env})
+        if both:
+            errors[f"{name}.secrets"] = f"{', '.join(both)} also set in {name}.env: name each variable once"
     return errors
 
 
 def normalize_environment(environment: dict[str, Any] | None) -> dict[str, Any] | None:
     if not environment:
         return None
-    return {"requirements": environment.get("requirements"), "pip": list(environment.get("pip") or []),
-            "python_path": list(environment.get("python_path") or []),
-            "env": {k: str(v) for k, v in (environment.get("env") or {}).items()}}
+    normalized = {"requirements": environment.get("requirements"), "pip": list(environment.get("pip") or []),
+                  "python_path": list(environment.get("python_path") or []),
+                  "env": {k: str(v) for k, v in (environment.get("env") or {}).items()}}
+    if secrets := requested_secrets({"environment": environment}):
+        normalized["secrets"] = secrets  # names only: the values come with the attempt's claim
+    return normalized
 
 
 def needs_build(environment: dict[str, Any] | None) -> bool:

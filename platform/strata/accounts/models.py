@@ -108,3 +108,27 @@ class LoginThrottle(models.Model):
         who = " from ".join(part for part in (self.username or (self.user_key[:8] if self.user_key else ""),
                                               self.address) if part)
         return f"{self.scope} {who}: {self.failures} failures"
+
+
+class Secret(models.Model):
+    """A team's secret: a named value its jobs ask for (``spec.environment.secrets``) and get as an environment
+    variable. Only the Fernet ciphertext is stored (``strata.accounts.team_secrets``); no answer ever carries the
+    value, which goes only to the node that runs an attempt of the team's job that asks for it."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=64)
+    ciphertext = models.TextField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    # Who set the current value (the creator, or whoever replaced it last).
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["team_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="one_secret_name_per_team")]
+
+    def __str__(self) -> str:
+        return f"secret {self.name} of {self.team_id}"

@@ -2,7 +2,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from strata.accounts.api.views import TeamViewSet, TokenViewSet
+from strata.accounts.api.views import SecretViewSet, TeamViewSet, TokenViewSet
 from strata.cluster.api import views as cluster
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
@@ -26,6 +26,7 @@ router.register("pools", cluster.PoolViewSet, basename="pool")
 router.register("teams", TeamViewSet, basename="team")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("tokens", TokenViewSet, basename="token")
+router.register("secrets", SecretViewSet, basename="secret")
 router.register("code", CodeBundleViewSet, basename="code")
 router.register("data", DataSetViewSet, basename="data")
 router.register("uploads", DataUploadViewSet, basename="upload")

@@ -1,4 +1,4 @@
-"""CLI commands that talk to the control plane over REST: submit, jobs, logs, cancel, quota, token."""
+"""CLI commands that talk to the control plane over REST: submit, jobs, logs, cancel, quota, token, secrets."""
 
 from __future__ import annotations
 
@@ -216,6 +216,57 @@ def data(args) -> int:
           f"{_human(found['expanded_size'])}, sha256:{found['digest']}, mounted by {found['jobs']} unfinished job(s)")
     for entry in found["files"]:
         print(f"{entry['size']:>12}  {entry['path']}")
+    return 0
+
+
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def read_secret_value(stream=None) -> str:
+    """A secret's value from stdin (never from the command line, where ``ps`` and the shell's history see it):
+    everything up to the end, less one final newline (``echo VALUE |`` adds one)."""
+    stream = stream if stream is not None else sys.stdin
+    if stream.isatty():
+        import getpass
+
+        return getpass.getpass("value (not echoed): ")
+    data = stream.buffer.read(MAX_SECRET_BYTES + 2) if hasattr(stream, "buffer") else stream.read().encode()
+    if len(data) > MAX_SECRET_BYTES + 1:
+        raise ValueError(f"the value on stdin is larger than {MAX_SECRET_BYTES // 1024} KiB")
+    try:
+        value = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the value on stdin is not UTF-8 text") from None
+    value = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+    if not value:
+        raise ValueError("no value on stdin: pipe it in, e.g. echo -n VALUE | strata secrets set NAME")
+    return value
+
+
+def secrets(args) -> int:
+    """``strata secrets set|list|delete``: the team's secrets (a job names the ones it gets in
+    ``spec.environment.secrets``). Values go in through stdin and never come back out."""
+    client = connect(args)
+    params = {"team": args.team} if args.team else {}
+    if args.secrets_command == "set":
+        value = read_secret_value()
+        answer = client.post("secrets/", {"name": args.name, "value": value, **params})
+        print(f"secret {answer['name']} of team {answer['team']} set")
+        return 0
+    if args.secrets_command == "delete":
+        client.delete(f"secrets/{args.name}/", params=params)
+        print(f"deleted secret {args.name}")
+        return 0
+    rows, page = [], 1
+    while True:
+        answer = client.get("secrets/", params={**params, "page": page, "page_size": 500})
+        rows += answer.get("results", []) if isinstance(answer, dict) else answer
+        if not isinstance(answer, dict) or not answer.get("next"):
+            break
+        page += 1
+    print(f"{'NAME':32} {'TEAM':16} {'SET BY':16} UPDATED")
+    for row in rows:
+        print(f"{row['name']:32} {row['team']:16} {row['updated_by'] or '-':16} {row['updated_at'][:19]}")
     return 0
 
 

@@ -141,6 +141,20 @@ def build_parser() -> argparse.ArgumentParser:
             parser_.add_argument("name")
         parser_.add_argument("--team")
 
+    secrets = commands.add_parser("secrets", help="team secrets: values jobs get as environment variables "
+                                  "(spec.environment.secrets)").add_subparsers(dest="secrets_command", required=True)
+    secrets_set = secrets.add_parser("set", help="create or replace a secret; the value is read from stdin "
+                                     "(e.g. echo -n VALUE | strata secrets set NAME), never from the command line")
+    secrets_set.add_argument("name")
+    secrets_set.add_argument("--team")
+    secrets_list = secrets.add_parser("list", help="the team's secrets (names only: a value is never shown)")
+    secrets_list.add_argument("--team")
+    secrets_delete = secrets.add_parser("delete", help="delete a secret")
+    secrets_delete.add_argument("name")
+    secrets_delete.add_argument("--team")
+    secrets.add_parser("rotate", help="head node, local database: re-encrypt every team's secrets under the "
+                       "current secret key (after rotating it, with the old key in STRATA_SECRET_KEY_FALLBACKS)")
+
     env = commands.add_parser("env", help="job environments").add_subparsers(dest="env_command", required=True)
     env_build = env.add_parser("build", help="build a job file's environment on a node (a short CPU job) and "
                                "print what it installed, before a big sweep")
@@ -198,6 +212,8 @@ def dispatch(args) -> int:
         return client.plugins(args)
     if args.command == "job-token":
         return client.job_token(args)
+    if args.command == "secrets":
+        return local.secrets_rotate_local(args) if args.secrets_command == "rotate" else client.secrets(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,
                 "check": local.check, "migrate": local.migrate_command,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,

@@ -403,3 +403,17 @@ def user_unlock_local(args) -> int:
     where = f" and address {args.address}" if args.address else ""
     print(f"user {args.username}{where}: {cleared} failed-login counter(s) cleared")
     return 0
+
+
+def secrets_rotate_local(args) -> int:
+    """Re-encrypt every team secret under the current secret key, in the local database (after rotating the key,
+    with the old one in STRATA_SECRET_KEY_FALLBACKS; afterwards the old key can leave the fallbacks)."""
+    migrate()
+    from strata.accounts.team_secrets import SecretUnreadable, secrets_rotate
+
+    try:
+        count = secrets_rotate()
+    except SecretUnreadable as error:
+        raise RuntimeError(str(error)) from None
+    print(f"{count} secret(s) re-encrypted under the current secret key")
+    return 0

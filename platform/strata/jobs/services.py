@@ -100,6 +100,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     job = Job(team=team, owner=user, idempotency_key=idempotency_key or None, request_digest=digest, parent=parent,
               nested=nested, **data)
     check_sources(team, job.kind, job.spec)
+    check_secrets(team, job.spec)
     job.spec = resolve_data(team, job.spec)
     if not nested:
         view = ClusterView()
@@ -209,6 +210,23 @@ def check_sources(team, kind: str, spec: dict) -> None:
             raise SubmitRejected(ref.field, f"job {ref.job} has no {ref.artifact} artifact")
         if problem := kind_spec.source_problem(ref, source.spec, spec):
             raise SubmitRejected(ref.field, problem)
+
+
+def check_secrets(team, spec: dict) -> None:
+    """The secrets a spec asks for (``environment.secrets``, whatever its kind) must be the team's: a missing one
+    (another team's included) is a 400 naming ``spec.environment.secrets``."""
+    from components.runtime.project import requested_secrets, secrets_errors
+    from strata.accounts.team_secrets import secrets_missing
+
+    environment = spec.get("environment") if isinstance(spec, dict) else None
+    if not isinstance(environment, dict) or environment.get("secrets") is None:
+        return
+    field = "spec.environment.secrets"
+    if problems := secrets_errors(environment.get("secrets"), field):
+        raise SubmitRejected(field, problems[field])
+    if missing := secrets_missing(team.pk, requested_secrets(spec)):
+        raise SubmitRejected(field, f"team {team.slug} has no secret {', '.join(missing)} "
+                                    "(set one with `strata secrets set NAME`)")
 
 
 def record_lookup(team):
@@ -554,8 +572,9 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
     limit = settings.STRATA_MAX_LOG_LINES_PER_JOB
     if logs:
         room = limit - LogLine.objects.filter(job_id=attempt.job_id).count()
+        redact = _redactor(attempt) if room > 0 else None
         lines = [LogLine(job_id=attempt.job_id, attempt=attempt, level=str(item.get("level", "info"))[:16],
-                         message=str(item.get("message", ""))[:10000], time=item.get("time") or now)
+                         message=_redacted(str(item.get("message", "")), redact)[:10000], time=item.get("time") or now)
                  for item in logs[: max(room, 0)]]
         LogLine.objects.bulk_create(lines)
     if metrics and registry_subscribers():
@@ -573,6 +592,19 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
                         value=float(item["value"]), time=item.get("time") or now)
             for item in metrics
         ])
+
+
+def _redactor(attempt: Attempt):
+    """What replaces the values of the secrets ``attempt``'s job asks for with ``***`` (None when it asks for
+    none): applied to what the attempt reports before it is stored."""
+    from strata.accounts.team_secrets import redactor
+
+    job = attempt.job if Attempt.job.is_cached(attempt) else Job.objects.only("team_id", "spec").get(pk=attempt.job_id)
+    return redactor(job)
+
+
+def _redacted(text: str, redact) -> str:
+    return redact(text) if redact is not None else text
 
 
 def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
@@ -621,6 +653,8 @@ def attempt_finish(attempt_id, fencing_token: str, node, outcome: str, reason: s
         attempt = attempt_for_node(attempt_id, fencing_token, node, lock=True)
         job = attempt.job
         job.refresh_from_db()
+        if reason:  # the job's own words (its last lines of stderr): never its secrets
+            reason = _redacted(reason, _redactor(attempt))
         if _secondary_end(attempt, job, node, outcome):
             # A gang spanning nodes: the other ranks return while rank 0 still evaluates, uploads the model or
             # saves the checkpoint of a stop; the attempt ends when rank 0's node (the attempt's) says so. A

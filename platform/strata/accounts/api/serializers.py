@@ -1,6 +1,8 @@
 from rest_framework import serializers
 
-from strata.accounts.models import ApiToken, Team
+from components.runtime.project import secret_name_problem
+from strata.accounts.models import ApiToken, Secret, Team
+from strata.accounts.team_secrets import MAX_VALUE_BYTES, value_problem
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -33,3 +35,47 @@ class TokenCreatedSerializer(TokenSerializer):
     class Meta(TokenSerializer.Meta):
         fields = [*TokenSerializer.Meta.fields, "token"]
         read_only_fields = fields
+
+
+class SecretSerializer(serializers.ModelSerializer):
+    """A team secret as every answer shows it: never its value."""
+
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    updated_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True,
+                                              help_text="Who set the current value.")
+
+    class Meta:
+        model = Secret
+        fields = ["name", "team", "created_by", "created_at", "updated_by", "updated_at"]
+        read_only_fields = fields
+
+
+class TextField(serializers.CharField):
+    """A string, never a number or a boolean turned into one."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class SecretSetSerializer(serializers.Serializer):
+    name = TextField(max_length=200, help_text=(
+        "An environment variable name: 1 to 64 of A-Z, 0-9 and _, not starting with a digit; never one Strata or "
+        "Python sets (STRATA_*, RANK, PATH, PYTHON*, LD_* ...)."))
+    value = TextField(trim_whitespace=False, write_only=True,
+                                  help_text=f"The value (text, at most {MAX_VALUE_BYTES // 1024} KiB). Never shown "
+                                            "again by any answer.")
+    team = serializers.SlugField(required=False, help_text="The team (slug); default: the token's team or your "
+                                                           "only team.")
+
+    def validate_name(self, value):
+        if problem := secret_name_problem(value):
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_value(self, value):
+        if problem := value_problem(value):
+            raise serializers.ValidationError(problem)
+        return value

@@ -1,21 +1,31 @@
 from __future__ import annotations
 
 from django.db.models import Q
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
-from strata.accounts import services
+from strata.accounts import services, team_secrets
 from strata.accounts.api.serializers import (
+    SecretSerializer,
+    SecretSetSerializer,
     TeamSerializer,
     TokenCreatedSerializer,
     TokenCreateSerializer,
     TokenSerializer,
 )
-from strata.accounts.models import ApiToken, Team
-from strata.accounts.selectors import request_token, visible_team_ids
+from strata.accounts.models import ApiToken, Secret, Team
+from strata.accounts.selectors import (
+    TeamChoiceError,
+    member_team,
+    member_team_ids,
+    request_token,
+    visible_team_ids,
+)
 from strata.api.permissions import IsUser
+from strata.api.schema import error_response
 
 
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):
@@ -72,3 +82,65 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
 
     def perform_destroy(self, instance):
         services.token_revoke(instance)
+
+
+SECRET_TEAM = OpenApiParameter("team", str, description="The team (slug); default: the token's team or your only "
+                                                       "team.")
+
+
+@extend_schema_view(list=extend_schema(parameters=[SECRET_TEAM]), retrieve=extend_schema(parameters=[SECRET_TEAM]),
+                    destroy=extend_schema(parameters=[SECRET_TEAM]))
+class SecretViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                    viewsets.GenericViewSet):
+    """The team's secrets: names, who set them and when; never a value. A job gets the values it names in
+    ``spec.environment.secrets`` as environment variables.
+
+    Scoped like tokens: a user token manages its own team's secrets only, a browser session those of the user's
+    teams (a cluster admin's session too: no other team's); another team's secret is a 404."""
+
+    permission_classes = [IsUser]
+    serializer_class = SecretSerializer
+    lookup_field = "name"
+    lookup_value_regex = "[^/]{1,200}"
+
+    def get_queryset(self):
+        queryset = Secret.objects.filter(team_id__in=member_team_ids(self.request)).select_related(
+            "team", "created_by", "updated_by").order_by("team__slug", "name")
+        if team := self.request.query_params.get("team"):
+            queryset = queryset.filter(team__slug=team)
+        return queryset
+
+    def get_object(self):
+        found = list(self.get_queryset().filter(name=self.kwargs["name"])[:2])
+        if len(found) != 1:
+            raise Http404("no such secret" if not found else "several of your teams have a secret of this name: "
+                                                              "add ?team=slug")
+        return found[0]
+
+    @extend_schema(request=SecretSetSerializer,
+                   responses={201: OpenApiResponse(SecretSerializer, description="A new secret."),
+                              200: OpenApiResponse(SecretSerializer, description="The secret's value was replaced."),
+                              400: error_response(400, "Bad fields, each named: name, value, team.")})
+    def create(self, request, *args, **kwargs):
+        """Create or replace a secret: ``{name, value, team?}``. The answer never carries the value."""
+        serializer = SecretSetSerializer(data=request.data)
+        errors = {} if serializer.is_valid() else dict(serializer.errors)
+        body = request.data if isinstance(request.data, dict) else {}
+        slug = body.get("team") or request.query_params.get("team") or None
+        team = None
+        try:
+            team = member_team(request, slug if isinstance(slug, str) else None)
+        except TeamChoiceError as error:
+            errors["team"] = [str(error)]
+        if not errors:
+            try:
+                secret, created = team_secrets.secret_set(team, serializer.validated_data["name"],
+                                                          serializer.validated_data["value"], user=request.user)
+            except team_secrets.SecretRejected as error:
+                errors = {field: [message] for field, message in error.errors.items()}
+        if errors:
+            raise serializers.ValidationError(errors)
+        return Response(SecretSerializer(secret).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    def perform_destroy(self, instance):
+        team_secrets.secret_delete(instance)

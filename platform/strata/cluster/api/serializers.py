@@ -223,6 +223,9 @@ class ClaimAnswerSerializer(serializers.Serializer):
     allocations = ClaimWorkerSerializer(many=True)
     priority = serializers.IntegerField()
     stop = serializers.BooleanField()
+    secrets = serializers.DictField(child=serializers.CharField(), help_text=(
+        "The values of the team's secrets the spec names in environment.secrets, {NAME: value} ({} when none): "
+        "for the attempt's environment only."))
 
 
 class StopAnswerSerializer(serializers.Serializer):

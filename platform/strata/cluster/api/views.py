@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from components.runtime.distributed import RENDEZVOUS_SUFFIX
+from strata.accounts import team_secrets
 from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
 from strata.api.schema import error_response
 from strata.cluster import services
@@ -183,6 +184,10 @@ class AttemptClaimView(NodeAPIView):
             attempt = job_services.attempt_claim(attempt_id, serializer.validated_data["token"], node)
             job = attempt.job
             workers = claim_workers(attempt.allocations.select_related("device").order_by("rank", "device__index"))
+            secrets, unavailable = team_secrets.secrets_for_job(job)
+            if unavailable:
+                job_services.job_event(job.pk, "secrets", "secrets not available (deleted, or unreadable with the "
+                                       f"secret key): {', '.join(unavailable)}", attempt=attempt, names=unavailable)
             answer = {
                 "attempt": str(attempt.id), "number": attempt.number, "job": str(job.id), "job_name": job.name,
                 "kind": job.kind, "spec": job.spec, "resources": job.resources, "time_limit": job.time_limit,
@@ -191,6 +196,9 @@ class AttemptClaimView(NodeAPIView):
                 "stop": job_services.attempt_stop_requested(attempt),
                 # The team's project, when the job runs one: the node fetches it once per digest (code/ below).
                 "code": job_selectors.code_summary(job.code),
+                # The values of the team's secrets the spec names (environment.secrets), decrypted now, for the
+                # attempt's environment only: {NAME: value}, {} when it names none. No other answer carries them.
+                "secrets": secrets,
             }
             body = JSONRenderer().render(answer)
         return HttpResponse(body, content_type="application/json")
