@@ -2,10 +2,11 @@
 
 A **dataset** is raw samples and labels: a built-in (scikit-learn's digits, a generated set of JPEG images,
 the bundled text corpus) or one a team registered (``POST /api/v1/datasets/``: a directory of images, one
-sub-directory per class, or an ``.npz`` file, at a path on the nodes). A **pipeline** turns raw samples into
-training tensors: decode, transform (resize to ``size``), augment (random crop, flip, rotation, colour jitter,
-blur, each drawn per sample from the epoch's seed). A pipeline is identified by the content hash of its whole
-definition (:func:`pipeline_id`): change one parameter and it is another pipeline, cached apart.
+sub-directory per class, or an ``.npz`` file, at a path on the nodes under a data root a cluster admin granted
+the team). A **pipeline** turns raw samples into training tensors: decode, transform (resize to ``size``),
+augment (random crop, flip, rotation, colour jitter, blur, each drawn per sample from the epoch's seed). A
+pipeline is identified by the content hash of its whole definition (:func:`pipeline_id`): change one parameter
+and it is another pipeline, cached apart.
 
 Light: the control plane imports this (the collection, the spec check, the placement hook).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any, ClassVar
 
-from components.runtime.collections import Collection, name_problem
+from components.runtime.collections import Collection, RecordContext, name_problem
 from components.runtime.data import recipe_key
 from components.runtime.panels import PanelData
 from components.runtime.spec import Checker, SpecError
@@ -170,6 +171,12 @@ class Datasets(Collection):
         return {"name": name, "description": description, "source": {"path": source["path"]}, "format": fmt,
                 "task": "classification", "size": size, "channels": channels, "test_fraction": test_fraction,
                 "augment": augment}
+
+    def access_problems(self, record: dict[str, Any], context: RecordContext) -> dict[str, str]:
+        """A registered dataset's path must be one the team may read on the nodes: under a data root a cluster
+        admin granted it, never the platform's own state or another team's root (the core's rules)."""
+        problem = context.path_problem(record["source"]["path"])
+        return {"source.path": problem} if problem else {}
 
     def summary(self, data: PanelData) -> dict[str, Any]:
         """Each node's cache: size against budget, entries, hits, misses, hit rate, evictions, corrupt entries."""

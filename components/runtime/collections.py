@@ -13,6 +13,14 @@ that every job then reads by name. A plugin declares such a collection in its ma
 - ``GET`` and ``DELETE /api/v1/{collection}/{name}/``: one record; another team's record is a 404, and
   built-ins cannot be deleted.
 
+A record that names something the team must be allowed to use (a path on the nodes, say) is checked after
+:meth:`Collection.validate` by :meth:`Collection.access_problems`, with a :class:`RecordContext` the core builds
+for the registering team: the collection asks it (``context.path_problem(path)``: may this team read this path
+on the nodes?) and answers each refused field with a one-line reason, a 400 like any bad field. The rules behind
+the answer are the core's (``strata.quotas.roots``: the data roots a cluster admin granted the team, never the
+platform's own state), so every collection that names paths is held to the same ones. Records are checked when
+they are registered; a record stored earlier is read as it is.
+
 A collection may declare :attr:`Collection.schema`, the JSON Schema of the bodies it accepts: the served OpenAPI
 schema then types ``POST /api/v1/{collection}/`` with it (one path pair per registered collection), so clients
 and the API fuzzer build valid bodies. :meth:`Collection.validate` stays the authority.
@@ -26,6 +34,7 @@ Light: imported by the control plane; no torch, no Django.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from components.runtime.panels import PanelData
@@ -34,10 +43,75 @@ RECORD_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 """Record names: lower case letters, digits, dots, dashes and underscores, starting with a letter or digit."""
 
 
+class RecordContext:
+    """What the core answers a collection about the team registering a record (see
+    :meth:`Collection.access_problems`). The control plane's is ``strata.quotas.roots.TeamRecordContext``;
+    :class:`StaticRecordContext` is a light twin for tests.
+
+    - :attr:`team`: the team's slug;
+    - :attr:`data_roots`: the directories on the nodes a cluster admin granted the team (absolute, normalized);
+    - :meth:`path_problem`: may the team use this path on the nodes?
+    """
+
+    team: str = ""
+    data_roots: tuple[str, ...] = ()
+
+    def path_problem(self, path: str) -> str | None:
+        """Why the team may not use ``path`` (a file or directory on the nodes), in one line, or None when it
+        may. The answer already says what the path is refused for (outside the team's data roots, under the
+        platform's state, under another team's root); a collection hands it on as its field's message."""
+        raise NotImplementedError
+
+
+class StaticRecordContext(RecordContext):
+    """A :class:`RecordContext` from plain values, for tests and the conformance suite: a path may be used when
+    it lies under one of ``data_roots`` and neither under nor above any of ``forbidden``. The control plane's
+    rules (other teams' roots, the platform's own directories) are ``strata.quotas.roots``."""
+
+    def __init__(self, team: str = "team", data_roots: Iterable[str] = (), forbidden: Iterable[str] = ()):
+        self.team = team
+        self.data_roots = tuple(normal_path(root) for root in data_roots)
+        self.forbidden = tuple(normal_path(path) for path in forbidden)
+        self.asked: list[str] = []
+
+    def path_problem(self, path: str) -> str | None:
+        self.asked.append(path)
+        try:
+            normal = normal_path(path)
+        except ValueError as error:
+            return str(error)
+        for directory in self.forbidden:
+            if path_within(normal, directory) or path_within(directory, normal):
+                return f"{'lies under' if path_within(normal, directory) else 'contains'} {directory}, " \
+                       "which no team may use"
+        if not any(path_within(normal, root) for root in self.data_roots):
+            return f"lies outside team {self.team}'s data roots ({', '.join(self.data_roots) or 'none granted'})"
+        return None
+
+
+def normal_path(path: Any) -> str:
+    """``path`` as one absolute, normalized POSIX path (``//`` and ``.`` folded, no trailing slash), or raise
+    ValueError saying why it cannot be one (not a string, relative, a NUL, a ``..`` part)."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError("must be an absolute path")
+    if "\0" in path:
+        raise ValueError("must not contain NUL")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise ValueError("must be a plain absolute path (no '..')")
+    return "/" + "/".join(parts)
+
+
+def path_within(path: str, root: str) -> bool:
+    """Whether normalized ``path`` is ``root`` or lies under it (whole components: /data2 is not under /data)."""
+    return path == root or root == "/" or path.startswith(root.rstrip("/") + "/")
+
+
 class Collection:
     """One plugin's collection of named records. Instantiated once per process with no arguments.
 
-    Subclasses set :attr:`title` and override :meth:`validate`; :meth:`builtins` and :meth:`present` are
+    Subclasses set :attr:`title` and override :meth:`validate`; :meth:`builtins`, :meth:`present` and
+    :meth:`access_problems` (which a collection whose records name paths on the nodes must override) are
     optional. The manifest's key is the collection's name (its URL), set on the instance as :attr:`name`.
     """
 
@@ -54,6 +128,14 @@ class Collection:
         """The normalized record (with ``name``), or raise :class:`components.runtime.spec.SpecError` naming
         every bad field at once. Runs on the control plane at registration: pure and cheap."""
         raise NotImplementedError
+
+    def access_problems(self, record: dict[str, Any], context: RecordContext) -> dict[str, str]:
+        """Field -> one-line reason for each part of ``record`` (what :meth:`validate` returned) that the
+        registering team may not use; empty when it may use all of it (the default: a record that names nothing
+        on the nodes). A record naming a path on the nodes asks ``context.path_problem(path)`` for each and
+        answers its problem under the path's field (``{"source.path": problem}``): a 400 naming that field.
+        Runs on the control plane at registration, after :meth:`validate`: pure and cheap, no I/O of its own."""
+        return {}
 
     def builtins(self) -> list[dict[str, Any]]:
         """Entries every team sees and no one may delete or shadow (none by default)."""

@@ -3,7 +3,8 @@
 The usage page shows one team the viewer belongs to (staff: any team): each limit with a meter, GPUs held over
 time against ``max_gpus``, GPU-hours per day, and the team's queue with why each job waits. The quota editor
 goes through the same ``quotas.services.quota_update`` as ``PATCH /api/v1/quotas/<team>/``: validation,
-saving, admitting the PENDING jobs that now fit, and a scheduling pass on commit.
+saving, admitting the PENDING jobs that now fit, and a scheduling pass on commit. It also grants each team its
+data roots (``data_roots``, one directory per line: ``strata.quotas.roots``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dashboard.views.common import admin_required, figure_json, login_required, 
 from strata.accounts.models import Team
 from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState
 from strata.quotas.models import Quota
-from strata.quotas.services import QUOTA_FIELDS, QuotaInvalid, quota_update, team_usage
+from strata.quotas.services import QUOTA_FIELDS, ROOTS_FIELD, QuotaInvalid, quota_update, team_usage
 from strata.telemetry.selectors import grid_layout
 
 USAGE_DEFAULT_RANGE = "7d"
@@ -202,6 +203,7 @@ def _quota_values(quota: Quota) -> dict[str, str]:
         "max_concurrent_jobs": "" if quota.max_concurrent_jobs is None else str(quota.max_concurrent_jobs),
         "gpu_hours": number_text(quota.gpu_hours), "window_hours": number_text(quota.window_hours),
         "priority": str(quota.priority), "weight": number_text(quota.weight),
+        ROOTS_FIELD: "\n".join(quota.data_roots or []),
     }
 
 
@@ -229,8 +231,9 @@ def _editor_rows(edited: str | None = None, values: dict | None = None, errors: 
                    "value": current.get(name, ""), "error": field_errors.get(name)}
                   for name, title, placeholder, help_text in EDITOR_FIELDS]
         team_counts = counts.get(team.pk, {"pending": 0, "queued": 0, "running": 0, "gpus": 0.0})
+        roots = {"name": ROOTS_FIELD, "value": current.get(ROOTS_FIELD, ""), "error": field_errors.get(ROOTS_FIELD)}
         rows.append({"team": team, "fields": fields, "counts": team_counts, "gpus_text": f"{team_counts['gpus']:.4g}",
-                     "errors": field_errors})
+                     "errors": field_errors, "roots": roots})
     return rows
 
 
@@ -241,6 +244,8 @@ def quota_editor(request):
     if request.method == "POST":
         team = get_object_or_404(Team, slug=request.POST.get("team", ""))
         submitted = {name: request.POST.get(name, "") for name in QUOTA_FIELDS}
+        if ROOTS_FIELD in request.POST:  # a form without the field leaves the granted roots as they are
+            submitted[ROOTS_FIELD] = request.POST[ROOTS_FIELD]
         try:
             change = quota_update(team.pk, submitted)
         except QuotaInvalid as error:

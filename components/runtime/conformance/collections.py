@@ -6,12 +6,19 @@ Subclass it, point it at your collection, and give bodies it accepts and some it
         collection_path = "my_plugin.datasets:Datasets"
         good = ({"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"},)
         bad = ({"name": "Not A Name!", "format": "nope"},)
+        path_fields = ("source.path",)  # the record's fields that name paths on the nodes
 
 It checks that the collection is light, that ``validate`` returns a JSON record with a valid ``name`` and is
 idempotent (a record validates to itself), that a refusal is a ``SpecError`` naming fields, that built-ins are
 named, JSON and unique, that ``present`` answers JSON from a static PanelData, and that the collection's
 ``schema`` (when it declares one) is a JSON Schema of an object that every good body, every record ``validate``
 returns and each of its ``examples`` match (the examples are bodies ``validate`` accepts).
+
+It also checks ``access_problems`` against :class:`~components.runtime.collections.StaticRecordContext`: a team
+granted every path may register every good record; a team granted none has each of the record's
+``path_fields`` refused, under that field, with the context's one-line reason; the collection asks the context
+about exactly those paths and changes nothing in the record. A collection that names no paths leaves
+``path_fields`` empty, and then refuses nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from components.runtime.collections import Collection, name_problem, schema_problem
+from components.runtime.collections import Collection, StaticRecordContext, name_problem, schema_problem
 from components.runtime.conformance.job_routes import schema_errors
 from components.runtime.conformance.kinds import light_import_problem
 from components.runtime.conformance.panels import StaticPanelData
@@ -33,6 +40,8 @@ class CollectionConformance:
     collection_path: ClassVar[str] = ""
     good: ClassVar[tuple[dict[str, Any], ...]] = ()
     bad: ClassVar[tuple[Any, ...]] = ()
+    path_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields of a record that name paths on the nodes, dotted as its errors name them (``source.path``)."""
 
     def collection(self) -> Collection:
         value = import_path(self.collection_path)
@@ -89,3 +98,43 @@ class CollectionConformance:
             assert not schema_errors(schema, body), (body, schema_errors(schema, body))
             record = collection.validate(dict(body))
             assert not schema_errors(schema, record), (record, schema_errors(schema, record))
+
+    def test_access_problems_ask_the_context_about_each_path_and_name_its_field(self):
+        collection = self.collection()
+        for body in self.good:
+            record = collection.validate(dict(body))
+            paths = {field: value for field in self.path_fields if (value := _at(record, field)) is not None}
+            assert all(isinstance(path, str) for path in paths.values()), paths
+            granted = StaticRecordContext(data_roots=("/",))
+            assert collection.access_problems(json.loads(json.dumps(record)), granted) == {}
+            refused = StaticRecordContext(data_roots=())
+            seen = json.loads(json.dumps(record))
+            problems = collection.access_problems(seen, refused)
+            assert seen == record, "access_problems must not change the record"
+            assert isinstance(problems, dict) and set(problems) == set(paths), (problems, paths)
+            assert sorted(refused.asked) == sorted(paths.values()), (refused.asked, paths)
+            for field, path in paths.items():
+                message = problems[field]
+                assert isinstance(message, str) and message and "\n" not in message, message
+                assert StaticRecordContext(data_roots=()).path_problem(path) in message
+
+    def test_a_path_under_the_platforms_own_state_is_refused_even_inside_a_granted_root(self):
+        collection = self.collection()
+        for body in self.good:
+            record = collection.validate(dict(body))
+            for field in self.path_fields:
+                path = _at(record, field)
+                if path is None:
+                    continue
+                context = StaticRecordContext(data_roots=("/",), forbidden=(path,))
+                assert field in collection.access_problems(dict(record), context), (field, path)
+
+
+def _at(record: dict[str, Any], field: str) -> Any:
+    """The value at a dotted field of a record (``source.path``), or None."""
+    value: Any = record
+    for part in field.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value

@@ -17,6 +17,7 @@ from strata.jobs.api.views import (
     ParticipantLeaveView,
 )
 from strata.quotas.api.views import QuotaViewSet
+from strata.quotas.roots import record_context
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
@@ -73,6 +74,7 @@ urlpatterns = [
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),
     # Last: the plugins' collections (/api/v1/datasets/ ...); the core's resources above always match first.
-    path("<slug:collection>/", CollectionView.as_view(), name="collection"),
+    # A record is checked against the team's data roots (strata.quotas.roots) through the collections seam.
+    path("<slug:collection>/", CollectionView.as_view(record_context=record_context), name="collection"),
     path("<slug:collection>/<str:name>/", CollectionItemView.as_view(), name="collection-item"),
 ]

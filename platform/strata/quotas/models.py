@@ -1,4 +1,4 @@
-"""Per-team limits. A null limit means unlimited."""
+"""Per-team limits (a null limit means unlimited) and the team's granted data roots."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ class Quota(models.Model):
     window_hours = models.FloatField(default=168.0, help_text="Length of the rolling GPU-hours window.")
     priority = models.IntegerField(default=0, help_text="Added to the priority of the team's jobs.")
     weight = models.FloatField(default=1.0, help_text="Fair-share weight across teams.")
+    data_roots = models.JSONField(default=list, blank=True,
+                                  help_text="Directories on the nodes under which the team may register data "
+                                            "(absolute, normalized paths; strata.quotas.roots).")
 
     def __str__(self) -> str:
         return f"quota of {self.team}"

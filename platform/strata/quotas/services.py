@@ -302,6 +302,8 @@ QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
 }
 
 BYTE_FIELDS = frozenset({"max_gpu_memory", "max_memory"})  # sizes: bytes, or a string such as "16GiB"
+# Not a limit: the directories on the nodes under which the team may register data (strata.quotas.roots).
+ROOTS_FIELD = "data_roots"
 
 
 def _clean_value(name: str, value):
@@ -348,9 +350,18 @@ def _clean_value(name: str, value):
 
 def quota_clean(changes: dict) -> dict:
     """Typed, range-checked values for the quota fields in ``changes`` (numbers or strings: "" is unlimited,
-    ``max_gpu_memory`` and ``max_memory`` accept sizes such as "16GiB"). Raises QuotaInvalid listing every bad field."""
+    ``max_gpu_memory`` and ``max_memory`` accept sizes such as "16GiB"; ``data_roots`` is a list of directories,
+    see ``strata.quotas.roots.clean_data_roots``). Raises QuotaInvalid listing every bad field."""
+    from strata.quotas.roots import clean_data_roots
+
     cleaned, errors = {}, {}
     for name, value in changes.items():
+        if name == ROOTS_FIELD:
+            try:
+                cleaned[name] = clean_data_roots(value)
+            except ValueError as error:
+                errors[name] = str(error)
+            continue
         if name not in QUOTA_FIELDS:
             errors[name] = "not a quota field"
             continue

@@ -25,6 +25,7 @@ class TestDatasets(CollectionConformance):
     # An explicit null for a number (found by the API fuzzer: a null augment.blur was a 500) is refused too.
     bad = ({"name": "x"}, {**PETS, "size": 2}, {**PETS, "source": {"path": "data"}}, {**PETS, "task": "ranking"},
            {**PETS, "augment": {"blur": None}}, {**PETS, "size": None}, {**PETS, "test_fraction": None})
+    path_fields = ("source.path",)  # a dataset's path must lie under a data root granted to the team
 
 
 class TestDataCacheProvider(DataProviderConformance):

@@ -108,7 +108,8 @@ def _finish(agent, node, attempt, outcome="succeeded"):
 def world(make_team, make_user, make_token, make_node, node_token, run_pass, api):
     from strata.jobs.services import artifact_store, attempt_claim, attempt_report, job_token_create
 
-    alpha, beta = make_team("secret-alpha", max_gpus=64.0), make_team("beta")
+    # Alpha may register records naming paths under /srv (its data root, strata.quotas.roots).
+    alpha, beta = make_team("secret-alpha", max_gpus=64.0, data_roots=["/srv"]), make_team("beta")
     alice, bob = make_user("alice", alpha), make_user("bob", beta)
     admin = make_user("root", alpha, admin=True)
     node = make_node("n1", gpus=8, memory=80 * 2**30)

@@ -60,7 +60,7 @@ def _submit_throttle_raised(monkeypatch):
 def world(make_team, make_user, make_token, make_node, node_token, api, submit, run_pass):
     """Team alpha (alice, a member, with a user token), team beta, a cluster admin's browser session, a node
     with one running attempt (claimed, with its fencing token) and a SUCCEEDED train job holding model.pt."""
-    alpha, beta = make_team("alpha"), make_team("beta")
+    alpha, beta = make_team("alpha", data_roots=["/srv"]), make_team("beta")  # alpha's data root: /srv
     alice = make_user("alice", alpha)
     make_user("bob", beta)
     node = make_node("n1", gpus=2)

@@ -14,7 +14,8 @@ PETS = {"name": "pets", "source": {"path": "/srv/data/pets"}, "format": "image-f
 
 @pytest.fixture
 def callers(make_team, make_user, make_token, api):
-    alpha, beta = make_team("alpha"), make_team("beta")
+    # Both teams were granted /srv/data (strata.quotas.roots): a root granted to both is shared.
+    alpha, beta = make_team("alpha", data_roots=["/srv/data"]), make_team("beta", data_roots=["/srv/data"])
     alice, bob = make_user("alice", alpha), make_user("bob", beta)
     return api(make_token(alice, alpha)), api(make_token(bob, beta))
 

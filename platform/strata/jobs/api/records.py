@@ -1,5 +1,10 @@
 """``/api/v1/{collection}/``: the plugins' collections of named, team-owned records
-(:mod:`components.runtime.collections`): list, register, read and delete."""
+(:mod:`components.runtime.collections`): list, register, read and delete.
+
+A registration is checked by the collection's ``validate`` and then its ``access_problems``, with the
+:class:`~components.runtime.collections.RecordContext` that :attr:`CollectionView.record_context` builds for the
+team: the URL map hands in the control plane's (``strata.quotas.roots.record_context``: the team's data roots),
+which this layer does not import; a view without one refuses every path."""
 
 from __future__ import annotations
 
@@ -35,6 +40,12 @@ def _collection(name: str):
     return collection
 
 
+def _access_errors(collection, record: dict, context) -> dict[str, list[str]]:
+    """The collection's ``access_problems`` of a valid record, as API errors (field -> [one line])."""
+    problems = collection.access_problems(dict(record), context) or {}
+    return {str(field): [" ".join(str(message).split())] for field, message in problems.items()}
+
+
 def _shown(record: PluginRecord) -> dict:
     return {**record.body, "name": record.name, "team": record.team.slug, "builtin": False,
             "created_at": record.created_at.isoformat(),
@@ -63,6 +74,16 @@ class CollectionView(APIView):
     a team (``team``: a slug, as for jobs); every bad field at once is a 400, a taken name a 409."""
 
     permission_classes = [IsUser]
+    record_context = None
+    """team -> :class:`~components.runtime.collections.RecordContext`, given by the URL map
+    (``CollectionView.as_view(record_context=...)``); None refuses every path a record names."""
+
+    def _context(self, team):
+        from components.runtime.collections import StaticRecordContext
+
+        if self.record_context is None:  # fail closed: no roots granted, so every path is refused
+            return StaticRecordContext(team=team.slug)
+        return self.record_context(team)
 
     @extend_schema(operation_id="collection_list", parameters=[COLLECTION],
                    responses={200: OpenApiTypes.OBJECT, 404: error_response(404, "No such collection.")})
@@ -109,6 +130,9 @@ class CollectionView(APIView):
             errors.update({field: [message] for field, message in error.errors.items()})
         if record is not None and (problem := name_problem(record.get("name"))):
             errors["name"] = [problem]
+        if record is not None and team is not None:
+            # May this team use what the record names (a path on the nodes under its data roots, say)?
+            errors.update(_access_errors(found, record, self._context(team)))
         if errors:
             raise serializers.ValidationError(errors)
         name = record.pop("name")

@@ -28,6 +28,18 @@ class ByteSizeField(serializers.Field):
         return value
 
 
+class DataRootsField(serializers.ListField):
+    """The team's data roots: absolute directories on the nodes (strata.quotas.roots), checked by quota_clean."""
+
+    def __init__(self, **kwargs):
+        from strata.quotas.roots import MAX_PATH, MAX_ROOTS
+
+        super().__init__(child=serializers.CharField(max_length=MAX_PATH, trim_whitespace=False),
+                         max_length=MAX_ROOTS, allow_empty=True, required=False,
+                         help_text="Directories on the nodes under which the team may register data by path "
+                                   "(absolute; set by cluster admins). Never the platform's own state.", **kwargs)
+
+
 class QuotaSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     max_gpus = _limit_field("max_gpus")
@@ -39,11 +51,12 @@ class QuotaSerializer(serializers.ModelSerializer):
     window_hours = _limit_field("window_hours")
     weight = _limit_field("weight")
     priority = _limit_field("priority")
+    data_roots = DataRootsField()
 
     class Meta:
         model = Quota
         fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_concurrent_jobs",
-                  "gpu_hours", "window_hours", "priority", "weight"]
+                  "gpu_hours", "window_hours", "priority", "weight", "data_roots"]
         read_only_fields = ["id", "team"]
 
     def validate(self, attrs):
