@@ -440,12 +440,24 @@ def _parse_assignments(pairs: list[str]) -> dict:
     return changes
 
 
+def _data_roots(value) -> list:
+    """``--set data_roots=...``: a YAML list ([/srv/a, /srv/b]), or paths separated by commas; none: no roots."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value  # the server names what is wrong with anything else
+
+
 def quota(args) -> int:
     client = connect(args)
     if args.set:
         if not args.team:
             raise ValueError("--set needs a team: strata quota TEAM --set max_gpus=4")
-        client.request("PATCH", f"quotas/{args.team}/", json=_parse_assignments(args.set))
+        changes = _parse_assignments(args.set)
+        if "data_roots" in changes:
+            changes["data_roots"] = _data_roots(changes["data_roots"])
+        client.request("PATCH", f"quotas/{args.team}/", json=changes)
     teams = [args.team] if args.team else [q["team"] for q in client.get("quotas/")["results"]]
     for team in teams:
         answer = client.get(f"quotas/{team}/usage/")
@@ -459,6 +471,8 @@ def quota(args) -> int:
         if usage.get("cpu_hours_total"):
             print(f"  {'cpu_hours':20} {usage['cpu_hours_window']:>10.4g} in the last {quota['window_hours']:g} h")
         print(f"  {'priority':20} {quota['priority']:>10}   weight {quota['weight']:g}   pending {usage['pending']}")
+        roots = quota.get("data_roots") or []
+        print(f"  {'data_roots':20} {', '.join(roots) if roots else 'none (no data may be registered by path)'}")
     return 0
 
 

@@ -18,6 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--virtual-gpus", type=int, default=2, help="virtual GPUs on the local node (0: no node)")
     up.add_argument("--virtual-gpu-memory", default="8GiB")
     up.add_argument("--node-name", default="local")
+    up.add_argument("--data-root", action="append", metavar="DIR",
+                    help="a directory the local team may register data under (repeatable; default: your home "
+                         "directory and the temporary directory, granted when the team has none; the state "
+                         "directory stays off limits)")
 
     server = commands.add_parser("server", help="run the API and web server")
     server.add_argument("--host", default="127.0.0.1")
@@ -177,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job")
 
-    quota = commands.add_parser("quota", help="show quotas and usage; admins: --set field=value")
+    quota = commands.add_parser("quota", help="show quotas, usage and data roots; admins: --set field=value "
+                                              "(data_roots=/srv/a,/srv/b grants data roots)")
     quota.add_argument("team", nargs="?")
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
 

@@ -244,6 +244,42 @@ def bootstrap(home: Path, url: str) -> dict:
     return credentials
 
 
+def local_data_roots(requested: list[str] | None) -> list[str]:
+    """The data roots ``strata up`` grants its team: ``--data-root`` as given, else this machine's usual places
+    for data, the home directory of the user running it and the system's temporary directory."""
+    import tempfile
+
+    if requested:
+        return [str(Path(root).expanduser().absolute()) for root in requested]
+    return [str(Path.home()), tempfile.gettempdir()]
+
+
+def grant_local_data_roots(team_slug: str, requested: list[str] | None) -> list[str]:
+    """Grant ``strata up``'s team its data roots (strata.quotas.roots): the ``--data-root`` directories given,
+    replacing what it had; without any, the defaults (:func:`local_data_roots`) when the team has none yet. A
+    default the rules refuse (one inside the state directory) is left out. Returns the team's roots."""
+    from strata.accounts.models import Team
+    from strata.quotas.models import Quota
+    from strata.quotas.roots import clean_data_roots, team_roots
+
+    team = Team.objects.filter(slug=team_slug).first()
+    if team is None:
+        return []
+    if not requested and team_roots(team.pk):
+        return team_roots(team.pk)
+    roots = []
+    for root in local_data_roots(requested):
+        try:
+            roots += clean_data_roots([root])
+        except ValueError as error:
+            if requested:
+                raise RuntimeError(f"--data-root {root}: {error}") from None
+            print(f"strata up: not granting {root} as a data root: {error}", flush=True)
+    roots = clean_data_roots(roots)  # each was checked; this drops repeats
+    Quota.objects.update_or_create(team=team, defaults={"data_roots": roots})  # no limit changed: nothing to admit
+    return roots
+
+
 def _wait_healthy(url: str, processes: list, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -269,6 +305,9 @@ def up(args) -> int:
     migrate()
     credentials = bootstrap(home, url)
     credentials["url"] = url
+    roots = grant_local_data_roots(credentials["team"], getattr(args, "data_root", None))
+    print(f"strata up: team {credentials['team']} may register data under {', '.join(roots) or 'nothing'}",
+          flush=True)
     from django.db import connection
 
     connection.close()  # this process only supervises from here on: no idle database connection for its life
