@@ -4,6 +4,7 @@ the cache's report on the API and the pages."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import pytest
@@ -45,6 +46,11 @@ def test_jobs_share_the_node_cache_and_perfect_switches_phases(cluster, tmp_path
     # A bad spec is a 400 naming every bad field; an unknown dataset is named on its field.
     bad = cluster.cli("datasets", "register", "Bad Name", "--path", "relative", "--format", "npz")
     assert bad.returncode != 0 and "name" in bad.stderr and "source.path" in bad.stderr and "Traceback" not in bad.stderr
+    # strata up granted its team the temporary directory (which holds tmp_path and the cluster's home), but a path
+    # under the platform's own state directory is never a team's (docs/security.md, Data roots).
+    assert tempfile.gettempdir() in cluster.get("quotas/demo/")["data_roots"]
+    state = cluster.cli("datasets", "register", "state", "--path", str(cluster.home / "artifacts"), "--format", "npz")
+    assert state.returncode != 0 and "source.path" in state.stderr and "state directory" in state.stderr, state.stderr
 
     first = cluster.submit(job("reader-1", cache=True))
     second = cluster.submit(job("reader-2", cache=True))

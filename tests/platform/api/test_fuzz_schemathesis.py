@@ -113,6 +113,9 @@ alice = accounts.user_create("alice", "pw-alice-12345678")
 team = accounts.team_create("fuzz")
 accounts.membership_set(admin, team, Membership.Role.TEAM_ADMIN)
 accounts.membership_set(alice, team)
+# The team's data root holds the collections' examples (/data/...), so registrations get past the path check.
+from strata.quotas.models import Quota
+Quota.objects.update_or_create(team=team, defaults={"data_roots": ["/data"]})
 other = accounts.team_create("other")
 bob = accounts.user_create("bob", "pw-bob-12345678")
 accounts.membership_set(bob, other)
