@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.runtime import sandbox
 from components.runtime.client import ApiError, ControlPlaneClient
 from components.runtime.metrics import NodeMetrics
 from components.runtime.services import NodeInfo, Supervisor, disabled_plugins, set_parent_death_signal
@@ -48,6 +49,9 @@ class NodeOptions:
     # STRATA_NODE_CPUS / STRATA_NODE_MEMORY environment variables, else what the machine has (host_resources).
     cpus: float | None = None
     memory: int | None = None
+    # The sandbox of attempts that run a team's code: "auto" (bubblewrap where it is found), "bwrap" or "none"
+    # (components.runtime.sandbox).
+    sandbox: str = "auto"
 
 
 def host_resources(cpus: float | None = None, memory: int | None = None) -> tuple[float | None, int | None]:
@@ -91,6 +95,14 @@ class NodeAgent:
         self.client = ControlPlaneClient(options.server, options.token, retries=2, timeout=15)
         self.state_dir = Path(options.state_dir).expanduser().resolve()
         (self.state_dir / "running").mkdir(parents=True, exist_ok=True)
+        self.sandbox_mode = sandbox.resolve_mode(options.sandbox)
+        if self.sandbox_mode == "bwrap":
+            # Closed to everyone else: a sandboxed attempt sees none of it, and, as its team's uid, could not read
+            # it if it did.
+            self.state_dir.chmod(0o700)
+        else:
+            log.warning("the sandbox is off (--sandbox %s%s): a job's code runs with this agent's privileges",
+                        options.sandbox, "" if options.sandbox == "none" else ", bubblewrap not found")
         self.worker: subprocess.Popen | None = None
         self.worker_started_at = 0.0
         self.registration: dict = {}
@@ -139,7 +151,8 @@ class NodeAgent:
                   "address": self.options.address,
                   "broker_url": self.options.broker_url or self.registration["broker_url"],
                   "broker_prefix": self.registration.get("broker_prefix"),
-                  "services": self.services.worker_config() if self.services is not None else {}}
+                  "services": self.services.worker_config() if self.services is not None else {},
+                  "sandbox": self.sandbox_mode, "bwrap": sandbox.find_bwrap() if self.sandbox_mode == "bwrap" else None}
         path.write_text(json.dumps(config))
         path.chmod(0o600)
         return path

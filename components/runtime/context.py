@@ -384,9 +384,9 @@ class LocalContext(Context):
 
 def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,
                          start: bool = True) -> Context:
-    """The Context of one attempt rank, from its payload (the claim plus ``server``, ``node_token``, ``node``,
-    ``fencing_token``, ``rank``, ``device`` and, for a rank given several devices, ``devices``): the one place
-    both execution paths build it.
+    """The Context of one attempt rank, from its payload (the claim, with its attempt ``credential``, plus
+    ``server``, ``node``, ``fencing_token``, ``rank``, ``device`` and, for a rank given several devices,
+    ``devices``): the one place both execution paths build it.
 
     ``narrowed``: ``CUDA_VISIBLE_DEVICES`` was narrowed to the granted device (a child process), so a CUDA
     device is ``cuda:0`` here; a host that sees every device (``narrowed=False``) keeps its index.
@@ -410,9 +410,12 @@ def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, loca
     from components.runtime.client import ControlPlaneClient
     from components.runtime.remote import RemoteContext
 
-    client = ControlPlaneClient(payload["server"], payload["node_token"], retries=5)
+    # The attempt credential (never the node's token): it opens this attempt's own routes only, and is renewed.
+    credential = payload["credential"]
+    client = ControlPlaneClient(payload["server"], credential["credential"], retries=5)
     context = RemoteContext(**common, client=client, node_id=payload["node"], token=payload["fencing_token"],
-                            address=payload.get("node_address") or "")
+                            address=payload.get("node_address") or "",
+                            credential_expires=float(credential.get("expires") or 0))
     if start:
         context.start()
     return context

@@ -480,6 +480,13 @@ def uses_project(claim: dict[str, Any]) -> bool:
     return bool(code or environment or spec.get("command") or mounts_of(spec))
 
 
+def runs_user_code(claim: dict[str, Any]) -> bool:
+    """Whether the attempt runs a team's own code: its project (:func:`uses_project`), or an entry point it named
+    (``spec.entrypoint``). Such an attempt runs in its own processes, in the node's sandbox
+    (:mod:`components.runtime.sandbox`), never inside a node service shared with other teams' attempts."""
+    return uses_project(claim) or bool((claim.get("spec") or {}).get("entrypoint"))
+
+
 @dataclass
 class ProjectCache:
     """The node's bundle and environment caches (under its state directory)."""

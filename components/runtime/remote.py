@@ -38,6 +38,9 @@ class RemoteContext(Context):
     _endpoint: str | None = field(default=None, repr=False)
     _reports: dict = field(default_factory=dict, repr=False)  # plugin -> latest payload, until sent
     _sources: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    # The attempt credential's expiry (unix s; 0: none to renew) and when it was issued: renewed half-way.
+    credential_expires: float = 0.0
+    _credential_issued: float = field(default_factory=time.time, repr=False)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._flush_loop, name="strata-report", daemon=True)
@@ -90,8 +93,29 @@ class RemoteContext(Context):
         if answer and answer.get("stop"):
             self.request_stop()
 
+    def renew_credential(self) -> None:
+        """Swap the attempt credential for a fresh one (``POST renew/``). A failure is logged and tried again on the
+        next flush; a 409 (the attempt ended) stops the attempt."""
+        try:
+            answer = self.client.post(self._path("renew/"), self._auth(), retries=1)
+        except ApiError as error:
+            if error.status == 409:
+                self.stale = True
+                self.request_stop()
+            log.warning("the attempt credential was not renewed, will retry: %s", error)
+            return
+        self.client.session.headers["Authorization"] = f"Bearer {answer['credential']}"
+        self._credential_issued, self.credential_expires = time.time(), float(answer["expires"])
+
+    def _renew_due(self) -> bool:
+        if not self.credential_expires:
+            return False
+        return time.time() >= self._credential_issued + (self.credential_expires - self._credential_issued) / 2
+
     def _flush_loop(self) -> None:
         while not self._closed.wait(self.flush_seconds):
+            if self._renew_due():
+                self.renew_credential()
             self.flush()
 
     def close(self) -> None:

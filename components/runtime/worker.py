@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +24,14 @@ from celery import Celery
 from components.runtime import protocol
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
+from components.runtime import sandbox
 from components.runtime.project import (
     Project,
     ProjectCache,
     UserError,
     prepare_rank,
     remove_workdir,
+    runs_user_code,
     uses_project,
 )
 from components.runtime.protocol import End, HostAddress, finish_for
@@ -104,6 +107,9 @@ class AttemptRunner:
         self.host: HostAddress | None = None
         self.elastic = False  # set from the claim's kind (KindSpec.elastic_ranks) in start()
         self.projects: dict[int, Project] = {}  # a team's project, prepared per rank (prepare())
+        # The node's sandbox for attempts that run a team's code ("bwrap" or "none": strata node --sandbox).
+        self.sandbox_mode = config.get("sandbox") or "none"
+        self.sandboxes: list[sandbox.Sandbox] = []
 
     # -- a team's project: the code bundle, the environment, the working directories ------------------------------
     def _ranks_here(self, claim: dict) -> list[int]:
@@ -144,6 +150,13 @@ class AttemptRunner:
             self._poll()
 
     def cleanup(self) -> None:
+        for box in self.sandboxes:
+            box.cleanup()
+        self.sandboxes.clear()
+        state_dir = Path(self.config["state_dir"])
+        for extra in (state_dir / "work").glob(f"{self.attempt_id}-*") if (state_dir / "work").is_dir() else ():
+            if not any(extra == project.workdir.parent for project in self.projects.values()):
+                shutil.rmtree(extra, ignore_errors=True)  # the attempt's shared /dev/shm, an entry point's home
         for rank, project in self.projects.items():
             project.release()
             with contextlib.suppress(OSError):
@@ -183,8 +196,9 @@ class AttemptRunner:
             self._note(f"{host.label} is not listening; running in a child process")
             return False
         device = self._device(claim)
-        payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
-                   "node": self.config["node"], "fencing_token": self.token, "rank": 0, "device": device}
+        payload = {**claim, "server": self.config["server"], "node": self.config["node"],
+                   "fencing_token": self.token, "rank": 0, "device": device}
+        payload.pop("secrets", None)  # a shared host never runs a team's code, so it never needs them
         try:
             conn.send(protocol.run_message(payload))
             if not conn.poll(SERVICE_ACK_SECONDS):
@@ -311,8 +325,8 @@ class AttemptRunner:
             # A rank that holds no GPU (gpus: 0) is listed with device None: it runs on the node's CPUs.
             devices = [a["device"] for a in mine if a["rank"] == rank and a.get("device")]
             device = devices[0] if devices else None
-            env = dict(os.environ)
-            env.pop("STRATA_NODE_CONFIG", None)
+            # Never the node's or the control plane's credentials (the node token, the database's URL ...).
+            env = sandbox.user_environment(dict(os.environ))
             # Where the ranks meet is not known here: rank 0 publishes it through the control plane
             # (components.runtime.gang.init_gang).
             env.update({"RANK": str(rank), "WORLD_SIZE": str(claim["world_size"]), "PYTHONUNBUFFERED": "1"})
@@ -322,20 +336,29 @@ class AttemptRunner:
             if project is not None:
                 env.update(project.env)
                 env.update(self._torchrun_env(claim, mine, rank))
+            # The team's secrets the job asked for (spec.environment.secrets), as environment variables.
+            env.update({str(k): str(v) for k, v in (claim.get("secrets") or {}).items()})
             # ``device``: the rank's first device (what single-device code reads); ``devices``: all of them (a
-            # rank given several whole GPUs sees every one, in the order CUDA_VISIBLE_DEVICES lists them).
-            payload = {**claim, "server": self.config["server"], "node_token": self.config["node_token"],
-                       "node": self.config["node"], "fencing_token": self.token, "rank": rank, "device": device,
+            # rank given several whole GPUs sees every one, in the order CUDA_VISIBLE_DEVICES lists them). The
+            # claim's attempt ``credential`` rides along: the child authenticates with it, never the node token.
+            payload = {**claim, "server": self.config["server"], "node": self.config["node"],
+                       "fencing_token": self.token, "rank": rank, "device": device,
                        "devices": devices, "node_address": self.config.get("address", "")}
+            payload.pop("secrets", None)  # in the environment already, not in the payload too
             python, cwd = sys.executable, None
             if project is not None:
                 # -P: the working directory is not put first on sys.path before the runtime's own packages are
                 # imported (the child adds it after them).
                 python, cwd = project.python, str(project.workdir)
                 payload["workdir"] = str(project.workdir)
-            child = subprocess.Popen([python, "-P", "-m", "components.runtime.child"], stdin=subprocess.PIPE,
+            argv, preexec = [python, "-P", "-m", "components.runtime.child"], _set_parent_death_signal
+            box = self._sandbox(claim, rank, project, mine)
+            if box is not None:
+                env["HOME"] = str(box.cwd)
+                argv, preexec = box.command(argv), box.preexec(_set_parent_death_signal)
+            child = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     cwd=cwd, preexec_fn=_set_parent_death_signal)
+                                     cwd=cwd, preexec_fn=preexec)
             child.stdin.write(json.dumps(payload))
             child.stdin.close()
             threading.Thread(target=self._pump, args=(child.stdout, rank), daemon=True).start()
@@ -347,6 +370,37 @@ class AttemptRunner:
             if device is not None:
                 pids.setdefault(str(device["index"]), []).append(child.pid)
         self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "pids": pids}))
+
+    def _sandbox(self, claim: dict, rank: int, project: Project | None, mine: list[dict]) -> sandbox.Sandbox | None:
+        """The sandbox this rank runs in, prepared (its directories given to the team's uid), or None: the node's
+        sandbox is off, or the attempt runs no code of the team's (a built-in workload)."""
+        if self.sandbox_mode != "bwrap" or not runs_user_code(claim):
+            return None
+        state_dir = Path(self.config["state_dir"])
+        hide = [state_dir, Path.home()]  # the agent's home holds its client configuration (~/.strata)
+        if os.environ.get("STRATA_HOME"):  # the control plane's home on a one-machine cluster (strata up)
+            hide.append(Path(os.environ["STRATA_HOME"]).expanduser())
+        shm = state_dir / "work" / f"{self.attempt_id}-shm"  # the attempt's ranks on this node share it
+        shm.mkdir(parents=True, exist_ok=True)
+        if project is not None:
+            work = project.workdir.parent
+            home = work / "home"
+            home.mkdir(exist_ok=True)
+            writable, readable = [work], sandbox.readable_paths(lease.path for lease in project.leases)
+        else:  # an entry point of the node's own packages: a private home, nothing else
+            home = state_dir / "work" / f"{self.attempt_id}-{rank}" / "home"
+            home.mkdir(parents=True, exist_ok=True)
+            writable, readable = [home.parent], []
+        memory = [a.get("memory") for a in mine if a["rank"] == rank and a.get("device") is None and a.get("memory")]
+        cgroup_root = sandbox.cgroup_root()
+        box = sandbox.Sandbox(
+            bwrap=self.config.get("bwrap") or sandbox.find_bwrap() or "bwrap", hide=hide, writable=writable,
+            readable=readable, shm=shm, uid=sandbox.team_uid(claim.get("team")) if os.geteuid() == 0 else None,
+            memory=int(memory[0]) if memory else None, cwd=project.workdir if project is not None else home,
+            cgroup=cgroup_root / f"attempt-{self.attempt_id}-{rank}" if cgroup_root is not None else None)
+        box.prepare()
+        self.sandboxes.append(box)
+        return box
 
     @staticmethod
     def _torchrun_env(claim: dict, mine: list[dict], rank: int) -> dict[str, str]:
@@ -399,6 +453,9 @@ class AttemptRunner:
     def _signal_all(self, sig: int) -> None:
         for _, child in self.children:
             if child.poll() is None:
+                if self.sandboxes:  # the rank's own process, inside its bwrap (SIGKILL takes the whole sandbox)
+                    sandbox.signal_tree(child.pid, sig)
+                    continue
                 try:
                     os.kill(child.pid, sig)
                 except ProcessLookupError:
@@ -447,6 +504,8 @@ class AttemptRunner:
         if first_failure is None:
             first_failure = next((rank, code) for rank, code in zip(self.ranks, codes, strict=True) if code != 0)
         rank, bad = first_failure
+        if self.sandboxes and bad > 128 and bad - 128 in signal.valid_signals():
+            bad = -(bad - 128)  # bwrap exits with 128 + N when its command was killed by signal N
         who = f"rank {rank} " if len(self.children) > 1 else ""
         detail = next((line for line in reversed(self.tail) if line.strip()), "")
         if bad < 0:
@@ -494,7 +553,8 @@ def run_attempt(attempt_id: str, token: str) -> str:
             runner.cleanup()
             runner.finish(protocol.FAILED.name, f"the project could not be prepared on this node: {error}"[:500])
             return protocol.FAILED.name
-        host = runner.find_host(claim) if not runner.projects else None  # a project runs in its own processes
+        # A team's own code runs in its own (sandboxed) processes, never in a node service shared with others.
+        host = runner.find_host(claim) if not runs_user_code(claim) else None
         if host is not None and runner.start_hosted(claim, host):
             outcome, reason = runner.supervise_hosted(float(claim["time_limit"]))
         else:

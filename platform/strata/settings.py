@@ -266,6 +266,9 @@ STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
 STRATA_PARTICIPANT_LEASE_S = env_float("STRATA_PARTICIPANT_LEASE_S", 30.0, minimum=1.0)
 # How long a job credential (a signed statement for a job's worker, strata.jobs.credentials) stays valid.
 STRATA_CREDENTIAL_TTL_S = env_float("STRATA_CREDENTIAL_TTL_S", 60.0, minimum=5.0)
+# How long an attempt credential (what an attempt's processes use instead of the node token,
+# strata.accounts.attempt_credentials) stays valid; attempts renew it at a quarter of this.
+STRATA_ATTEMPT_CREDENTIAL_TTL_S = env_float("STRATA_ATTEMPT_CREDENTIAL_TTL_S", 3600.0, minimum=10.0)
 STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifacts")))
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from strata.accounts import attempt_credentials
 from strata.accounts.models import ApiToken, token_digest
 
 
@@ -49,6 +50,15 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         raw = bearer_value(request, self.keyword)
         if raw is None:
             return None
+        if attempt_credentials.is_attempt_credential(raw):
+            # An attempt's processes: no user, and only their own attempt's node routes let them in
+            # (strata.api.permissions.IsNodeOrOwnAttempt).
+            from django.contrib.auth.models import AnonymousUser
+
+            try:
+                return AnonymousUser(), attempt_credentials.check(raw)
+            except attempt_credentials.CredentialRefused as error:
+                raise exceptions.AuthenticationFailed(str(error)) from None
         token = ApiToken.objects.select_related("user", "team").filter(digest=token_digest(raw)).first()
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")

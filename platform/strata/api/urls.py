@@ -43,6 +43,7 @@ urlpatterns = [
     path("node/leave/", cluster.LeaveView.as_view(), name="node-leave"),
     path(f"{ATTEMPT}/claim/", cluster.AttemptClaimView.as_view(), name="attempt-claim"),
     path(f"{ATTEMPT}/report/", cluster.AttemptReportView.as_view(), name="attempt-report"),
+    path(f"{ATTEMPT}/renew/", cluster.AttemptRenewView.as_view(), name="attempt-renew"),
     path(f"{ATTEMPT}/finish/", cluster.AttemptFinishView.as_view(), name="attempt-finish"),
     path(f"{ATTEMPT}/artifacts/<str:name>/", cluster.AttemptArtifactView.as_view(), name="attempt-artifact"),
     path(f"{ATTEMPT}/sources/<str:name>/", cluster.AttemptSourceView.as_view(), name="attempt-source"),

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "drains at once)")
     node.add_argument("--metrics-port", type=int, default=0,
                       help="expose the node's Prometheus metrics on this port (default 0: off; 9108 is usual)")
+    node.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default=None,
+                      help="run a job's own code in a bubblewrap sandbox as its team's uid (default auto, or "
+                           "STRATA_SANDBOX: bwrap when it is installed; docs/security.md)")
     node.add_argument("--metrics-bind",
                       help="address the metrics server listens on (default: the node's --address)")
 

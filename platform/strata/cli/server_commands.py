@@ -206,7 +206,8 @@ def node(args) -> int:
                           virtual_gpu_memory=parse_bytes(args.virtual_gpu_memory), labels=labels,
                           slots=args.slots, broker_url=args.broker, address=args.address,
                           metrics_port=args.metrics_port, metrics_bind=args.metrics_bind, cpus=args.cpus,
-                          memory=parse_bytes(args.memory) if args.memory else None)
+                          memory=parse_bytes(args.memory) if args.memory else None,
+                          sandbox=args.sandbox or os.environ.get("STRATA_SANDBOX") or "auto")
     if args.name:
         options.name = args.name
     if args.state_dir:

@@ -210,6 +210,12 @@ class ClaimWorkerSerializer(serializers.Serializer):
     memory = serializers.IntegerField(required=False, help_text="Host memory (bytes) reserved with them.")
 
 
+class AttemptCredentialSerializer(serializers.Serializer):
+    credential = serializers.CharField(help_text="An attempt credential (strata.accounts.attempt_credentials): "
+                                                 "the bearer value for this attempt's own routes.")
+    expires = serializers.FloatField(help_text="When it expires (unix seconds): renew it before.")
+
+
 class ClaimAnswerSerializer(serializers.Serializer):
     attempt = serializers.UUIDField()
     number = serializers.IntegerField()
@@ -226,6 +232,8 @@ class ClaimAnswerSerializer(serializers.Serializer):
     secrets = serializers.DictField(child=serializers.CharField(), help_text=(
         "The values of the team's secrets the spec names in environment.secrets, {NAME: value} ({} when none): "
         "for the attempt's environment only."))
+    credential = AttemptCredentialSerializer(help_text="What the attempt's processes authenticate with.")
+    team = serializers.IntegerField(help_text="The job's team (a sandboxed attempt runs as the team's own uid).")
 
 
 class StopAnswerSerializer(serializers.Serializer):

@@ -17,8 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from components.runtime.distributed import RENDEZVOUS_SUFFIX
-from strata.accounts import team_secrets
-from strata.api.permissions import IsClusterAdmin, IsNode, IsUser
+from strata.accounts import attempt_credentials, team_secrets
+from strata.api.permissions import IsClusterAdmin, IsNode, IsNodeOrOwnAttempt, IsUser
 from strata.api.schema import error_response
 from strata.cluster import services
 from strata.cluster.api import serializers as s
@@ -94,6 +94,13 @@ ARTIFACT_KIND = OpenApiParameter("kind", str, enum=list(Artifact.Kind.values), d
 
 class NodeAPIView(APIView):
     permission_classes = [IsNode]
+
+
+class AttemptAPIView(APIView):
+    """A route of one attempt that its own processes call too, with their attempt credential
+    (:mod:`strata.accounts.attempt_credentials`), as well as the node's worker with the node token."""
+
+    permission_classes = [IsNodeOrOwnAttempt]
 
 
 class RegisterView(NodeAPIView):
@@ -199,12 +206,30 @@ class AttemptClaimView(NodeAPIView):
                 # The values of the team's secrets the spec names (environment.secrets), decrypted now, for the
                 # attempt's environment only: {NAME: value}, {} when it names none. No other answer carries them.
                 "secrets": secrets,
+                # What the attempt's processes authenticate with (never the node token): its own routes only.
+                "credential": attempt_credentials.mint(attempt.id, node.id),
+                # The team's id: a sandboxed attempt runs as that team's own uid on the node.
+                "team": job.team_id,
             }
             body = JSONRenderer().render(answer)
         return HttpResponse(body, content_type="application/json")
 
 
-class AttemptReportView(NodeAPIView):
+class AttemptRenewView(AttemptAPIView):
+    """A fresh attempt credential for a live attempt (its processes renew theirs before it expires; an expired
+    one is refused with a 401, an ended attempt with a 409)."""
+
+    @extend_schema(request=s.AttemptCallSerializer,
+                   responses={200: s.AttemptCredentialSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        serializer = s.AttemptCallSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        node = _node(serializer.validated_data)
+        attempt = job_services.attempt_for_node(attempt_id, serializer.validated_data["token"], node)
+        return Response(attempt_credentials.mint(attempt.id, node.id))
+
+
+class AttemptReportView(AttemptAPIView):
     @extend_schema(request=s.ReportSerializer,
                    responses={200: s.StopAnswerSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
@@ -239,7 +264,7 @@ def _attempt_from_query(request, attempt_id):
     return job_services.attempt_for_node(attempt_id, token, node)
 
 
-class AttemptArtifactView(NodeAPIView):
+class AttemptArtifactView(AttemptAPIView):
     """PUT the raw bytes of an artifact (or, with ?kind=checkpoint, the job's checkpoint)."""
 
     @extend_schema(request={"application/octet-stream": bytes}, parameters=[*ATTEMPT_QUERY, ARTIFACT_KIND],
@@ -260,7 +285,7 @@ class AttemptArtifactView(NodeAPIView):
         return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
 
 
-class AttemptSourceView(NodeAPIView):
+class AttemptSourceView(AttemptAPIView):
     """GET artifact ``name`` of a job the attempt's spec reads from (its kind's ``KindSpec.sources()``)."""
 
     @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
@@ -289,7 +314,7 @@ class AttemptCodeView(NodeAPIView):
         return response
 
 
-class AttemptCheckpointView(NodeAPIView):
+class AttemptCheckpointView(AttemptAPIView):
     """GET the job's latest checkpoint (from any earlier attempt), 404 when it has none."""
 
     @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
@@ -302,7 +327,7 @@ class AttemptCheckpointView(NodeAPIView):
         return FileResponse(get_storage().open(checkpoint.storage_key), content_type="application/octet-stream")
 
 
-class AttemptTokensView(NodeAPIView):
+class AttemptTokensView(AttemptAPIView):
     """GET the SHA-256 digests of the job's working access tokens (its kind's ``accepts_tokens``), which the
     attempt checks its callers against; it refreshes them every ``refresh_s`` seconds."""
 
@@ -320,7 +345,7 @@ class RendezvousPublishSerializer(s.AttemptCallSerializer):
                                               "listener.")
 
 
-class AttemptRendezvousView(NodeAPIView):
+class AttemptRendezvousView(AttemptAPIView):
     """Where the ranks of a multi-worker attempt meet. Rank 0's node POSTs the port its store listens on; the
     address is the one that node registered. Every rank GETs it (``address`` is null until published)."""
 
@@ -346,7 +371,7 @@ class CredentialRequestSerializer(s.AttemptCallSerializer, CredentialRequestMixi
     pass
 
 
-class AttemptCredentialView(NodeAPIView):
+class AttemptCredentialView(AttemptAPIView):
     """A job credential for one of the attempt's ranks: a short-lived statement, signed with the job's key, that
     this rank may act as ``subject`` (an identity it holds, such as its peer key) in the job. The job's workers
     check each other's with ``components.runtime.credentials.verify`` and the ``public_key`` in the answer."""
@@ -390,7 +415,7 @@ def _child_summary(job) -> dict:
             "failures": job.failures, "endpoint": job_selectors.serving_endpoint(job)}
 
 
-class AttemptChildrenView(NodeAPIView):
+class AttemptChildrenView(AttemptAPIView):
     """A running attempt's child jobs: GET lists them (``?node=&token=``), POST submits one."""
 
     @extend_schema(parameters=ATTEMPT_QUERY, responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
@@ -436,7 +461,7 @@ def _child(request, attempt_id, child_id, serializer=s.AttemptCallSerializer):
     return attempt, child, call.validated_data
 
 
-class AttemptChildCancelView(NodeAPIView):
+class AttemptChildCancelView(AttemptAPIView):
     @extend_schema(request=s.AttemptCallSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
                                                                 409: STALE_ATTEMPT})
     def post(self, request, attempt_id, child_id):
@@ -444,7 +469,7 @@ class AttemptChildCancelView(NodeAPIView):
         return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))
 
 
-class _ChildHoldView(NodeAPIView):
+class _ChildHoldView(AttemptAPIView):
     """Hold a child job (it is never placed until released; a running one stops at a checkpoint first), or
     release it."""
 
@@ -469,7 +494,7 @@ class AttemptChildReleaseView(_ChildHoldView):
     hold = False
 
 
-class AttemptChildResizeView(NodeAPIView):
+class AttemptChildResizeView(AttemptAPIView):
     """Give a child new resources: a running child stops at a checkpoint and is placed again with them."""
 
     @extend_schema(request=ChildResizeSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
@@ -483,7 +508,7 @@ class AttemptChildResizeView(NodeAPIView):
         return Response(_child_summary(job_services.job_resize(child, resources, reason)))
 
 
-class AttemptChildMetricsView(NodeAPIView):
+class AttemptChildMetricsView(AttemptAPIView):
     """A child's metric points after a cursor (``?node=&token=&after=<point id>&limit=``), oldest first, so a
     parent can watch its children learn (a sweep's trial scheduler reads them)."""
 
@@ -515,7 +540,7 @@ def _child_points(child, after: int, limit: int) -> dict:
             "cursor": points[-1].pk if points else after}
 
 
-class AttemptChildrenMetricsView(NodeAPIView):
+class AttemptChildrenMetricsView(AttemptAPIView):
     """Many children's metric points in one call: ``{node, token, after: {child id: cursor}, limit}`` answers
     ``{"children": {child id: <what the one-child route answers>}}``, so a parent watching many children (a
     sweep's trials) asks once per tick. A job that is not its child is left out of the answer."""
