@@ -311,7 +311,8 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
     from strata.jobs.models import Attempt
     from strata.jobs.services import artifact_store, attempt_claim, attempt_report
 
-    team, other = make_team("alpha"), make_team("beta")
+    # Alpha's data root holds the collections' schema examples (/data/...): registering one gets a 201.
+    team, other = make_team("alpha", data_roots=["/data"]), make_team("beta")
     alice = make_user("alice", team)
     admin = make_user("root", team, admin=True)
     node = make_node("n1", gpus=2)
