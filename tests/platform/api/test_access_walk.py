@@ -29,7 +29,7 @@ from django.utils import timezone
 from support import api_routes, fill_route
 
 from components.runtime import registry
-from strata.accounts.models import ApiToken, token_digest
+from strata.accounts.models import ApiToken, Secret, token_digest
 from strata.jobs.models import (
     Artifact,
     Attempt,
@@ -60,12 +60,13 @@ JOB_ROUTES = {"job-detail", "job-artifacts", "job-cancel", "job-download", "job-
               "job-evict-participant"}
 # Lists (the caller's own objects; alpha's must not show) and cluster-wide objects with no team data.
 LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list", "token-list", "pool-list",
-               "collection", "code-list", "data-list", "upload-list"}
+               "collection", "code-list", "data-list", "upload-list", "secret-list"}
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
 TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
-                "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-complete"}
+                "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-complete", "secret-detail"}
 ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing it is for cluster admins
+SECRET_NAME = "ALPHA_SECRET_NAME"
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \
     | ADMIN_ONLY
 
@@ -179,6 +180,9 @@ def world(make_team, make_user, make_token, make_node, node_token, run_pass, api
                                          "spec": {"command": ["true"], "data": {"mount": {"d": "alpha-secret-set"}}}},
                       format="json")
     assert mounting.status_code == 201, mounting.content
+    # A team secret of alpha's (its name and value are alpha's; no answer, not even alpha's, holds the value).
+    assert a.post(f"{PREFIX}secrets/", {"name": SECRET_NAME, "value": "alpha-secret-value"},
+                  format="json").status_code == 201
     return {
         "code": uploaded.json()["digest"], "data_digest": digest, "upload": pending.json()["id"],
         "alpha": alpha, "beta": beta, "alice": alice, "bob": bob, "admin": admin, "node": node, "agent": agent,
@@ -204,7 +208,7 @@ def _secrets(world) -> list[str]:
     values += [str(token.pk) for token in world["job_tokens"].values()]
     values += [token.prefix for token in world["job_tokens"].values()]
     values += [str(p.pk) for p in world["participants"].values()]
-    values += [world["code"], world["data_digest"], world["upload"]]
+    values += [world["code"], world["data_digest"], world["upload"], SECRET_NAME]
     return values
 
 
@@ -243,6 +247,8 @@ def _requests(world):
                 fills += [{**values, "route": route} if route else values for route in routes]
         elif name in {"collection", "collection-item"}:
             fills = [{**base, "collection": c, "name": r.name} for c, r in world["records"].items()]
+        elif name == "secret-detail":
+            fills = [{**base, "name": SECRET_NAME}]
         elif name == "data-detail":
             fills = [{**base, "name": "alpha-secret-set"}]
         elif name.startswith("upload-"):
@@ -289,7 +295,7 @@ def _foreign_expected(name: str, method: str) -> set[int]:
         return {403} if name == "quota-detail" and method in {"put", "patch"} else {404}
     if name in ADMIN_ONLY:
         return {200} if method == "get" else {403}
-    if name in {"job-list", "collection", "code-list", "upload-list"} and method == "post":
+    if name in {"job-list", "collection", "code-list", "upload-list", "secret-list"} and method == "post":
         return {400}
     if name == "token-list" and method == "post":
         return {201, 400}  # bob's own new token (a session must name his team: 400)
@@ -309,6 +315,7 @@ def _snapshot(world) -> dict:
         "data": sorted(DataSet.objects.values_list("team_id", "name", "digest")),
         "uploads": sorted((str(pk), str(received)) for pk, received in DataUpload.objects.values_list("pk",
                                                                                                    "received")),
+        "secrets": sorted(Secret.objects.values_list("team_id", "name", "ciphertext")),
     }
 
 
@@ -426,7 +433,7 @@ DASHBOARD = {
     "job-resubmit": ("login", "job"),
     "cluster": ("login", None), "cluster-charts": ("live", None), "cluster-tables": ("live", None),
     "cluster-panels": ("live", None), "usage": ("login", "team"), "quota-editor": ("admin", None),
-    "pool-editor": ("admin", None),
+    "pool-editor": ("admin", None), "team-secrets": ("login", "team"),
 }
 
 

@@ -33,7 +33,7 @@ def test_route_table_is_what_this_walk_expects():
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
         "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant",
         "code-list", "code-detail", "code-download", "data-list", "data-detail", "upload-list", "upload-detail",
-        "upload-chunk", "upload-complete"}
+        "upload-chunk", "upload-complete", "secret-list", "secret-detail"}
 
 
 @pytest.fixture
@@ -52,6 +52,9 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
     attempt_report(attempt, logs=[{"message": "alpha-secret-log"}], metrics=[{"name": "loss", "step": 1, "value": 0.5}])
     artifact = artifact_store(attempt, "alpha-secret.bin", io.BytesIO(b"alpha-secret-bytes"))
     token_a = make_token(alice, team_a)
+    from strata.accounts.team_secrets import secret_set
+
+    secret_set(team_a, "ALPHA_SECRET", "alpha-secret-value", user=alice)
     from strata.accounts.models import ApiToken
     from strata.jobs.models import PluginRecord
 
@@ -103,6 +106,7 @@ def test_foreign_user_list_endpoints_show_only_own_team(world, make_user, submit
     assert [t["slug"] for t in b.get("/api/v1/teams/").json()["results"]] == ["beta"]
     assert [q["team"] for q in b.get("/api/v1/quotas/").json()["results"]] == ["beta"]
     assert all(t["team"] == "beta" for t in b.get("/api/v1/tokens/").json()["results"])
+    assert b.get("/api/v1/secrets/").json()["results"] == []
 
 
 def test_owner_team_does_see_its_job(world):

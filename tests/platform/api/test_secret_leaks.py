@@ -1,12 +1,15 @@
 """Secrets never leak: API tokens, job access tokens, node tokens, participant secrets, fencing tokens, job
-credentials, passwords and the secret key never appear in the log (every logger, at DEBUG), in job events or log
-lines, in the operation history, in the login counters, or in any answer except the one that hands the secret to
-its holder (and, for fencing tokens and job credentials, the node's own protocol answers).
+credentials, passwords, team secrets and the secret key never appear in the log (every logger, at DEBUG), in job
+events or log lines, in the operation history, in the login counters, in the secrets table, or in any answer except
+the one that hands the secret to its holder (and, for fencing tokens, job credentials and team secrets, the node's
+own protocol answers: a team secret only in the claim of an attempt of a job that asks for it).
 
 The flows that handle secrets are driven through the API and the dashboard as a user and a node would: token
 create, use and revoke, failed authentication with wrong, malformed and NUL-carrying tokens, failed logins
 (a password typed into the user-name box too), a submit whose spec carries something secret-looking, node claims,
-reports and credentials, the 409 of a stale fencing token, a participant joining, heartbeating and leaving.
+reports and credentials, the 409 of a stale fencing token, a participant joining, heartbeating and leaving, team
+secrets set, replaced, listed, read and deleted (API and page), and a job that asks for one and prints it in its
+logs and its finish reason.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import pytest
 from django.test import Client
 
-from strata.accounts.models import LoginThrottle
+from strata.accounts.models import LoginThrottle, Secret
 from strata.jobs.models import Attempt, Job, JobEvent, LogLine
 
 PREFIX = "/api/v1/"
@@ -138,6 +141,42 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     assert seen("node 400", agent.post(f"{NODE}/{attempt.pk}/report/", {"token": fence}, format="json")) \
         .status_code == 400
 
+    # --- team secrets: set, replace, list, read, delete; a job that asks for one gets it in its claim only ------
+    team_secret = "ghp_team-secret-value-0123456789"
+    assert seen("secret set", a.post(f"{PREFIX}secrets/", {"name": "GH_TOKEN", "value": "first-" + team_secret},
+                                     format="json")).status_code == 201
+    assert seen("secret replace", a.post(f"{PREFIX}secrets/", {"name": "GH_TOKEN", "value": team_secret},
+                                         format="json")).status_code == 200
+    assert seen("secret bad", a.post(f"{PREFIX}secrets/", {"name": "PATH", "value": team_secret},
+                                     format="json")).status_code == 400
+    assert seen("secret throwaway", a.post(f"{PREFIX}secrets/", {"name": "GONE", "value": "gone-" + team_secret},
+                                           format="json")).status_code == 201
+    seen("secret list", a.get(f"{PREFIX}secrets/"))
+    seen("secret read", a.get(f"{PREFIX}secrets/GH_TOKEN/"))
+    seen("foreign secret read", b.get(f"{PREFIX}secrets/GH_TOKEN/"))
+    assert seen("secret delete", a.delete(f"{PREFIX}secrets/GONE/")).status_code == 204
+    seen("secrets page", browser.get("/team/secrets/"))
+    seen("secrets page set", browser.post("/team/secrets/", {"team": "alpha", "action": "set", "name": "lower",
+                                                             "value": team_secret}))
+    using = a.post(f"{PREFIX}jobs/", {"kind": "train", "name": "uses-a-secret", "max_attempts": 1,
+                                     "resources": {"gpus": 0.25},
+                                     "spec": {"command": ["true"], "environment": {"secrets": ["GH_TOKEN"]}}},
+                   format="json")
+    assert seen("submit with a secret", using).status_code == 201, using.content
+    run_pass()
+    secret_attempt = Attempt.objects.get(job_id=using.json()["id"])
+    secret_call = {"node": str(node.pk), "token": secret_attempt.fencing_token}
+    claimed = agent.post(f"{NODE}/{secret_attempt.pk}/claim/", secret_call, format="json")
+    assert seen("claim with a secret", claimed, holder=True).json()["secrets"] == {"GH_TOKEN": team_secret}
+    leaked = {**secret_call, "logs": [{"message": f"GH_TOKEN={team_secret}"}, {"message": team_secret}]}
+    seen("report of a secret", agent.post(f"{NODE}/{secret_attempt.pk}/report/", leaked, format="json"), holder=True)
+    seen("finish of a secret", agent.post(f"{NODE}/{secret_attempt.pk}/finish/",
+                                          {**secret_call, "outcome": "failed", "reason": f"bad token {team_secret}"},
+                                          format="json"), holder=True)
+    for path in ("", "events/", "logs/"):
+        seen(f"job with a secret {path}", a.get(f"{PREFIX}jobs/{secret_attempt.job_id}/{path}"))
+    seen("job page with a secret", browser.get(f"/jobs/{secret_attempt.job_id}/"))
+
     # --- job access tokens and a participant ----------------------------------------------------------------
     issued = a.post(f"{PREFIX}jobs/{job.pk}/tokens/", {"name": "volunteers"}, format="json")
     assert seen("job token create", issued, holder=True).status_code == 201
@@ -180,7 +219,7 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     secrets = {"user token": raw, "child token": child_raw, "node token": node_token, "job token": job_raw,
                "participant secret": secret, "fencing token": fence, "node credential": node_credential,
                "participant credential": participant_credential, "password": password, "typed password": typo,
-               "spec secret": spec_secret, "secret key": settings.SECRET_KEY}
+               "spec secret": spec_secret, "secret key": settings.SECRET_KEY, "team secret": team_secret}
     # Parts that are secret on their own: the random half of each token.
     secrets.update({f"{name} (secret part)": value.rsplit("_", 1)[-1] for name, value in list(secrets.items())
                     if value.startswith(("st_", "sj_", "sp_")) and len(value.rsplit("_", 1)[-1]) >= 16})
@@ -190,6 +229,7 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
         "log lines": list(LogLine.objects.values_list("message", flat=True)),
         "login counters": [json.dumps(row, default=str) for row in LoginThrottle.objects.values()],
         "history": (tmp_path / "history.jsonl").read_text().splitlines(),
+        "secret rows": [json.dumps(row, default=str) for row in Secret.objects.values()],
         "answers": [f"{label}: {text}" for label, text in seen.answers],
     }
     assert everything.lines and stores["job events"] and stores["history"] and stores["login counters"]
