@@ -155,7 +155,19 @@ def test_a_hostile_job_reads_writes_kills_and_calls_nothing(cluster, tmp_path):
                      "write:home", "write:other-attempt", "write:repository", "register", "heartbeat", "jobs",
                      *[f"kill:{pid}" for pid in sleeper_pids]]:
         assert expected in names, (expected, probes)
-    leaks = [p for p in probes if " LEAK " in f" {p} "]
+    # Listing the hidden directories shows only the empty tmpfs over them, with the job's own mount points: its
+    # own attempt's directory and its bundle, nothing of the node's or another attempt's.
+    listed = {p.split()[0]: p for p in probes if p.startswith("list:") and " LEAK " in p}
+    own = str(job["attempts"][-1]["id"])
+    for name, line in listed.items():
+        entries = eval(line.split(" LEAK ", 1)[1])  # noqa: S307 - the repr of a list of names the job printed
+        allowed = {"list:node-state": {"work", "code"}, "list:home": {"node"}}.get(name)
+        if allowed is not None:
+            assert set(entries) <= allowed, line
+        else:
+            assert name == "list:work" and all(entry.startswith(own) for entry in entries), line
+        assert sleeper_attempt not in line and "worker.json" not in line and "credentials" not in line
+    leaks = [p for p in probes if " LEAK " in f" {p} " and not p.startswith("list:")]
     assert not leaks, leaks
     # Its environment and every environment it could see hold neither the node's token nor the user's.
     for secret in (cluster.credentials["node_token"], cluster.credentials["token"]):
