@@ -64,3 +64,13 @@ def test_members_cannot_grant_roots(make_team, make_user):
     member = logged_in(make_user("alice", team, role="team-admin"))
     assert member.post("/manage/quotas/", {"team": "demo", **FIELDS, "data_roots": "/"}).status_code == 403
     assert Quota.objects.get(team=team).data_roots == []
+
+
+def test_members_see_their_teams_roots_on_the_usage_page(make_team, make_user):
+    team = make_team("demo", data_roots=["/srv/demo", "/srv/shared"])
+    html = logged_in(make_user("alice", team)).get("/usage/?team=demo").content.decode()
+    shown = re.search(r"<dd data-roots>(.*?)</dd>", html, re.S).group(1)
+    assert "<code>/srv/demo</code>" in shown and "<code>/srv/shared</code>" in shown
+    other = make_team("other")
+    html = logged_in(make_user("bob", other)).get("/usage/?team=other").content.decode()
+    assert "none: no data may be registered by path" in html and "/srv/demo" not in html
