@@ -14,7 +14,7 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
-               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data"}
+               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data", "attempt-renew"}
 # Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
@@ -153,3 +153,53 @@ def test_user_routes_refuse_node_tokens(world):
 
 
 # No credentials, expired, revoked and revoked-parent tokens on every route × verb: test_access_walk.py.
+
+
+# Attempt credentials (strata.accounts.attempt_credentials): what an attempt's own processes hold. A credential of
+# another attempt, on every route of the API, opens nothing: user routes refuse it (no user), the node's own
+# routes refuse it, and the attempt routes refuse it for any attempt but its own.
+ATTEMPT_CREDENTIAL_ROUTES = {"attempt-report", "attempt-renew", "attempt-artifact", "attempt-source",
+                             "attempt-checkpoint", "attempt-tokens", "attempt-rendezvous", "attempt-credential",
+                             "attempt-children", "attempt-child-cancel", "attempt-child-hold", "attempt-child-release",
+                             "attempt-child-resize", "attempt-child-metrics", "attempt-children-metrics"}
+
+
+def test_every_route_refuses_another_attempts_credential(world):
+    import uuid
+
+    from strata.accounts import attempt_credentials
+
+    elsewhere = attempt_credentials.mint(uuid.uuid4(), world["node"].pk)["credential"]
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {elsewhere}")
+    for name, text, methods in ROUTES:
+        if name in DOC_ROUTES:
+            continue
+        for method in methods:
+            response = _call(client, method, _fill(text, dict(world["values"])))
+            expected = {401} if name in PARTICIPANT_ROUTES else {401, 403}
+            assert response.status_code in expected, (name, method, response.status_code)
+            assert not [s for s in _secrets(world) if s in _body(response)], name
+
+
+def test_its_own_attempt_routes_take_the_attempts_credential_and_nothing_else_does(world):
+    from strata.accounts import attempt_credentials
+
+    own = attempt_credentials.mint(world["attempt"].pk, world["node"].pk)["credential"]
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {own}")
+    for name, text, methods in ROUTES:
+        if name in DOC_ROUTES:
+            continue
+        for method in methods:
+            response = _call(client, method, _fill(text, dict(world["values"])))
+            if name in ATTEMPT_CREDENTIAL_ROUTES:
+                # Past the permission: what the route itself answers (the walk's calls carry no body).
+                assert response.status_code not in (401, 403), (name, method, response.status_code)
+            else:
+                assert response.status_code in ({401} if name in PARTICIPANT_ROUTES else {401, 403}), (
+                    name, method, response.status_code)
