@@ -25,7 +25,6 @@ from strata.accounts.selectors import (
     visible_team_ids,
 )
 from strata.api.permissions import IsUser
-from strata.api.schema import error_response
 
 
 class TeamViewSet(viewsets.ReadOnlyModelViewSet):
@@ -119,8 +118,7 @@ class SecretViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
 
     @extend_schema(request=SecretSetSerializer,
                    responses={201: OpenApiResponse(SecretSerializer, description="A new secret."),
-                              200: OpenApiResponse(SecretSerializer, description="The secret's value was replaced."),
-                              400: error_response(400, "Bad fields, each named: name, value, team.")})
+                              200: OpenApiResponse(SecretSerializer, description="The secret's value was replaced.")})
     def create(self, request, *args, **kwargs):
         """Create or replace a secret: ``{name, value, team?}``. The answer never carries the value."""
         serializer = SecretSetSerializer(data=request.data)
