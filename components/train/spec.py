@@ -242,7 +242,8 @@ class TrainSpec(KindSpec):
                     "type": ["object", "null"],
                     "description": (
                         "The job's Python environment, built once per node and cached: {requirements: a file of "
-                        "the code bundle, pip: [specs], python_path: [dirs of the bundle], env: {NAME: value}}."
+                        "the code bundle, pip: [specs], python_path: [dirs of the bundle], env: {NAME: value}, "
+                        "secrets: [names of the team's secrets, given as environment variables]}."
                     ),
                 },
                 "epochs": {
