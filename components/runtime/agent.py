@@ -126,7 +126,7 @@ class NodeAgent:
             "labels": {k: str(v) for k, v in self.options.labels.items()},
             "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_total": d.memory_total}
                         for d in self.devices],
-            "info": {"python": sys.version.split()[0], "pid": os.getpid()},
+            "info": {"python": sys.version.split()[0], "pid": os.getpid(), "sandbox": self.sandbox_mode},
             "cpus": self.cpus, "memory": self.memory,
         }
         deadline = time.monotonic() + wait

@@ -96,6 +96,28 @@ def check_database(app_configs=None, **kwargs) -> list:
     return []
 
 
+@register(Tags.security, "strata", deploy=True)
+def check_node_sandboxes(app_configs=None, **kwargs) -> list:
+    """Nodes that run a team's code without the sandbox (``strata node --sandbox``, reported at registration)."""
+    from django.db import DatabaseError
+
+    from strata.cluster.models import Node
+
+    try:
+        nodes = [(node.name, (node.info or {}).get("sandbox") or "unknown")
+                 for node in Node.objects.exclude(state=Node.State.DOWN).only("name", "info")]
+    except DatabaseError:  # not migrated yet: nothing registered
+        return []
+    open_nodes = sorted(f"{name} ({mode})" for name, mode in nodes if mode != "bwrap")
+    if not open_nodes:
+        return []
+    shown = ", ".join(open_nodes[:5]) + (f" and {len(open_nodes) - 5} more" if len(open_nodes) > 5 else "")
+    return [_warning("070", f"The sandbox is off on {len(open_nodes)} node(s): {shown}. A job's code runs there "
+                            "with the node agent's privileges and can read the node token.",
+                     "Install bubblewrap on those nodes (make install, or Debian's bubblewrap) and start them with "
+                     "--sandbox bwrap (docs/security.md)")]
+
+
 def secret_key_bits(key: str) -> float:
     """A rough upper bound on a key's entropy: its length times log2 of its number of distinct characters."""
     distinct = len(set(key))

@@ -236,3 +236,17 @@ def test_production_settings_from_the_environment(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [
         True, 31_536_000, True, True, True, ["HTTP_X_FORWARDED_PROTO", "https"], ["https://strata.example.org"],
         ["^healthz$", "^readyz$", "^metrics$"]]
+
+
+@pytest.mark.django_db
+def test_nodes_without_the_sandbox_are_flagged(make_node):
+    sandboxed, open_node = make_node("boxed", gpus=1), make_node("open", gpus=1)
+    sandboxed.info = {"sandbox": "bwrap"}
+    sandboxed.save(update_fields=["info"])
+    open_node.info = {"sandbox": "none"}
+    open_node.save(update_fields=["info"])
+    found = checks.check_node_sandboxes()
+    assert [m.id for m in found] == ["strata.W070"] and "open (none)" in found[0].msg and "boxed" not in found[0].msg
+    open_node.info = {"sandbox": "bwrap"}
+    open_node.save(update_fields=["info"])
+    assert checks.check_node_sandboxes() == []
