@@ -40,8 +40,10 @@ REDIS_URL = os.environ.get("STRATA_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DEVICE_MEMORY = 16 * 2**30
 DEVICES_PER_NODE = 4
 
-FULL_SIZES = {"latency_jobs": 200, "rate": 1.0, "virtual_gpus": 8, "pass_jobs": 10_000, "pass_nodes": 1_000}
-QUICK_SIZES = {"latency_jobs": 20, "rate": 2.0, "virtual_gpus": 8, "pass_jobs": 1_000, "pass_nodes": 100}
+FULL_SIZES = {"latency_jobs": 200, "rate": 1.0, "virtual_gpus": 8, "pass_jobs": 10_000, "pass_nodes": 1_000,
+              "sandbox_jobs": 20}
+QUICK_SIZES = {"latency_jobs": 20, "rate": 2.0, "virtual_gpus": 8, "pass_jobs": 1_000, "pass_nodes": 100,
+               "sandbox_jobs": 5}
 # Requests of the pass benchmark, cycled in submission order: whole, half, quarter, memory-sized
 # (4 GiB of a 16 GiB device = a quarter) and two-device jobs. 8 GPUs of demand per 10 jobs.
 MIXED_REQUESTS = [
@@ -59,6 +61,28 @@ def noop(ctx) -> None:
 
 
 NOOP = "strata.bench.control_plane:noop"
+SANDBOX_START_TARGET = 0.050  # seconds the sandbox may add to an attempt's start (median)
+
+
+def stamp(ctx) -> None:
+    """The sandbox benchmark's start probe: records when the job's own code began (unix seconds, the node's clock:
+    the same machine as the control plane's here), to compare with the attempt's ``started_at``."""
+    ctx.metrics({"entered_at": time.time()}, step=0)
+
+
+def steps(ctx) -> None:
+    """The sandbox benchmark's step probe: 40 steps of the same numpy work (a 384x384 float32 matmul chain, what a
+    small model's step costs on a CPU), each step's milliseconds recorded."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((384, 384), dtype=np.float32)
+    b = rng.standard_normal((384, 384), dtype=np.float32)
+    for step in range(40):
+        began = time.perf_counter()
+        for _ in range(8):
+            a = np.tanh(a @ b)
+        ctx.metrics({"step_ms": (time.perf_counter() - began) * 1000}, step=step)
 
 
 def bench_job() -> tuple[str, dict]:
@@ -294,6 +318,107 @@ def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> 
             _clear_redis_prefix(prefix)
 
 
+# --- the sandbox's cost: start and step time of a job's own code, with and without it ---------------------------
+
+def _entrypoint_body(name: str, function: str) -> dict:
+    from components.runtime import registry
+
+    for kind, spec in registry.kinds().items():
+        found = spec.entrypoint_spec(function)
+        if found is not None:
+            return {"name": name, "kind": kind, "max_attempts": 1, "time_limit": 300, "resources": {"gpus": 0.125},
+                    "spec": found}
+    raise RuntimeError("no registered job kind can run a bare function (KindSpec.entrypoint_spec)")
+
+
+def _wait_ended(client, job_id: str, timeout: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"jobs/{job_id}/")
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return job
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job_id} did not end within {timeout:g} s")
+
+
+def _points(client, job_id: str, name: str) -> list[float]:
+    answer = client.get(f"jobs/{job_id}/metrics/", params={"name": name})
+    points = answer.get("points", answer) if isinstance(answer, dict) else answer
+    return [float(p["value"]) for p in points if p.get("name", name) == name]
+
+
+def measure_sandbox(jobs: int) -> dict:
+    """``jobs`` start probes and 2 step probes, run one at a time (entry points: a job's own code, so the node
+    sandboxes them), on a node with the sandbox off and on (``STRATA_SANDBOX``). Start = when the job's code began
+    minus the attempt's ``started_at`` (its claim): the worker's preparation, the process, bwrap, Python."""
+    from components.runtime import sandbox
+    from components.runtime.client import ControlPlaneClient
+
+    modes = ["none"] + (["bwrap"] if sandbox.resolve_mode("auto") == "bwrap" else [])
+    out: dict = {"jobs": jobs, "modes": {}}
+    for mode in modes:
+        home = Path(tempfile.mkdtemp(prefix=f"strata-bench-sandbox-{mode}-"))
+        stack = Stack(home, _free_port(), 2, {"STRATA_SANDBOX": mode})
+        try:
+            credentials = stack.wait_ready()
+            client = ControlPlaneClient(stack.url, credentials["token"], retries=3, timeout=30)
+            starts: list[float] = []
+            for index in range(jobs + 1):  # the first warms the node up: not counted
+                job = _wait_ended(client, client.post("jobs/", _entrypoint_body(f"start-{index}", "strata.bench.control_plane:stamp"))["id"])
+                entered = _points(client, job["id"], "entered_at")
+                if job["state"] != "SUCCEEDED" or not entered:
+                    raise RuntimeError(f"the start probe failed ({job['state']}: {job.get('reason')}); see {home}")
+                if index:
+                    started = client.get(f"jobs/{job['id']}/")["attempts"][-1]["started_at"]
+                    starts.append(entered[0] - _parse_time(started).timestamp())
+            step_ms: list[float] = []
+            for index in range(2):
+                job = _wait_ended(client, client.post("jobs/", _entrypoint_body(f"steps-{index}", "strata.bench.control_plane:steps"))["id"])
+                step_ms.extend(_points(client, job["id"], "step_ms")[5:])  # past the first steps' warm-up
+            out["modes"][mode] = {"start_p50_s": statistics.median(starts), "start_min_s": min(starts),
+                                  "start_max_s": max(starts), "step_p50_ms": statistics.median(step_ms),
+                                  "step_p10_ms": _percentile(step_ms, 0.10), "step_p90_ms": _percentile(step_ms, 0.90)}
+            _say(f"  sandbox {mode}: start p50 {out['modes'][mode]['start_p50_s'] * 1000:.0f} ms "
+                 f"[{min(starts) * 1000:.0f}-{max(starts) * 1000:.0f}], step p50 "
+                 f"{out['modes'][mode]['step_p50_ms']:.2f} ms")
+        finally:
+            stack.stop()
+    if "bwrap" in out["modes"]:
+        out["spawn"] = measure_sandbox_spawn()
+        _say(f"  spawn of python -I -c pass: {out['spawn']['plain_p50_ms']:.1f} ms plain, "
+             f"{out['spawn']['sandboxed_p50_ms']:.1f} ms in the sandbox (p50 of {out['spawn']['runs']})")
+        off, on = out["modes"]["none"], out["modes"]["bwrap"]
+        out["start_added_s"] = on["start_p50_s"] - off["start_p50_s"]
+        out["step_ratio"] = on["step_p50_ms"] / off["step_p50_ms"]
+    return out
+
+
+def measure_sandbox_spawn(runs: int = 30) -> dict:
+    """What bwrap itself adds to starting a process, without the rest of an attempt's start around it: ``python -I
+    -c pass`` spawned and waited for, plain and in a sandbox laid out as a worker lays one out, alternated."""
+    from components.runtime import sandbox
+
+    root = Path(tempfile.mkdtemp(prefix="strata-bench-spawn-"))
+    work = root / "state" / "work" / "a-0"
+    work.mkdir(parents=True)
+    box = sandbox.Sandbox(bwrap=sandbox.find_bwrap() or "bwrap", hide=[root / "state", Path.home()],
+                          writable=[work], uid=sandbox.team_uid(1) if os.geteuid() == 0 else None, cwd=work)
+    box.prepare()
+    argv = [sys.executable, "-I", "-c", "pass"]
+    plain: list[float] = []
+    boxed: list[float] = []
+    for _ in range(runs):
+        for times, command, preexec in ((plain, argv, None), (boxed, box.command(argv), box.preexec())):
+            began = time.perf_counter()
+            subprocess.run(command, check=True, preexec_fn=preexec, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - began)
+    return {"runs": runs, "plain_p50_ms": statistics.median(plain) * 1000,
+            "sandboxed_p50_ms": statistics.median(boxed) * 1000,
+            "added_p50_ms": (statistics.median(boxed) - statistics.median(plain)) * 1000,
+            "plain_range_ms": [min(plain) * 1000, max(plain) * 1000],
+            "sandboxed_range_ms": [min(boxed) * 1000, max(boxed) * 1000]}
+
+
 # --- part 2: one scheduling pass at scale -------------------------------------------------------------------
 
 def populate(jobs: int, nodes: int, mix: str = "mixed", teams: int = 4) -> dict:
@@ -426,6 +551,16 @@ def _figures(results: dict, quick: bool) -> list[benchkit.Figure]:
             f"pass_{item['database']}", f"one scheduling pass, {item['jobs']:,} jobs / {item['nodes']:,} nodes "
             f"({item['database']}), against the 1 s target", item["seconds"], PASS_TARGET, "s",
             target=None if quick else 1.0, baseline_text="target 1 s"))
+    sandbox = results.get("sandbox") or {}
+    if "start_added_s" in sandbox:
+        off, on = sandbox["modes"]["none"], sandbox["modes"]["bwrap"]
+        figures.append(benchkit.Figure(
+            "sandbox_start", "an attempt's start (claim -> its code runs) in the sandbox, against no sandbox + 50 ms",
+            on["start_p50_s"], off["start_p50_s"] + SANDBOX_START_TARGET, "s", target=1.0,
+            baseline_text=f"no sandbox {off['start_p50_s'] * 1000:.0f} ms + 50 ms"))
+        figures.append(benchkit.Figure(
+            "sandbox_step", "step time of a job's code in the sandbox, against no sandbox (within noise: 5 %)",
+            on["step_p50_ms"], off["step_p50_ms"], "ms", target=0.95, baseline_text="no sandbox"))
     if results.get("heartbeats"):  # simulated nodes heartbeating at the real interval (strata.bench.heartbeats)
         from strata.bench import heartbeats
 
@@ -464,6 +599,10 @@ def main(quick: bool = False, output: str | None = None) -> int:
         results["latency"].append(multihost.measure_cross_host_latency(sizes["latency_jobs"], sizes["rate"],
                                                                        sizes["virtual_gpus"]))
 
+    _say(f"\n[sandbox] what the node's sandbox costs a job's own code: {sizes['sandbox_jobs']} starts and 80 steps, "
+         "with it off and on")
+    results["sandbox"] = measure_sandbox(sizes["sandbox_jobs"])
+
     _say(f"\n[2/2] one scheduling pass: {sizes['pass_jobs']:,} queued jobs, {sizes['pass_nodes']:,} nodes x "
          f"{DEVICES_PER_NODE} devices (mixed whole/fractional/2-GPU requests)")
     for backend in ("sqlite", "postgresql"):
@@ -497,6 +636,17 @@ def main(quick: bool = False, output: str | None = None) -> int:
                      f"({item['placed']:,} placed)", "target_text": "<= 1 s",
                      "ratio": _ratio(PASS_TARGET, item["seconds"]),
                      "met": item["seconds"] <= PASS_TARGET if not quick else None})
+    sandbox = results.get("sandbox") or {}
+    if "start_added_s" in sandbox:
+        added = sandbox["start_added_s"]
+        rows.append({"measurement": "sandbox: start added (p50)", "backend": "embedded", "measured": added,
+                     "measured_text": f"{added * 1000:.0f} ms", "target_text": "<= 50 ms",
+                     "ratio": _ratio(SANDBOX_START_TARGET, added) if added > 0 else float("inf"),
+                     "met": added <= SANDBOX_START_TARGET})
+        rows.append({"measurement": "sandbox: step time on/off (p50)", "backend": "embedded",
+                     "measured": sandbox["step_ratio"], "measured_text": f"{sandbox['step_ratio']:.3f}x",
+                     "target_text": "within noise (<= 1.05x)", "ratio": 1 / sandbox["step_ratio"],
+                     "met": sandbox["step_ratio"] <= 1.05})
     results["table"] = [{k: v for k, v in row.items() if not k.endswith("_text")} for row in rows]
     _say("\nResults" + (" (quick: small sizes, targets are for the full run)" if quick else ""))
     _say(_table(rows))
@@ -513,4 +663,7 @@ def main(quick: bool = False, output: str | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "pass":
         sys.exit(_pass_worker(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "sandbox":  # the sandbox's part alone: ... sandbox [JOBS]
+        print(json.dumps(measure_sandbox(int(sys.argv[2]) if len(sys.argv) > 2 else 5), indent=2))
+        sys.exit(0)
     sys.exit(main(quick="--quick" in sys.argv[1:]))
