@@ -44,7 +44,7 @@ def platform_directories() -> list[tuple[str, str]]:
     for path, what in found:
         if path is None:
             continue
-        for form in _forms(str(path)):
+        for form in _forms(os.path.abspath(str(path))):  # a relative setting is relative to the process's cwd
             directories.append((form, what))
     return directories
 
