@@ -376,6 +376,10 @@ class DiskCache:
 
 
 # -- environments -----------------------------------------------------------------------------------------------
+# A requirements line that names a path (of the bundle, or of the node): ./pkg, ../x, /abs, file:..., -e ...
+LOCAL_REQUIREMENT = re.compile(r"^\s*(\.|/|file:|-e\b|--editable\b)", re.MULTILINE)
+
+
 def environment_digest(environment: dict[str, Any], requirements: str | None) -> str:
     """What decides an environment's contents: the node's Python, the requirements file's text and the pip
     specifications (not ``env`` or ``python_path``, which are set when the job runs)."""
@@ -401,12 +405,21 @@ def installer() -> list[str] | None:
     return [found] if found else None
 
 
-def build_environment(target: Path, requirements: Path | None, pip: list[str], note: Callable[[str], None]) -> None:
+# What runs the installer in the node's sandbox: (command, target, readable directory or None) -> (the command to
+# run, the function the child runs before it, what to do once it ended). None: the installer runs as the worker.
+BuildWrap = Callable[[list[str], Path, Path | None], tuple[list[str], Callable[[], None] | None, Callable[[], None]]]
+
+
+def build_environment(target: Path, requirements: Path | None, pip: list[str], note: Callable[[str], None],
+                      wrap: BuildWrap | None = None) -> None:
     """A virtual environment at ``target`` that sees the node's packages (a ``.pth`` file adds this Python's
     site-packages) with the job's requirements installed on top. Raises :class:`UserError` with the installer's
-    error when the install fails."""
+    error when the install fails. ``wrap``: the installer (which may run a requirement's build code) runs in the
+    node's sandbox, writing only ``target``; it never gets the node's credentials either way."""
     import site
     import venv
+
+    from components.runtime.sandbox import user_environment
 
     venv.EnvBuilder(with_pip=False, symlinks=True).create(target)
     python = target / "bin" / "python"
@@ -429,10 +442,18 @@ def build_environment(target: Path, requirements: Path | None, pip: list[str], n
                    "--disable-pip-version-check", *args]
         tool = "pip"
     note(f"building the environment with {tool}: {' '.join(args)}")
-    env = {**os.environ, "PYTHONNOUSERSITE": "1", "VIRTUAL_ENV": str(target)}
+    env = {**user_environment(dict(os.environ)), "PYTHONNOUSERSITE": "1", "VIRTUAL_ENV": str(target)}
     env.pop("PYTHONPATH", None)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=str(requirements.parent) if requirements else None)
+    preexec, after = None, (lambda: None)
+    if wrap is not None:
+        env["HOME"] = "/tmp"  # the sandbox's private /tmp: pip's cache and config go there
+        command, preexec, after = wrap(command, target, requirements.parent if requirements else None)
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                   cwd=str(requirements.parent) if requirements else None, preexec_fn=preexec)
+    except BaseException:
+        after()
+        raise
     tail: list[str] = []
     deadline = time.monotonic() + ENV_BUILD_TIMEOUT_S
     for line in process.stdout:
@@ -443,6 +464,7 @@ def build_environment(target: Path, requirements: Path | None, pip: list[str], n
         if time.monotonic() > deadline:
             process.kill()
     code = process.wait()
+    after()
     if code != 0:
         errors = [line for line in tail if "error" in line.lower()] or tail
         raise UserError(f"the environment could not be built ({tool} exit code {code}): " + " | ".join(errors[-4:]))
@@ -560,8 +582,9 @@ class ProjectCache:
         return self._fetched(self.data, str(mount["digest"]), f"data set {mount.get('name')}", download, note, place)
 
     def environment(self, environment: dict[str, Any], bundle_dir: Path | None,
-                    note: Callable[[str], None]) -> Lease | None:
-        """The built environment of ``environment`` (None when it installs nothing)."""
+                    note: Callable[[str], None], wrap: BuildWrap | None = None) -> Lease | None:
+        """The built environment of ``environment`` (None when it installs nothing); ``wrap``: its installer runs
+        in the node's sandbox (:func:`build_environment`)."""
         if not needs_build(environment):
             return None
         requirements_file = None
@@ -573,13 +596,16 @@ class ProjectCache:
                                 "the code bundle" if bundle_dir else
                                 "spec.environment.requirements needs a code bundle (submit with --code DIR)")
             text = requirements_file.read_text(errors="replace")
+        if text is not None and bundle_dir is not None and LOCAL_REQUIREMENT.search(text):
+            # A requirement on a path of the bundle (./mylib, -e .): the environment is that bundle's alone.
+            text += f"\n# bundle {bundle_dir.name}"
         digest = environment_digest(environment, text)
         started = time.monotonic()
         built = {"now": False}
 
         def build(target: Path) -> None:
             built["now"] = True
-            build_environment(target, requirements_file, list(environment.get("pip") or []), note)
+            build_environment(target, requirements_file, list(environment.get("pip") or []), note, wrap=wrap)
 
         lease = self.envs.get(digest, build, note=note)
         if built["now"]:
@@ -591,7 +617,8 @@ class ProjectCache:
 
 def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, download: Callable[[Path], None],
                  note: Callable[[str], None],
-                 download_data: Callable[[str, Path], None] | None = None) -> Project:
+                 download_data: Callable[[str, Path], None] | None = None,
+                 wrap_build: BuildWrap | None = None) -> Project:
     """Fetch the bundle and the mounted data sets and build the environment (each once per node), then make this
     rank's working directory, with a read-only link per mount in its ``data/`` (``STRATA_DATA_DIR``).
     ``download_data(digest, path)`` writes a data set's bytes. Raises :class:`UserError` for what retrying
@@ -608,7 +635,7 @@ def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, downl
             bundle_dir = lease.path
         python = sys.executable
         if environment:
-            env_lease = cache.environment(environment, bundle_dir, note)
+            env_lease = cache.environment(environment, bundle_dir, note, wrap=wrap_build)
             if env_lease is not None:
                 leases.append(env_lease)
                 python = str(env_lease.path / "bin" / "python")

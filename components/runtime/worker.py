@@ -138,9 +138,10 @@ class AttemptRunner:
             return
         cache = ProjectCache(Path(self.config["state_dir"]))
         started = time.monotonic()
+        wrap = self._build_wrap(claim) if self.sandbox_mode == "bwrap" else None
         for rank in self._ranks_here(claim):
             self.projects[rank] = prepare_rank(cache, claim, rank, download=self._download_code, note=self._note,
-                                               download_data=self._download_data)
+                                               download_data=self._download_data, wrap_build=wrap)
         self._note(f"project prepared in {time.monotonic() - started:.2f} s")
         self._poll_logs_only()
 
@@ -371,15 +372,41 @@ class AttemptRunner:
                 pids.setdefault(str(device["index"]), []).append(child.pid)
         self.running_file.write_text(json.dumps({"attempt": self.attempt_id, "pids": pids}))
 
+    def _hidden(self) -> list[Path]:
+        """What a sandbox hides: the node's state, the agent's home (its ~/.strata client configuration) and the
+        control plane's home on a one-machine cluster (strata up)."""
+        hide = [Path(self.config["state_dir"]), Path.home()]
+        if os.environ.get("STRATA_HOME"):
+            hide.append(Path(os.environ["STRATA_HOME"]).expanduser())
+        return hide
+
+    def _build_wrap(self, claim: dict):
+        """How the job's environment is built in the sandbox: the installer (and any requirement's build code)
+        runs as the team's uid, writing only the environment being built, which goes back to the agent, read-only,
+        once the installer ended."""
+        uid = sandbox.team_uid(claim.get("team")) if os.geteuid() == 0 else None
+
+        def wrap(command: list[str], target: Path, readable: Path | None):
+            box = sandbox.Sandbox(bwrap=self.config.get("bwrap") or sandbox.find_bwrap() or "bwrap",
+                                  hide=self._hidden(), writable=[target], readable=[readable] if readable else [],
+                                  uid=uid, cwd=readable or target)
+            box.prepare()
+
+            def after() -> None:
+                if uid is not None:
+                    sandbox.chown_tree(target, os.geteuid())
+
+            return box.command(command), box.preexec(_set_parent_death_signal), after
+
+        return wrap
+
     def _sandbox(self, claim: dict, rank: int, project: Project | None, mine: list[dict]) -> sandbox.Sandbox | None:
         """The sandbox this rank runs in, prepared (its directories given to the team's uid), or None: the node's
         sandbox is off, or the attempt runs no code of the team's (a built-in workload)."""
         if self.sandbox_mode != "bwrap" or not runs_user_code(claim):
             return None
         state_dir = Path(self.config["state_dir"])
-        hide = [state_dir, Path.home()]  # the agent's home holds its client configuration (~/.strata)
-        if os.environ.get("STRATA_HOME"):  # the control plane's home on a one-machine cluster (strata up)
-            hide.append(Path(os.environ["STRATA_HOME"]).expanduser())
+        hide = self._hidden()
         shm = state_dir / "work" / f"{self.attempt_id}-shm"  # the attempt's ranks on this node share it
         shm.mkdir(parents=True, exist_ok=True)
         if project is not None:
