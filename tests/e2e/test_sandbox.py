@@ -26,6 +26,10 @@ from pathlib import Path
 
 targets = json.loads(Path("targets.json").read_text())
 print("UID", os.getuid(), os.getgid(), flush=True)
+import hashlib
+secret = os.environ.get("HOSTILE_SECRET", "")
+print("SECRET_SHA", hashlib.sha256(secret.encode()).hexdigest(), flush=True)
+print("SECRET_SAID", secret, flush=True)  # the job prints its own secret: its log stores *** instead
 print("ENV", json.dumps(dict(os.environ)), flush=True)
 
 def probe(name, function):
@@ -81,7 +85,8 @@ time.sleep(600)
 '''
 
 
-def _job(cluster, directory: Path, name: str) -> dict:
+def _job(cluster, directory: Path, name: str, secrets: tuple[str, ...] = ()) -> dict:
+    environment = f"\n  environment: {{secrets: [{', '.join(secrets)}]}}" if secrets else ""
     (directory / "job.yaml").write_text(textwrap.dedent(f"""\
         name: {name}
         kind: train
@@ -89,8 +94,7 @@ def _job(cluster, directory: Path, name: str) -> dict:
         resources: {{gpus: 0, cpus: 0.5}}
         max_attempts: 1
         spec:
-          command: ["python", "{name}.py"]
-        """))
+          command: ["python", "{name}.py"]""") + environment + "\n")
     result = cluster.cli("submit", str(directory / "job.yaml"), timeout=120)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     return cluster.job(result.stdout.split("submitted job ")[1].split()[0])
@@ -132,7 +136,9 @@ def test_a_hostile_job_reads_writes_kills_and_calls_nothing(cluster, tmp_path):
                   "other-attempt": str(sleeper_dir / "mine.txt"), "repository": str(Path(__file__).parent / "pwned")},
         "kill": [*sleeper_pids, cluster.process.pid, os.getpid()],
     }))
-    hostile = _job(cluster, project, "hostile")
+    secret_value = "hostile-secret-" + os.urandom(8).hex()
+    cluster.api("POST", "secrets/", json={"name": "HOSTILE_SECRET", "value": secret_value})
+    hostile = _job(cluster, project, "hostile", secrets=("HOSTILE_SECRET",))
     wait_for(lambda: cluster.job(hostile["id"])["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}, 300,
              message="the hostile job to end")
     job = cluster.job(hostile["id"])
@@ -174,6 +180,14 @@ def test_a_hostile_job_reads_writes_kills_and_calls_nothing(cluster, tmp_path):
         assert secret not in text
     env = json.loads(next(line for line in logs if "ENV " in line).split("ENV ", 1)[1])
     assert not [name for name in env if "TOKEN" in name or name in ("STRATA_HOME", "STRATA_NODE_CONFIG")], env
+
+    # The team's secret reached the job's environment, and its log holds *** where the job printed it.
+    import hashlib
+
+    assert any(f"SECRET_SHA {hashlib.sha256(secret_value.encode()).hexdigest()}" in line for line in logs)
+    assert secret_value not in text and any("SECRET_SAID ***" in line for line in logs)
+    # The other job (which asked for no secret) did not get it.
+    assert secret_value not in "\n".join(cluster.logs(sleeper["id"]))
 
     # The other attempt is untouched, and still running.
     assert (sleeper_dir / "mine.txt").read_text() == "the other attempt's own file"
