@@ -97,7 +97,29 @@ def resolve_mode(requested: str | None) -> str:
         if requested == "bwrap":
             raise SandboxError("--sandbox bwrap as root needs setpriv (util-linux) to drop to the team's uid")
         return "none"
+    problem = probe(binary)
+    if problem:
+        if requested == "bwrap":
+            raise SandboxError(f"--sandbox bwrap: bubblewrap cannot make a sandbox here: {problem}")
+        return "none"
     return "bwrap"
+
+
+def probe(binary: str) -> str | None:
+    """Why ``binary`` cannot set up a sandbox on this machine (one line: a container whose seccomp profile refuses
+    namespaces, a kernel without unprivileged user namespaces), or None when it can."""
+    import subprocess
+
+    args = [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--die-with-parent"]
+    if os.geteuid() != 0:
+        args.append("--unshare-user")
+    try:
+        result = subprocess.run([*args, "--", "true"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{type(error).__name__}: {error}"
+    if result.returncode != 0:
+        return (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1][:300]
+    return None
 
 
 def team_uid(team: int | str | None) -> int:

@@ -168,3 +168,13 @@ def test_modes_and_uids():
         sandbox.team_uid(None)
     with pytest.raises(sandbox.SandboxError):
         sandbox.team_uid(sandbox.UID_COUNT + 1)
+
+
+def test_a_bwrap_that_cannot_make_a_sandbox_turns_auto_off_and_bwrap_into_an_error(monkeypatch, tmp_path):
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("STRATA_BWRAP", str(broken))
+    assert sandbox.resolve_mode("auto") == "none"
+    with pytest.raises(sandbox.SandboxError, match="No permissions to create new namespace"):
+        sandbox.resolve_mode("bwrap")
