@@ -101,8 +101,9 @@ class NodeAgent:
             # it if it did.
             self.state_dir.chmod(0o700)
         else:
+            why = "" if options.sandbox == "none" else ": bubblewrap is not installed, or cannot make a sandbox here"
             log.warning("the sandbox is off (--sandbox %s%s): a job's code runs with this agent's privileges",
-                        options.sandbox, "" if options.sandbox == "none" else ": bubblewrap is not installed, or cannot make a sandbox here")
+                        options.sandbox, why)
         self.worker: subprocess.Popen | None = None
         self.worker_started_at = 0.0
         self.registration: dict = {}

@@ -21,10 +21,9 @@ from pathlib import Path
 
 from celery import Celery
 
-from components.runtime import protocol
+from components.runtime import protocol, sandbox
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
-from components.runtime import sandbox
 from components.runtime.project import (
     Project,
     ProjectCache,

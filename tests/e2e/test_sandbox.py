@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from e2e_support import cluster, wait_for  # noqa: F401 - the module's cluster fixture
+from e2e_support import wait_for
 
 from components.runtime import sandbox
 
