@@ -19,6 +19,7 @@ from pathlib import Path
 
 from components.runtime import sandbox
 from components.runtime.client import ApiError, ControlPlaneClient
+from components.runtime.data import DATA_SETS_ENV
 from components.runtime.metrics import NodeMetrics
 from components.runtime.services import NodeInfo, Supervisor, disabled_plugins, set_parent_death_signal
 
@@ -279,6 +280,9 @@ class NodeAgent:
         # What the services tell every attempt (a node-local cache's directory, say): the worker, its attempts'
         # child processes and the service processes inherit it.
         os.environ.update(self.services.environment())
+        # Where the worker keeps the data sets it fetches for attempts (components.runtime.project.ProjectCache):
+        # an attempt's processes, and a service hosting one, find them there (components.runtime.data).
+        os.environ[DATA_SETS_ENV] = str(self.state_dir / "data")
         self.services.start_all()
         self.start_worker()
         interval = float(self.registration.get("heartbeat_seconds", 3.0))

@@ -21,6 +21,12 @@ the answer are the core's (``strata.quotas.roots``: the data roots a cluster adm
 platform's own state), so every collection that names paths is held to the same ones. Records are checked when
 they are registered; a record stored earlier is read as it is.
 
+A record may also name one of the team's uploaded data sets (``strata data upload``, ``/api/v1/data/``):
+``context.data_set(name)`` answers it as a job's mount resolves it (``{name, digest, format, size,
+expanded_size[, file]}``), or None when the team has none of that name (another team's is None too: a 400 on the
+field, never a hint that it exists). After the checks, :meth:`Collection.resolve` may pin what such a name means
+now (its digest) into the record that is stored.
+
 A collection may declare :attr:`Collection.schema`, the JSON Schema of the bodies it accepts: the served OpenAPI
 schema then types ``POST /api/v1/{collection}/`` with it (one path pair per registered collection), so clients
 and the API fuzzer build valid bodies. :meth:`Collection.validate` stays the authority.
@@ -51,6 +57,7 @@ class RecordContext:
     - :attr:`team`: the team's slug;
     - :attr:`data_roots`: the directories on the nodes a cluster admin granted the team (absolute, normalized);
     - :meth:`path_problem`: may the team use this path on the nodes?
+    - :meth:`data_set`: the team's uploaded data set of a name, or None.
     """
 
     team: str = ""
@@ -62,17 +69,29 @@ class RecordContext:
         platform's state, under another team's root); a collection hands it on as its field's message."""
         raise NotImplementedError
 
+    def data_set(self, name: str) -> dict[str, Any] | None:
+        """The team's uploaded data set ``name`` as a job's mount resolves it (``{name, digest, format, size,
+        expanded_size[, file]}``: ``format`` is ``archive``, a directory, or ``file``), or None when the team has
+        none of that name; another team's data set is None as well. None by default."""
+        return None
+
 
 class StaticRecordContext(RecordContext):
     """A :class:`RecordContext` from plain values, for tests and the conformance suite: a path may be used when
     it lies under one of ``data_roots`` and neither under nor above any of ``forbidden``. The control plane's
     rules (other teams' roots, the platform's own directories) are ``strata.quotas.roots``."""
 
-    def __init__(self, team: str = "team", data_roots: Iterable[str] = (), forbidden: Iterable[str] = ()):
+    def __init__(self, team: str = "team", data_roots: Iterable[str] = (), forbidden: Iterable[str] = (),
+                 data_sets: dict[str, dict[str, Any]] | None = None):
         self.team = team
         self.data_roots = tuple(normal_path(root) for root in data_roots)
         self.forbidden = tuple(normal_path(path) for path in forbidden)
+        self.data_sets = {name: {**value, "name": name} for name, value in (data_sets or {}).items()}
         self.asked: list[str] = []
+
+    def data_set(self, name: str) -> dict[str, Any] | None:
+        found = self.data_sets.get(name)
+        return dict(found) if found is not None else None
 
     def path_problem(self, path: str) -> str | None:
         self.asked.append(path)
@@ -136,6 +155,13 @@ class Collection:
         answers its problem under the path's field (``{"source.path": problem}``): a 400 naming that field.
         Runs on the control plane at registration, after :meth:`validate`: pure and cheap, no I/O of its own."""
         return {}
+
+    def resolve(self, record: dict[str, Any], context: RecordContext) -> dict[str, Any]:
+        """The record to store, once :meth:`validate` and :meth:`access_problems` found nothing wrong: names of
+        the team's things replaced by (or pinned to) what they name now, e.g. an uploaded data set's digest from
+        ``context.data_set(name)``. Raise :class:`components.runtime.spec.SpecError` for a name that names
+        nothing (a 400 naming the field). Keeps ``name``. By default: the record unchanged."""
+        return record
 
     def builtins(self) -> list[dict[str, Any]]:
         """Entries every team sees and no one may delete or shadow (none by default)."""

@@ -36,6 +36,12 @@ uploaded data sets (``strata data upload``, ``/api/v1/data/``) read-only at ``$S
 the job's processes. Checked at submit like any option, and resolved there through ``lookup(DATA_COLLECTION,
 name)`` to the data set's digest, so the stored spec says exactly what was mounted (:func:`mounts_of`).
 
+A provider's options may read uploaded data sets too (a registered dataset whose source is one, say):
+:meth:`DataProvider.data_sets` names them, resolved like a mount. The core treats them as it treats mounts
+(:func:`data_sets_of`): the job is linked to them at submit (kept while it is unfinished), its attempts may
+fetch them, and the node fetches each into its data cache before the attempt starts, read-only and visible in
+the attempt's sandbox, where the job's processes find it with :func:`data_set_path`.
+
 Light: imported by the control plane (for the option check); no torch or numpy here.
 """
 
@@ -49,6 +55,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,14 @@ class DataProvider:
         ``build()`` computes it; a cache calls it on a miss. Called only for jobs whose ``data`` names one of
         :attr:`options`."""
         return None
+
+    def data_sets(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        """The team's uploaded data sets this provider's (resolved) options read on the node, each as a mount
+        resolves (``{name, digest, format, size, expanded_size[, file]}``: what ``lookup(DATA_COLLECTION, name)``
+        answered at submit). The core links the job to them, lets its attempts fetch them and has the node fetch
+        each before the attempt starts; the job's processes find one with :func:`data_set_path`. Called on the
+        control plane and on the node with a stored spec's options: pure and cheap. None by default."""
+        return []
 
 
 class EpochSource:
@@ -197,6 +212,56 @@ def mounts_of(spec: Any) -> dict[str, dict[str, Any]]:
         return {}
     return {alias: value for alias, value in mount.items()
             if isinstance(value, dict) and isinstance(value.get("digest"), str) and DIGEST.match(value["digest"])}
+
+
+def _mount_shaped(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("name"), str) and DATA_NAME.match(value["name"]) is not None
+            and isinstance(value.get("digest"), str) and DIGEST.match(value["digest"]) is not None)
+
+
+def data_sets_of(spec: Any, providers: list[DataProvider] | None = None) -> dict[str, dict[str, Any]]:
+    """Every uploaded data set a job's (stored, resolved) spec reads, by digest: its mounts
+    (:func:`mounts_of`) and those its data options' providers name (:meth:`DataProvider.data_sets`). A provider
+    that raises or answers something else than mounts adds nothing."""
+    found = {str(mount["digest"]): mount for mount in mounts_of(spec).values()}
+    data = spec.get("data") if isinstance(spec, dict) else None
+    if not isinstance(data, dict):
+        return found
+    for provider in _providers() if providers is None else providers:
+        mine = {option: data[option] for option in provider.options if option in data}
+        if not mine:
+            continue
+        try:
+            named = list(provider.data_sets(mine) or [])
+        except Exception as error:  # noqa: BLE001 - a broken provider names nothing, it never crashes
+            log.warning("data provider %s: data_sets() failed: %r", type(provider).__name__, error)
+            continue
+        for mount in named:
+            if _mount_shaped(mount):
+                found.setdefault(str(mount["digest"]), {key: mount[key] for key in RESOLVED_MOUNT if key in mount})
+    return found
+
+
+DATA_SETS_ENV = "STRATA_DATA_SETS_DIR"
+"""Where a node keeps the data sets it fetched (one read-only directory per digest): set by the node agent for
+every process it starts (its worker, the attempts' processes, its services)."""
+
+
+def data_set_path(digest: str) -> Path:
+    """The read-only directory of the uploaded data set ``digest`` on this node (an archive unpacked, or a
+    directory holding the one file under its name), fetched for the running attempt before it started: the job
+    must read it (a mount, or :meth:`DataProvider.data_sets`). LookupError when it is not here."""
+    if not isinstance(digest, str) or not DIGEST.match(digest):
+        raise LookupError(f"{str(digest)[:80]!r} is no data set digest")
+    root = os.environ.get(DATA_SETS_ENV, "").strip()
+    if not root:
+        raise LookupError(f"data set {digest[:12]} is not on this machine: uploaded data sets are fetched by a "
+                          f"node for the attempts that read them ({DATA_SETS_ENV} is not set)")
+    path = Path(root) / digest
+    if not path.is_dir():
+        raise LookupError(f"data set {digest[:12]} is not on this node ({path}): only the data sets a job reads "
+                          "are fetched for its attempts")
+    return path
 
 
 def recipe_key(recipe: dict[str, Any]) -> str:

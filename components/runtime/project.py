@@ -9,7 +9,8 @@ On the node, everything lives under the node's state directory:
 - ``envs/<digest>/``: a virtual environment per environment digest, layered on the node's own Python (a ``.pth``
   file adds the node's site-packages, so torch and Strata are never installed again), built once with pip (or
   uv, see :func:`installer`);
-- ``data/<digest>/``: a data set the job mounts (``spec.data.mount``), fetched once per digest, read-only;
+- ``data/<digest>/``: a data set the job reads (mounted by ``spec.data.mount``, or named by a data provider's
+  options: ``components.runtime.data.data_sets_of``), fetched once per digest, read-only;
 - ``work/<attempt>-<rank>/``: the attempt's working directory: a writable copy of the bundle (``code/``),
   ``output/``, ``checkpoint/``, ``tmp/`` and ``data/`` (``STRATA_DATA_DIR``: a link per mount alias to its
   cached data set); removed when the attempt ends.
@@ -502,11 +503,42 @@ def uses_project(claim: dict[str, Any]) -> bool:
     return bool(code or environment or spec.get("command") or mounts_of(spec))
 
 
+def reads_data_sets(claim: dict[str, Any]) -> bool:
+    """Whether the attempt reads uploaded data sets the node must fetch first (mounted, or named by a data
+    provider's options). Data a data provider reads makes no attempt run the team's code: a built-in workload
+    over an uploaded data set may still be hosted."""
+    from components.runtime.data import data_sets_of
+
+    return bool(data_sets_of(claim.get("spec")))
+
+
+def fetch_data_sets(cache: ProjectCache, claim: dict[str, Any], download_data: Callable[[str, Path], None] | None,
+                    note: Callable[[str], None]) -> dict[str, Lease]:
+    """Every data set the attempt reads (:func:`components.runtime.data.data_sets_of`), fetched once per node
+    into the read-only data cache: ``{digest: lease}``. ``download_data(digest, path)`` writes its bytes."""
+    from components.runtime.data import data_sets_of
+
+    leases: dict[str, Lease] = {}
+    try:
+        for digest, mount in sorted(data_sets_of(claim.get("spec")).items()):
+            if download_data is None:
+                raise RuntimeError("the job reads data sets, and this node cannot fetch them")
+            leases[digest] = cache.data_set(mount, lambda path, digest=digest: download_data(digest, path), note)
+    except BaseException:
+        for lease in leases.values():
+            lease.release()
+        raise
+    return leases
+
+
 def runs_user_code(claim: dict[str, Any]) -> bool:
-    """Whether the attempt runs a team's own code: its project (:func:`uses_project`), or an entry point it named
-    (``spec.entrypoint``). Such an attempt runs in its own processes, in the node's sandbox
-    (:mod:`components.runtime.sandbox`), never inside a node service shared with other teams' attempts."""
-    return uses_project(claim) or bool((claim.get("spec") or {}).get("entrypoint"))
+    """Whether the attempt runs a team's own code: its project (:func:`uses_project`), an entry point it named
+    (``spec.entrypoint``), or what a team's code wrote (the control plane's ``reads_user_output``: it reads a
+    source job's artifacts, such as an exported model program, that such code produced). Such an attempt runs in
+    its own processes, in the node's sandbox (:mod:`components.runtime.sandbox`), never inside a node service
+    shared with other teams' attempts."""
+    return (uses_project(claim) or bool((claim.get("spec") or {}).get("entrypoint"))
+            or bool(claim.get("reads_user_output")))
 
 
 @dataclass
@@ -619,8 +651,8 @@ def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, downl
                  note: Callable[[str], None],
                  download_data: Callable[[str, Path], None] | None = None,
                  wrap_build: BuildWrap | None = None) -> Project:
-    """Fetch the bundle and the mounted data sets and build the environment (each once per node), then make this
-    rank's working directory, with a read-only link per mount in its ``data/`` (``STRATA_DATA_DIR``).
+    """Fetch the bundle and the data sets the job reads and build the environment (each once per node), then make
+    this rank's working directory, with a read-only link per mount in its ``data/`` (``STRATA_DATA_DIR``).
     ``download_data(digest, path)`` writes a data set's bytes. Raises :class:`UserError` for what retrying
     cannot fix."""
     from components.runtime.data import mounts_of
@@ -657,13 +689,11 @@ def prepare_rank(cache: ProjectCache, claim: dict[str, Any], rank: int, *, downl
                           tmp_dir=work / "tmp", python=python, leases=leases)
         for directory in (project.output_dir, project.checkpoint_dir, project.tmp_dir, work / "data"):
             directory.mkdir(parents=True, exist_ok=True)
+        # Every data set the job reads (its mounts and its data providers'), leased: readable in its sandbox.
+        fetched = fetch_data_sets(cache, claim, download_data, note)
+        leases.extend(fetched.values())
         for alias, mount in sorted(mounts_of(claim.get("spec")).items()):
-            if download_data is None:
-                raise RuntimeError("the job mounts data sets, and this node cannot fetch them")
-            digest = str(mount["digest"])
-            lease = cache.data_set(mount, lambda path, digest=digest: download_data(digest, path), note)
-            leases.append(lease)
-            (work / "data" / alias).symlink_to(lease.path, target_is_directory=True)
+            (work / "data" / alias).symlink_to(fetched[str(mount["digest"])].path, target_is_directory=True)
         extra = [str(workdir / p) for p in (environment or {}).get("python_path") or []]
         project.env = {**(environment or {}).get("env", {}),
                        "STRATA_WORKDIR": str(workdir), "STRATA_OUTPUT_DIR": str(project.output_dir),

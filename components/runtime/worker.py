@@ -25,10 +25,13 @@ from components.runtime import protocol, sandbox
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 from components.runtime.project import (
+    Lease,
     Project,
     ProjectCache,
     UserError,
+    fetch_data_sets,
     prepare_rank,
+    reads_data_sets,
     remove_workdir,
     runs_user_code,
     uses_project,
@@ -106,6 +109,7 @@ class AttemptRunner:
         self.host: HostAddress | None = None
         self.elastic = False  # set from the claim's kind (KindSpec.elastic_ranks) in start()
         self.projects: dict[int, Project] = {}  # a team's project, prepared per rank (prepare())
+        self.data_leases: list[Lease] = []  # data sets an attempt without a project reads (prepare())
         # The node's sandbox for attempts that run a team's code ("bwrap" or "none": strata node --sandbox).
         self.sandbox_mode = config.get("sandbox") or "none"
         self.sandboxes: list[sandbox.Sandbox] = []
@@ -129,11 +133,17 @@ class AttemptRunner:
         self._download(f"data/{digest}/", target, timeout=3600)
 
     def prepare(self, claim: dict) -> None:
-        """Fetch the job's code bundle and the data sets it mounts and build its environment (once per node:
+        """Fetch the job's code bundle and the data sets it reads and build its environment (once per node:
         cached), and make each rank's working directory. Raises :class:`~components.runtime.project.UserError` for
         what retrying cannot fix (a failed build, a damaged bundle). The build's output goes to the job's log as it
         comes, and the last note says how long the preparation took."""
         if not uses_project(claim):
+            if reads_data_sets(claim):  # a built-in workload over an uploaded data set: fetched, leased, no project
+                started = time.monotonic()
+                cache = ProjectCache(Path(self.config["state_dir"]))
+                self.data_leases = list(fetch_data_sets(cache, claim, self._download_data, self._note).values())
+                self._note(f"data sets ready in {time.monotonic() - started:.2f} s")
+                self._poll_logs_only()
             return
         cache = ProjectCache(Path(self.config["state_dir"]))
         started = time.monotonic()
@@ -162,6 +172,9 @@ class AttemptRunner:
             with contextlib.suppress(OSError):
                 remove_workdir(Path(self.config["state_dir"]), self.attempt_id, rank)
         self.projects.clear()
+        for lease in self.data_leases:
+            lease.release()
+        self.data_leases.clear()
 
     # -- hosted attempts: a node service runs the attempt ---------------------------------------------------
     def find_host(self, claim: dict) -> HostAddress | None:
@@ -413,10 +426,10 @@ class AttemptRunner:
             home = work / "home"
             home.mkdir(exist_ok=True)
             writable, readable = [work], sandbox.readable_paths(lease.path for lease in project.leases)
-        else:  # an entry point of the node's own packages: a private home, nothing else
+        else:  # an entry point of the node's own packages: a private home, and the data sets it reads
             home = state_dir / "work" / f"{self.attempt_id}-{rank}" / "home"
             home.mkdir(parents=True, exist_ok=True)
-            writable, readable = [home.parent], []
+            writable, readable = [home.parent], sandbox.readable_paths(lease.path for lease in self.data_leases)
         memory = [a.get("memory") for a in mine if a["rank"] == rank and a.get("device") is None and a.get("memory")]
         cgroup_root = sandbox.cgroup_root()
         box = sandbox.Sandbox(

@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from components.runtime import bundles
-from components.runtime.data import DATA_NAME, mounts_of
+from components.runtime.data import DATA_NAME, data_sets_of
 from strata.jobs.models import TERMINAL_STATES, DataSet, DataUpload, Job
 from strata.jobs.storage import get_storage
 
@@ -264,17 +264,18 @@ def data_lookup(team, name: str) -> dict[str, Any] | None:
 
 
 def data_link(job: Job) -> None:
-    """Link ``job`` to the data sets its resolved spec mounts (they are kept while it is unfinished)."""
-    mounts = mounts_of(job.spec)
-    if not mounts:
+    """Link ``job`` to the data sets its resolved spec reads (its mounts and its data providers' data sets:
+    ``data_sets_of``), of its own team, name and digest alike: they are kept while it is unfinished."""
+    wanted = {(mount["name"], digest) for digest, mount in data_sets_of(job.spec).items()}
+    if not wanted:
         return
-    names = {mount["name"]: mount["digest"] for mount in mounts.values()}
-    found = [ds for ds in DataSet.objects.filter(team_id=job.team_id, name__in=names) if names[ds.name] == ds.digest]
+    names = {name for name, _digest in wanted}
+    found = [ds for ds in DataSet.objects.filter(team_id=job.team_id, name__in=names) if (ds.name, ds.digest) in wanted]
     job.data_sets.set(found)
 
 
 def data_for_attempt(job: Job, digest: str) -> DataSet | None:
-    """The data set ``digest`` if ``job`` mounts it and it is of the job's team (what a node may fetch)."""
-    if not any(mount["digest"] == digest for mount in mounts_of(job.spec).values()):
+    """The data set ``digest`` if ``job`` reads it and it is of the job's team (what a node may fetch)."""
+    if digest not in data_sets_of(job.spec):
         return None
     return job.data_sets.filter(team_id=job.team_id, digest=digest).first()

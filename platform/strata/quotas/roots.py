@@ -130,7 +130,8 @@ def path_problem(team_id: int, path: str, team_slug: str = "") -> str | None:
 
 
 class TeamRecordContext(RecordContext):
-    """The control plane's :class:`RecordContext`: the team's granted roots and :func:`path_problem`'s rules."""
+    """The control plane's :class:`RecordContext`: the team's granted roots and :func:`path_problem`'s rules, and
+    the team's uploaded data sets (``strata.jobs.data.data_lookup``)."""
 
     def __init__(self, team):
         self.team = team.slug
@@ -139,6 +140,11 @@ class TeamRecordContext(RecordContext):
 
     def path_problem(self, path: str) -> str | None:
         return path_problem(self.team_id, path, self.team)
+
+    def data_set(self, name: str) -> dict | None:
+        from strata.jobs.data import data_lookup
+
+        return data_lookup(self.team_id, name) if isinstance(name, str) else None
 
 
 def record_context(team) -> TeamRecordContext:

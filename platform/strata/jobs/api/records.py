@@ -1,10 +1,11 @@
 """``/api/v1/{collection}/``: the plugins' collections of named, team-owned records
 (:mod:`components.runtime.collections`): list, register, read and delete.
 
-A registration is checked by the collection's ``validate`` and then its ``access_problems``, with the
+A registration is checked by the collection's ``validate`` and then its ``access_problems`` (and stored as its
+``resolve`` answers), with the
 :class:`~components.runtime.collections.RecordContext` that :attr:`CollectionView.record_context` builds for the
 team: the URL map hands in the control plane's (``strata.quotas.roots.record_context``: the team's data roots),
-which this layer does not import; a view without one refuses every path."""
+which this layer does not import; a view without one refuses every path and knows no uploaded data set."""
 
 from __future__ import annotations
 
@@ -133,6 +134,12 @@ class CollectionView(APIView):
         if record is not None and team is not None:
             # May this team use what the record names (a path on the nodes under its data roots, say)?
             errors.update(_access_errors(found, record, self._context(team)))
+        if not errors:
+            # What the record names of the team's pinned to what it names now (an uploaded data set's digest).
+            try:
+                record = {**found.resolve(dict(record), self._context(team)), "name": record["name"]}
+            except SpecError as error:
+                errors.update({field: [message] for field, message in error.errors.items()})
         if errors:
             raise serializers.ValidationError(errors)
         name = record.pop("name")
