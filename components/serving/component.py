@@ -147,7 +147,19 @@ class ServeSession(Session):
 
             entrypoint = (self.spec.get("model") or {}).get("entrypoint")
             path = self.ctx.source_artifact("model.pt")
-            self.served = load_user_model(path, entrypoint) if entrypoint else load_served_model(path)
+            if entrypoint:
+                self.served = load_user_model(path, entrypoint)
+                return
+            try:
+                # A team's exported program is its code: loaded only in a process of this job's own (a child
+                # process, in the node's sandbox), never in the GPU-sharing service next to other teams' jobs.
+                self.served = load_served_model(path, allow_program=not self.hosted)
+            except ValueError as error:
+                if self.hosted:
+                    raise
+                from components.runtime.project import UserError
+
+                raise UserError(f"the model of job {self.spec['model']['job']} cannot be served: {error}") from None
 
     def step(self, should_yield=never) -> Progress:
         raise RuntimeError("a ServeSession serves through its executor once attached; it has no step()")

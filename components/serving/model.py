@@ -3,9 +3,11 @@
 ``model.pt`` describes itself (workload, architecture config, input and output, weights: see
 :mod:`components.train.model_format`, which the train component owns). This module only turns what
 :func:`components.train.model_format.load_model` gives back into a :class:`ServedModel`; it knows nothing of
-the workloads' weights. Only built-in workloads can be rebuilt: an entrypoint's model class is user code the
-serving side cannot know. No training data is loaded (the digits and the corpus are never read). Files of
-older train jobs (the unversioned format 1) are still served: the loader infers their config.
+the workloads' weights. Built-in workloads are rebuilt from their config; a team's own model is served from the
+program its train job exported into ``model.pt`` (``torch.export``; no class of the team's is imported), only in a
+process of the job's own (``allow_program``), or through a loader class of the team's (:func:`load_user_model`).
+No training data is loaded (the digits and the corpus are never read). Files of older train jobs (the
+unversioned format 1) are still served: the loader infers their config.
 """
 
 from __future__ import annotations
@@ -60,17 +62,20 @@ class ServedModel:
         return torch.cat([inputs, padding], dim=1)
 
 
-def load_served_model(path: str | Path) -> ServedModel:
-    """Load ``model.pt`` at ``path`` and rebuild its module with the trained weights.
+def load_served_model(path: str | Path, *, allow_program: bool = False) -> ServedModel:
+    """Load ``model.pt`` at ``path`` and rebuild its module with the trained weights: a built-in workload from
+    its config, or, with ``allow_program`` (a process of the job's own, never the GPU-sharing service), a team's
+    model from the program its train job exported.
 
     Raises :class:`FileNotFoundError` when there is no file, and :class:`ValueError` when the file is not a
-    ``model.pt`` of a train job, its workload is not a built-in one, or its weights do not fit the workload
-    (the messages of :func:`components.train.model_format.load_model`).
+    ``model.pt`` of a train job, its workload is not a built-in one and it holds no program (or
+    ``allow_program`` is false), or its weights do not fit the workload (the messages of
+    :func:`components.train.model_format.load_model`).
     """
     from components.train.model_format import DTYPES, load_model
     from components.train.workloads import BUILTIN_WORKLOADS
 
-    module, description = load_model(Path(path))
+    module, description = load_model(Path(path), allow_program=allow_program)
     inputs, outputs = description["input"], description["output"]
     input_shape = tuple(inputs["shape"])
     return ServedModel(

@@ -149,18 +149,11 @@ class ServeSpec(KindSpec):
 
     def sources(self, spec: dict[str, Any]) -> list[SourceRef]:
         # Any kind whose jobs write a self-describing model.pt (KindSpec.products): train, and kinds that derive a
-        # model from a trained one (a compressed copy of it, say).
+        # model from a trained one (a compressed copy of it, say). A job that trained a team's own code is served
+        # from the program its model.pt holds (components.train.model_format.export_program), or through
+        # model.entrypoint; the node finds out which when it loads the file (a model.pt with neither fails the
+        # attempt once, naming model.entrypoint).
         return [SourceRef(field="spec.model.job", job=spec["model"]["job"], kind=None, artifact="model.pt")]
-
-    def source_problem(self, ref: SourceRef, source_spec: dict[str, Any], spec: dict[str, Any] | None = None
-                       ) -> str | None:
-        if source_spec.get("entrypoint") and not ((spec or {}).get("model") or {}).get("entrypoint"):
-            # Its model class is user code that the serving side cannot rebuild (components.serving.model): the user
-            # names their own loader.
-            return (f"job {ref.job} trained user code ({source_spec['entrypoint']}); give spec.model.entrypoint, "
-                    f"a class with load(path) and predict(batch), to serve it (built-in workloads need none: "
-                    f"{', '.join(SERVABLE_WORKLOADS)})")
-        return None
 
     def json_schema(self) -> dict[str, Any]:
         return {

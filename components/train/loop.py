@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from components.runtime.context import Context
-from components.train.model_format import describe_model, save_model
+from components.train.model_format import describe_model, export_program, save_model
 from components.train.workloads import Workload, derive_seed
 
 CHECKPOINT_FORMAT = 1
@@ -373,21 +373,38 @@ class TrainLoop:
         weights = {name: tensor.detach().cpu() for name, tensor in self.workload.model_state().items()}
         # The description is plain values copied now, on the device thread: the upload may come later.
         description = describe_model(self.workload, name=self.name, spec=self.spec)
+        program = self._export()
         if self.host_io is not None:
-            self.host_io.submit(self._store_results, cpu_snapshot(weights), dict(summary), description)
+            self.host_io.submit(self._store_results, cpu_snapshot(weights), dict(summary), description, program)
         else:
-            self._store_results(weights, summary, description)
+            self._store_results(weights, summary, description, program)
         return summary
 
+    def _export(self) -> dict[str, Any] | None:
+        """A team's model that declares its input (``Workload.serving_input``), exported for serving without its
+        class (:func:`components.train.model_format.export_program`); None when there is nothing to export or it
+        cannot be exported (logged: the model is then saved without a program)."""
+        try:
+            program = export_program(self.workload)
+        except ValueError as error:
+            self.ctx.log(f"model.pt: not exported for serving ({error}); serve it with a loader class of your own "
+                         "(the serve kind's model.entrypoint)", level="warning")
+            return None
+        if program is not None:
+            self.ctx.log(f"model.pt: the model is exported (torch.export, rows of {program['input']['shape']} "
+                         f"{program['input']['dtype']} -> {program['output']['shape']}): it is served without its "
+                         "class")
+        return program
+
     def _store_results(self, weights: dict[str, Any], summary: dict[str, Any],
-                       description: dict[str, Any] | None = None) -> None:
+                       description: dict[str, Any] | None = None, program: dict[str, Any] | None = None) -> None:
         """Upload ``model.pt`` (:mod:`components.train.model_format`) and ``metrics.json``, then log the end of
         training."""
         if description is None:
             description = describe_model(self.workload, name=self.name, spec=self.spec)
         with tempfile.TemporaryDirectory(prefix="strata-train-") as directory:
             model_path = Path(directory) / "model.pt"
-            save_model(model_path, description, weights)
+            save_model(model_path, description, weights, program)
             self.ctx.artifact(model_path, "model.pt")
             metrics_path = Path(directory) / "metrics.json"
             metrics_path.write_text(json.dumps(summary, indent=2, sort_keys=True))

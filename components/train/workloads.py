@@ -146,6 +146,15 @@ class Workload(abc.ABC):
         ``limit`` the exclusive bound of int64 inputs (0 when there is none)."""
         raise NotImplementedError(f"{cls.__name__} does not describe its model's inputs")
 
+    def serving_input(self) -> dict[str, Any] | None:
+        """What one row of the set-up model (``self.model``) takes, for a model :meth:`from_config` cannot
+        rebuild (a team's own): ``{"shape": [...], "dtype": "float32" | "int64", "limit": 0}`` (no batch
+        dimension; ``limit`` the exclusive bound of int64 inputs, 0 when there is none). Given it, the train loop
+        exports the trained model into ``model.pt`` (``torch.export``,
+        :func:`components.train.model_format.export_program`), so that it is served without this class. None
+        (the default): not exported."""
+        return None
+
     @classmethod
     def config_from_weights(cls, state: dict[str, torch.Tensor]) -> dict[str, Any]:
         """The :meth:`model_config` of a model whose weights are ``state``, read from their names and shapes.
@@ -251,6 +260,16 @@ class ClassificationWorkload(TorchWorkload):
 
     def model_config(self) -> dict[str, Any] | None:
         return getattr(self, "_config", None)
+
+    def serving_input(self) -> dict[str, Any] | None:
+        """One row of what the model takes: a training sample after :meth:`model_inputs` (its shape and dtype),
+        so a team's own classifier is exported into ``model.pt`` and served without its class."""
+        x_train = getattr(self, "x_train", None)
+        if not isinstance(x_train, torch.Tensor) or len(x_train) == 0:
+            return None
+        row = self.model_inputs(x_train[:1])
+        dtype = {torch.float32: "float32", torch.int64: "int64"}.get(row.dtype)
+        return None if dtype is None else {"shape": list(row.shape[1:]), "dtype": dtype, "limit": 0}
 
     def setup(self, spec: dict[str, Any], device: torch.device) -> None:
         self.spec = spec

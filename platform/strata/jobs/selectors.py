@@ -52,6 +52,31 @@ def source_artifact(job: Job, name: str):
     return None
 
 
+def reads_user_output(job: Job, depth: int = 8) -> bool:
+    """Whether ``job`` reads artifacts (its kind's ``sources()``) that a team's own code produced: a source job
+    that ran a project, a command or an entry point (``components.runtime.project.runs_user_code``), or that
+    itself read such artifacts, up to ``depth`` jobs back. What a team's code wrote (a model file holding an
+    exported program, say) may be code too, so such a job runs like one: in its own processes, in the node's
+    sandbox, never in a node service shared with other teams' attempts."""
+    from components.runtime.project import runs_user_code
+    from components.runtime.registry import get_kind
+
+    try:
+        refs = get_kind(job.kind).sources(job.spec)
+    except Exception:  # noqa: BLE001 - a kind no longer installed, a spec of an older version: assume the worst
+        return True
+    for ref in refs:
+        source = (Job.objects.filter(pk=ref.job, team_id=job.team_id).only("kind", "spec", "code_id", "team_id")
+                  .first())
+        if source is None:
+            continue
+        if runs_user_code({"spec": source.spec, "code": source.code_id}):
+            return True
+        if depth > 0 and reads_user_output(source, depth - 1):
+            return True
+    return False
+
+
 def serving_endpoint(job: Job) -> str | None:
     """Where a RUNNING job answers requests (its live attempt's reported ``host:port``), else None. Uses the
     prefetched attempts when there are some."""

@@ -215,3 +215,98 @@ def test_tiny_gpt_stages_are_the_embedding_each_blocks_halves_and_the_head():
     workload, _ = trained("tiny-gpt", steps=0)
     names = [type(stage).__name__ for stage in workload.stages()]
     assert names == ["InputEmbedding", *["Residual"] * (2 * workload.layers), "Head"]
+
+
+class TeamClassifier(MLPDigits):
+    """A team's own classifier: it builds its model itself, so no config describes it (like a bundle's class)."""
+
+    def build_model(self, spec, x_train, classes):
+        return nn.Sequential(nn.Linear(x_train.shape[1], 12), nn.ReLU(), nn.Dropout(0.5), nn.Linear(12, classes))
+
+
+def test_a_team_model_is_exported_and_loaded_only_where_team_code_may_run(tmp_path):
+    spec = TrainSpec().validate({"entrypoint": "mine:TeamClassifier", "max_steps": 3, "seed": 5})
+    ctx = LocalContext(job_id="job", attempt_id="attempt", spec=dict(spec), workdir=tmp_path)
+    loop = TrainLoop(TeamClassifier(), spec, ctx, owns_process=False)
+    assert loop.run()
+    assert any("model.pt: the model is exported (torch.export" in line for _, _, line in ctx.logs), ctx.logs
+    saved = torch.load(ctx.artifacts["model.pt"], weights_only=True)  # still plain values and tensors
+    assert saved["config"] is None and saved["program"]["format"] == model_format.PROGRAM_FORMAT
+    assert saved["input"] == {"shape": [64], "dtype": "float32", "limit": 0}
+    assert saved["output"] == {"shape": [10], "dtype": "float32"}
+    assert saved["state_dict"].keys() == loop.workload.model.state_dict().keys()  # the weights, readable alone
+
+    # The program is the team's code: refused unless the caller runs where a team's code may run.
+    with pytest.raises(ValueError, match="holds the exported program of 'mine:TeamClassifier', a team's code"):
+        load_model(ctx.artifacts["model.pt"])
+    module, description = load_model(ctx.artifacts["model.pt"], allow_program=True)
+    assert isinstance(module, model_format.ExportedModule) and not module.training
+    assert description["program"] == "torch.export" and description["workload"] == "mine:TeamClassifier"
+    rows = loop.workload.x_test[:5]
+    loop.workload.model.eval()
+    with torch.inference_mode():
+        assert torch.allclose(module(rows), loop.workload.model(rows), atol=1e-6)  # eval mode: no dropout
+        assert module(rows[:1]).shape == (1, 10)
+        assert module(loop.workload.x_test).shape == (len(loop.workload.x_test), 10)  # any batch size
+    assert module.train() is module and module.training  # a flag only: the graph itself refuses train()
+    assert read_model(ctx.artifacts["model.pt"])["program"][:2] == b"PK"  # torch.export.save's zip archive
+
+
+def test_a_model_torch_export_cannot_trace_is_saved_without_a_program(tmp_path):
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(64, 10)
+
+        def forward(self, x):
+            if float(x.sum()) > 0:  # data-dependent Python control flow
+                return self.layer(x)
+            return -self.layer(x)
+
+    class Team(MLPDigits):
+        def build_model(self, spec, x_train, classes):
+            return Branchy()
+
+    spec = TrainSpec().validate({"entrypoint": "mine:Team", "max_steps": 2})
+    with pytest.raises(ValueError, match="torch.export cannot export the model"):
+        workload = Team()
+        workload.setup(spec, torch.device("cpu"))
+        model_format.export_program(workload)
+    ctx = LocalContext(job_id="job", attempt_id="attempt", spec=dict(spec), workdir=tmp_path)
+    assert TrainLoop(Team(), spec, ctx, owns_process=False).run()
+    warnings = [line for _, level, line in ctx.logs if level == "warning"]
+    assert any("not exported for serving" in line and "model.entrypoint" in line for line in warnings), ctx.logs
+    assert "program" not in torch.load(ctx.artifacts["model.pt"], weights_only=True)
+    with pytest.raises(ValueError, match="holds no exported program"):
+        load_model(ctx.artifacts["model.pt"], allow_program=True)
+
+
+def test_built_in_and_undescribed_workloads_export_nothing():
+    workload, _ = trained("mlp-digits", steps=0)
+    assert model_format.export_program(workload) is None  # rebuilt from its config instead
+
+    class Plain(MLPDigits):
+        def build_model(self, spec, x_train, classes):
+            return nn.Linear(x_train.shape[1], classes)
+
+        def serving_input(self):
+            return None
+
+    plain = Plain()
+    plain.setup(TrainSpec().validate({"workload": "mlp-digits"}), torch.device("cpu"))
+    assert model_format.export_program(plain) is None
+
+
+def test_a_damaged_program_entry_is_a_clear_error(tmp_path):
+    workload, spec = trained("mlp-digits", steps=0)
+    description = describe_model(workload, name="mine:Team", spec=spec)
+    torch.save({**description, "state_dict": workload.model_state(), "program": {"format": "pickle", "archive": "abc"}},
+               tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match="the program is not"):
+        read_model(tmp_path / "odd.pt")
+    torch.save({**description, "input": {"shape": [64], "dtype": "float32"}, "output": {"shape": [10], "dtype": "float32"},
+                "state_dict": workload.model_state(),
+                "program": {"format": "torch.export", "archive": torch.zeros(8, dtype=torch.uint8)}},
+               tmp_path / "zeros.pt")
+    with pytest.raises(ValueError, match="cannot load the exported program of 'mine:Team'"):
+        load_model(tmp_path / "zeros.pt", allow_program=True)

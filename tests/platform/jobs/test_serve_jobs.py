@@ -83,12 +83,11 @@ def test_serve_needs_a_succeeded_train_job_of_the_same_team_with_a_model(cluster
 
     user_code = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
     Job.objects.filter(pk=user_code.pk).update(spec={"entrypoint": "my_pkg.train:main", "epochs": 1})
+    # A team's own model is served from the program its model.pt holds (the node finds out when it loads it).
     response = _serve(client, user_code.pk)
-    assert response.json() == {"spec.model.job": [
-        f"job {user_code.pk} trained user code (my_pkg.train:main); give spec.model.entrypoint, a class with "
-        "load(path) and predict(batch), to serve it (built-in workloads need none: cnn-dataset, cnn-fc, cnn-synthetic, "
-        "dlrm-ctr, dlrm-movielens, mlp-digits, moe-gpt, tiny-gpt)"]}
-    # With a loader of the user's own, it is accepted.
+    assert response.status_code == 201, response.content
+    client.post(f"/api/v1/jobs/{response.json()['id']}/cancel/")
+    # With a loader of the user's own, it is accepted too.
     accepted = client.post("/api/v1/jobs/", {"kind": "serve", "resources": {"gpus": 0.25}, "spec": {
         "model": {"job": str(user_code.pk), "entrypoint": "components.serving.examples:LinearModel"}}}, format="json")
     assert accepted.status_code == 201, accepted.content
@@ -169,6 +168,32 @@ def test_node_fetches_the_source_model_and_publishes_the_endpoint(cluster, submi
 
     assert _node_call(cluster, attempt, "finish", outcome="succeeded").status_code == 200
     assert client.get(f"/api/v1/jobs/{job_id}/").json()["endpoint"] is None  # not serving any more
+
+
+def test_a_job_that_reads_what_user_code_wrote_is_claimed_as_user_code(cluster, submit, run_pass):
+    """The claim says whether the attempt reads a source job's artifacts that a team's code wrote (the node then
+    runs it in its own sandboxed processes, never in a shared node service): a built-in's model does not, an
+    entrypoint's or a project's does."""
+    from strata.jobs.models import CodeBundle
+
+    client = cluster["client"]
+    builtin = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    user_code = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    Job.objects.filter(pk=user_code.pk).update(spec={"entrypoint": "mywork:DigitsWorkload", "epochs": 1})
+    project = _run(cluster, submit, run_pass, cluster["user"], cluster["team"])
+    bundle = CodeBundle.objects.create(team=cluster["team"], digest="a" * 64, size=1, expanded_size=1, file_count=1,
+                                       storage_key="code/aaaa")
+    Job.objects.filter(pk=project.pk).update(code=bundle)
+    claims = {}
+    for source in (builtin, user_code, project):
+        job_id = _serve(client, source.pk).json()["id"]
+        run_pass()
+        attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
+        claim = _node_call(cluster, attempt, "claim")
+        assert claim.status_code == 200, claim.content
+        claims[source.pk] = claim.json()["reads_user_output"]
+        client.post(f"/api/v1/jobs/{job_id}/cancel/")
+    assert claims == {builtin.pk: False, user_code.pk: True, project.pk: True}
 
 
 def test_a_train_attempt_has_no_sources(cluster, submit, run_pass):

@@ -234,6 +234,9 @@ class ClaimAnswerSerializer(serializers.Serializer):
         "for the attempt's environment only."))
     credential = AttemptCredentialSerializer(help_text="What the attempt's processes authenticate with.")
     team = serializers.IntegerField(help_text="The job's team (a sandboxed attempt runs as the team's own uid).")
+    reads_user_output = serializers.BooleanField(help_text=(
+        "The job reads artifacts a team's own code wrote (a source job's): it runs as that code does, in its own "
+        "sandboxed processes, never in a node service shared with other teams' attempts."))
 
 
 class StopAnswerSerializer(serializers.Serializer):

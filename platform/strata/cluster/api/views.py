@@ -210,6 +210,9 @@ class AttemptClaimView(NodeAPIView):
                 "credential": attempt_credentials.mint(attempt.id, node.id),
                 # The team's id: a sandboxed attempt runs as that team's own uid on the node.
                 "team": job.team_id,
+                # Whether it reads what a team's code wrote (a source job's artifacts): then it runs as that code
+                # does, in its own sandboxed processes (components.runtime.project.runs_user_code).
+                "reads_user_output": job_selectors.reads_user_output(job),
             }
             body = JSONRenderer().render(answer)
         return HttpResponse(body, content_type="application/json")
