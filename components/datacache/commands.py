@@ -21,6 +21,8 @@ class DatasetsCommand(Command):
         parser.add_argument("action", nargs="?", default="list", choices=("list", "show", "register", "delete"))
         parser.add_argument("name", nargs="?", help="the dataset (show, register, delete)")
         parser.add_argument("--path", help="register: where the data is on the nodes (absolute)")
+        parser.add_argument("--upload", metavar="DATA_SET",
+                            help="register: one of your team's uploaded data sets instead (strata data upload)")
         parser.add_argument("--format", choices=("image-folder", "npz"),
                             help="register: a directory of one sub-directory per class, or an .npz with x and y")
         parser.add_argument("--size", type=int, help="register: the side, in pixels, images are resized to")
@@ -61,8 +63,12 @@ class DatasetsCommand(Command):
             print(f"deleted dataset {args.name}")
             return 0
         body: dict[str, Any] = {"name": args.name, "description": args.description}
+        if args.path and args.upload:
+            raise ValueError("strata datasets register takes --path or --upload, not both")
         if args.path:
             body["source"] = {"path": args.path}
+        elif args.upload:
+            body["source"] = {"upload": args.upload}
         for field in ("format", "size", "channels"):
             if getattr(args, field) is not None:
                 body[field] = getattr(args, field)
@@ -72,6 +78,8 @@ class DatasetsCommand(Command):
             body["team"] = args.team
         created = client.post("datasets/", body)
         pipeline = (created.get("pipelines") or [{}])[0].get("id", "-")
-        print(f"registered dataset {created['name']} ({created['format']} at {created['source']['path']}), "
-              f"pipeline {pipeline}")
+        source = created.get("source") or {}
+        where = f"at {source['path']}" if "path" in source else \
+            f"on uploaded data set {source.get('upload')} ({str(source.get('digest'))[:12]})"
+        print(f"registered dataset {created['name']} ({created['format']} {where}), pipeline {pipeline}")
         return 0

@@ -2,8 +2,9 @@
 
 A **dataset** is raw samples and labels: a built-in (scikit-learn's digits, a generated set of JPEG images,
 the bundled text corpus) or one a team registered (``POST /api/v1/datasets/``: a directory of images, one
-sub-directory per class, or an ``.npz`` file, at a path on the nodes under a data root a cluster admin granted
-the team). A **pipeline** turns raw samples into training tensors: decode, transform (resize to ``size``),
+sub-directory per class, or an ``.npz`` file, either at a path on the nodes under a data root a cluster admin
+granted the team, ``source: {path}``, or one of the team's uploaded data sets, ``source: {upload: NAME}``,
+pinned to its digest at registration and fetched by the node like a mount). A **pipeline** turns raw samples into training tensors: decode, transform (resize to ``size``),
 augment (random crop, flip, rotation, colour jitter, blur, each drawn per sample from the epoch's seed). A
 pipeline is identified by the content hash of its whole definition (:func:`pipeline_id`): change one parameter
 and it is another pipeline, cached apart.
@@ -14,10 +15,11 @@ Light: the control plane imports this (the collection, the spec check, the place
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, ClassVar
 
 from components.runtime.collections import Collection, RecordContext, name_problem
-from components.runtime.data import recipe_key
+from components.runtime.data import DATA_COLLECTION, DATA_NAME, recipe_key
 from components.runtime.panels import PanelData
 from components.runtime.spec import Checker, SpecError
 
@@ -112,9 +114,15 @@ class Datasets(Collection):
         "properties": {
             "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"},
             "description": {"type": "string"},
-            "source": {"type": "object", "additionalProperties": False, "required": ["path"],
-                       "properties": {"path": {"type": "string", "pattern": "^/[^\\x00]*$",
-                                               "description": "An absolute path on the nodes."}}},
+            "source": {"oneOf": [
+                {"type": "object", "additionalProperties": False, "required": ["path"],
+                 "properties": {"path": {"type": "string", "pattern": "^/[^\\x00]*$",
+                                         "description": "An absolute path on the nodes."}}},
+                {"type": "object", "additionalProperties": False, "required": ["upload"],
+                 "properties": {"upload": {"type": "string", "pattern": DATA_NAME.pattern,
+                                           "description": "One of the team's uploaded data sets (strata data "
+                                                          "upload): a directory for image-folder, one file for "
+                                                          "npz."}}}]},
             "format": {"type": "string", "enum": list(FORMATS)},
             "task": {"const": "classification"},
             "size": {"type": "integer", "minimum": 4, "maximum": MAX_SIZE, "default": 32},
@@ -131,7 +139,8 @@ class Datasets(Collection):
                     "blur": {"type": "number", "minimum": 0.0, "maximum": 1.0}}}],
                 "description": "Augmentation parameters; null (or false) for none."},
         },
-        "examples": [{"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"}],
+        "examples": [{"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"},
+                     {"name": "pets-uploaded", "source": {"upload": "pets-images"}, "format": "image-folder"}],
     }
 
     def builtins(self) -> list[dict[str, Any]]:
@@ -148,8 +157,13 @@ class Datasets(Collection):
             check.errors["name"] = problem
         description = check.string("description", "")
         source = body.get("source")
-        if not isinstance(source, dict) or set(source) != {"path"}:
-            check.errors["source"] = "required: {path: an absolute path on the nodes}"
+        if isinstance(source, dict) and set(source) == {"upload"}:
+            if not isinstance(source["upload"], str) or not DATA_NAME.match(source["upload"]):
+                check.errors["source.upload"] = "must name one of the team's uploaded data sets (strata data list " \
+                                                "shows them)"
+        elif not isinstance(source, dict) or set(source) != {"path"}:
+            check.errors["source"] = "required: {path: an absolute path on the nodes} or {upload: one of the " \
+                                     "team's uploaded data sets}"
         elif not isinstance(source["path"], str) or not source["path"].startswith("/") or "\0" in source["path"]:
             check.errors["source.path"] = "must be an absolute path on the nodes"
         elif len(source["path"]) > MAX_PATH or ".." in source["path"].split("/"):
@@ -168,15 +182,34 @@ class Datasets(Collection):
         augment = check_augment(check, "augment", DEFAULT_AUGMENT)
         if check.errors:
             raise SpecError(check.errors)
-        return {"name": name, "description": description, "source": {"path": source["path"]}, "format": fmt,
+        source = {"upload": source["upload"]} if "upload" in source else {"path": source["path"]}
+        return {"name": name, "description": description, "source": source, "format": fmt,
                 "task": "classification", "size": size, "channels": channels, "test_fraction": test_fraction,
                 "augment": augment}
 
     def access_problems(self, record: dict[str, Any], context: RecordContext) -> dict[str, str]:
         """A registered dataset's path must be one the team may read on the nodes: under a data root a cluster
-        admin granted it, never the platform's own state or another team's root (the core's rules)."""
-        problem = context.path_problem(record["source"]["path"])
+        admin granted it, never the platform's own state or another team's root (the core's rules). An uploaded
+        source must be one of the team's own data sets (another team's is unknown, like a missing one), of the
+        layout its format reads."""
+        source = record["source"]
+        if "upload" in source:
+            problem = upload_problem(record["format"], source["upload"], context.data_set(source["upload"]),
+                                     context.team)
+            return {"source.upload": problem} if problem else {}
+        problem = context.path_problem(source["path"])
         return {"source.path": problem} if problem else {}
+
+    def resolve(self, record: dict[str, Any], context: RecordContext) -> dict[str, Any]:
+        """An uploaded source pinned to the data set's digest (and layout and size) as it is now: the pipeline
+        is a function of those bytes, and a job reads exactly them."""
+        source = record["source"]
+        if "upload" not in source:
+            return record
+        found = context.data_set(source["upload"])
+        if problem := upload_problem(record["format"], source["upload"], found, context.team):
+            raise SpecError({"source.upload": problem})
+        return {**record, "source": pinned_source(source["upload"], found)}
 
     def summary(self, data: PanelData) -> dict[str, Any]:
         """Each node's cache: size against budget, entries, hits, misses, hit rate, evictions, corrupt entries."""
@@ -210,10 +243,60 @@ class Datasets(Collection):
         return shown
 
 
+UPLOADED_FIELDS = ("digest", "format", "size", "expanded_size", "file")
+
+
+def upload_problem(fmt: str, name: str, found: dict[str, Any] | None, team: str) -> str | None:
+    """Why a dataset of format ``fmt`` cannot read the team's uploaded data set ``name`` (``found``: what the
+    core answers of it, None when the team has none of that name), or None."""
+    if found is None:
+        return f"team {team} has no uploaded data set named {name!r} (strata data list shows them; strata data " \
+               "upload makes one)"
+    if fmt == "image-folder" and found.get("format") != "archive":
+        return f"data set {name!r} is one file ({found.get('file')}): an image-folder dataset reads a directory " \
+               "uploaded with one sub-directory of images per class"
+    if fmt == "npz" and found.get("format") != "file":
+        return f"data set {name!r} is a directory: an npz dataset reads one .npz file uploaded as it is " \
+               "(strata data upload NAME file.npz)"
+    return None
+
+
+def pinned_source(name: str, found: dict[str, Any]) -> dict[str, Any]:
+    """The ``source`` of a dataset reading the uploaded data set ``name``, pinned to what ``found`` says of it."""
+    return {"upload": name, **{key: found[key] for key in UPLOADED_FIELDS if key in found}}
+
+
+def uploaded_mount(source: Any) -> dict[str, Any] | None:
+    """The data set a pinned uploaded ``source`` reads, as the core's mounts name one, or None for a path."""
+    if not (isinstance(source, dict) and isinstance(source.get("upload"), str) and source.get("digest")):
+        return None
+    return {"name": source["upload"], **{key: source[key] for key in UPLOADED_FIELDS if key in source}}
+
+
+def source_path(definition: dict[str, Any]) -> Path:
+    """Where a registered dataset's raw data is on this node: its path, or the uploaded data set the node fetched
+    for the attempt (its directory; an uploaded file inside it, under the file's name)."""
+    source = definition["source"]
+    mount = uploaded_mount(source)
+    if mount is None:
+        return Path(source["path"])
+    from components.runtime.data import data_set_path
+
+    root = data_set_path(str(mount["digest"]))
+    return root / str(mount["file"]) if mount.get("format") == "file" and mount.get("file") else root
+
+
 def resolve_dataset(value: Any, lookup) -> dict[str, Any]:
-    """A spec's ``data.dataset`` resolved: a name becomes ``{"name", "definition"}``; an already-resolved
-    object is checked and kept. Raises ValueError with the message for ``spec.data.dataset``."""
+    """A spec's ``data.dataset`` resolved: a name becomes ``{"name", "definition"}``; an already-resolved object
+    (a child's spec, a resubmit) is kept when its name still resolves to the same definition, so a spec can never
+    bring a definition of its own (a path outside the team's data roots, another team's upload). Raises
+    ValueError with the message for ``spec.data.dataset``."""
     if isinstance(value, dict) and set(value) == {"name", "definition"} and isinstance(value["definition"], dict):
+        if not isinstance(value["name"], str):
+            raise ValueError("must name a dataset (strata datasets lists them)")
+        if resolve_dataset(value["name"], lookup)["definition"] != value["definition"]:
+            raise ValueError(f"dataset {value['name']!r} is no longer what this spec resolved it to (it was "
+                             "registered again since): name it by its name")
         return value
     if not isinstance(value, str):
         raise ValueError("must name a dataset (strata datasets lists them)")
@@ -222,6 +305,15 @@ def resolve_dataset(value: Any, lookup) -> dict[str, Any]:
         raise ValueError(f"no dataset named {value!r} in this team (strata datasets lists them)")
     if record.get("task") != "classification":
         raise ValueError(f"{value!r} is a {record.get('task')} dataset: only classification datasets stream epochs")
+    source = record.get("source")
+    if isinstance(source, dict) and "upload" in source:
+        # Pinned at registration: the team must still have those very bytes (never another team's).
+        found = lookup(DATA_COLLECTION, str(source["upload"]))
+        if found is None or found.get("digest") != source.get("digest"):
+            now = "no data set of that name now" if found is None else "another upload of that name now"
+            raise ValueError(f"dataset {value!r} reads the uploaded data set {source['upload']!r} as it was when "
+                             f"registered ({str(source.get('digest'))[:12]}), and the team has {now}: register the "
+                             "dataset again (strata datasets delete, then register)")
     return {"name": value, "definition": definition(record)}
 
 

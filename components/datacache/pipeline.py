@@ -17,13 +17,12 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter
 
-from components.datacache.datasets import pipeline_id
+from components.datacache.datasets import pipeline_id, source_path
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 CHUNKS_PER_WORKER = 6  # a build is split into this many chunks per worker (progress, balance)
@@ -154,7 +153,7 @@ def load_raw(definition: dict[str, Any], cached: Callable[[str, Callable[[], dic
         rows = np.random.default_rng(seed_of("digits-split")).permutation(len(labels))
         test_count = int(definition["test"])
         return Raw(list(images), labels, np.sort(rows[test_count:]), np.sort(rows[:test_count]), 10)
-    path = Path(definition["source"]["path"])
+    path = source_path(definition)  # a path on the node, or the uploaded data set the node fetched
     fraction = float(definition.get("test_fraction", 0.2))
     if fmt == "npz":
         if not path.is_file():

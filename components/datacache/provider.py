@@ -3,7 +3,9 @@
 ``data: {dataset: NAME, cache: true, perfect: {...}, workers: 2}``:
 
 - ``dataset``: the dataset a streaming workload (train's ``cnn-dataset``) reads, by name (a built-in or one the
-  team registered: ``GET /api/v1/datasets/``); resolved at submit to the pipeline definition it names then;
+  team registered: ``GET /api/v1/datasets/``); resolved at submit to the pipeline definition it names then. One
+  registered on an uploaded data set names it to the core (:meth:`DataCacheProvider.data_sets`), which has the
+  node fetch it before the attempt starts;
 - ``cache`` (default false): keep preprocessed data in the node's cache, shared by every job on the node. Also
   caches what the other built-in workloads prepare (their whole prepared tensors);
 - ``perfect``: PerFect's two phases (see :mod:`components.datacache.source`): ``{reuse: "auto" | n,
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from components.datacache.datasets import BUILTINS, resolve_dataset
+from components.datacache.datasets import BUILTINS, resolve_dataset, uploaded_mount
 from components.runtime.data import DataProvider, EpochSource
 from components.runtime.spec import SpecError
 
@@ -95,6 +97,13 @@ class DataCacheProvider(DataProvider):
             return {**data, "dataset": resolve_dataset(data["dataset"], lookup)}
         except ValueError as error:
             raise SpecError({"dataset": str(error)}) from None
+
+    def data_sets(self, data: dict[str, Any]) -> list[dict[str, Any]]:
+        """The team's uploaded data set a resolved ``dataset`` reads (``source: {upload}``), for the node to fetch."""
+        dataset = data.get("dataset")
+        definition = dataset.get("definition") if isinstance(dataset, dict) else None
+        mount = uploaded_mount(definition.get("source")) if isinstance(definition, dict) else None
+        return [mount] if mount is not None else []
 
     def epochs(self, data: dict[str, Any], job: dict[str, Any]) -> EpochSource | None:
         if "dataset" not in data:

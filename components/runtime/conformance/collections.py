@@ -18,7 +18,8 @@ It also checks ``access_problems`` against :class:`~components.runtime.collectio
 granted every path may register every good record; a team granted none has each of the record's
 ``path_fields`` refused, under that field, with the context's one-line reason; the collection asks the context
 about exactly those paths and changes nothing in the record. A collection that names no paths leaves
-``path_fields`` empty, and then refuses nothing.
+``path_fields`` empty, and then refuses nothing. What ``resolve`` makes of a record the context accepts keeps its
+name and is JSON.
 """
 
 from __future__ import annotations
@@ -128,6 +129,17 @@ class CollectionConformance:
                     continue
                 context = StaticRecordContext(data_roots=("/",), forbidden=(path,))
                 assert field in collection.access_problems(dict(record), context), (field, path)
+
+    def test_resolve_keeps_the_name_and_answers_json(self):
+        collection = self.collection()
+        for body in self.good:
+            record = collection.validate(dict(body))
+            context = StaticRecordContext(data_roots=("/",))
+            if collection.access_problems(json.loads(json.dumps(record)), context):
+                continue  # a record this context refuses is never resolved
+            resolved = collection.resolve(json.loads(json.dumps(record)), context)
+            assert isinstance(resolved, dict) and resolved.get("name") == record["name"], resolved
+            json.dumps(resolved, allow_nan=False)
 
 
 def _at(record: dict[str, Any], field: str) -> Any:

@@ -9,7 +9,8 @@ Subclass it and point it at your provider; give it option values it accepts and 
 
 It checks that the provider is light (its module imports nothing heavy), declares its options, names a problem
 only under its own options, and serves what ``build()`` makes: equal recipes give equal data, different recipes
-never get each other's, and a build that raises is not served afterwards as data.
+never get each other's, and a build that raises is not served afterwards as data; the uploaded data sets it names
+for good options (``data_sets``) are a list of resolved mounts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from components.runtime.conformance.kinds import light_import_problem
-from components.runtime.data import DataProvider, recipe_key
+from components.runtime.data import DATA_NAME, DIGEST, DataProvider, recipe_key
 from components.runtime.registry import import_path
 
 
@@ -76,3 +77,12 @@ class DataProviderConformance:
             pass
         found = provider.fetch(recipe_key(recipe), recipe, lambda: [7], data)
         assert found is None or list(found) == [7]
+
+    def test_the_data_sets_it_names_are_resolved_mounts(self):
+        provider = self.provider()
+        for data in self.good:
+            named = provider.data_sets(dict(data))
+            assert isinstance(named, list), (data, named)
+            for mount in named:
+                assert isinstance(mount, dict) and isinstance(mount.get("name"), str), mount
+                assert DATA_NAME.match(mount["name"]) and DIGEST.match(str(mount.get("digest"))), mount
