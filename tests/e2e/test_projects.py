@@ -281,3 +281,111 @@ def test_sms_on_a_user_classification_workload(cluster):
     assert accuracy and accuracy[-1] >= 0.8, accuracy
     report = job["attempts"][-1]["reports"]["straggler"]["payload"]
     assert report["strategy"] == "sms" and report["world_size"] == 2 and report["dropped_samples"] > 0, report
+
+
+def _listener(address: str):
+    """The process listening on ``address``'s port (psutil), or None."""
+    import psutil
+
+    port = int(address.rsplit(":", 1)[1])
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+            return psutil.Process(connection.pid) if connection.pid else None
+    return None
+
+
+def _serve_example(cluster, directory: Path, name: str, source_job: str) -> tuple[str, str, str]:
+    """Submit the example serve file ``name`` of ``directory`` for ``source_job`` (its model.job filled in) and
+    wait for the endpoint: ``(serve job id, address, a deployment token)``."""
+    import re
+
+    from components.serving.client import ServingError, describe
+
+    path = directory / name
+    path.write_text(path.read_text().replace("00000000-0000-0000-0000-000000000000", source_job))
+    submitted = cluster.cli("submit", str(path), "--wait", "--timeout", "240", timeout=300)
+    assert submitted.returncode == 0, f"{submitted.stdout}\n{submitted.stderr}\n{cluster.output()}"
+    served = re.search(r"submitted job (\S+) ", submitted.stdout).group(1)
+    address = re.search(r"listening on (\S+) ", submitted.stdout).group(1)
+    issued = cluster.cli("job-token", "create", served, "--name", "e2e")
+    assert issued.returncode == 0, issued.stdout + issued.stderr
+    token = issued.stdout.strip()
+
+    def accepted():
+        try:
+            describe(address, token=token)
+        except ServingError as error:
+            if error.code.name != "UNAUTHENTICATED":
+                raise
+            return False
+        return True
+
+    wait_for(accepted, 30, message="the endpoint to learn the new token")
+    return served, address, token
+
+
+def test_a_user_model_is_served_over_grpc(cluster, tmp_path):
+    """A team's own Workload class from the bundle is trained (examples/projects/workload-share/job.yaml); its
+    model.pt holds the model exported by torch.export, so a serve job with no code of the team's serves it
+    (serve.yaml), in a sandboxed process of its own (it reads what the team's code wrote), never in the
+    GPU-sharing service; a loader class of the team's from the bundle serves the same model (serve-loader.yaml).
+    Both answer real predictions over gRPC."""
+    from components.runtime import sandbox
+    from components.serving.client import describe, predict
+
+    example = tmp_path / "workload-share"
+    shutil.copytree(EXAMPLES / "workload-share", example)
+    result = cluster.cli("submit", str(example / "job.yaml"), "--wait", timeout=600)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    trained = result.stdout.split("submitted job ")[1].split()[0]
+    assert any("model.pt: the model is exported (torch.export" in line for line in cluster.logs(trained))
+
+    sys.path.insert(0, str(example))  # the example's own split of the digits, to check the answers
+    try:
+        import mywork
+    finally:
+        sys.path.remove(str(example))
+    _, _, x_test, y_test = mywork.digits(cluster.job(trained)["spec"])
+    rows, labels = x_test.numpy(), y_test.numpy()
+    bwrap = sandbox.resolve_mode(None) == "bwrap" and os.geteuid() == 0
+
+    served, address, token = _serve_example(cluster, example, "serve.yaml", trained)
+    job = cluster.job(served)
+    assert job["code"] is None and job["spec"]["model"]["entrypoint"] is None  # no code of the team's shipped
+    info = describe(address, token=token)
+    assert info["workload"] == "mywork:DigitsWorkload" and info["source_job"] == trained
+    scores = predict(address, rows, timeout=30, token=token)
+    assert scores.shape == (len(rows), 10)
+    assert (scores.argmax(axis=1) == labels).mean() >= 0.85  # the trained weights
+    assert "in the GPU-sharing service" not in "\n".join(cluster.logs(served))
+    listener = _listener(address)
+    assert listener is not None and listener.pid != cluster.node.pid
+    if bwrap:  # the team's uid, as its code runs
+        assert listener.uids().real >= sandbox.UID_BASE, listener.uids()
+
+    loader, loader_address, loader_token = _serve_example(cluster, example, "serve-loader.yaml", trained)
+    assert cluster.job(loader)["code"] is not None  # the bundle, which holds the loader class
+    assert describe(loader_address, token=loader_token)["workload"] == "mywork:DigitsModel"
+    answer = predict(loader_address, rows, timeout=30, token=loader_token)
+    assert abs(answer - scores).max() < 1e-4  # the same model, through the team's own class
+
+    for job_id in (served, loader):
+        cluster.api("POST", f"jobs/{job_id}/cancel/")
+    for job_id in (served, loader):
+        assert cluster.wait_state(job_id, TERMINAL, 60)["state"] == "CANCELLED"
+
+
+def test_stanza_on_a_user_classification_workload(cluster):
+    """Stanza (the straggler plugin's layer separation) on a team's own ClassificationWorkload from the bundle
+    (examples/projects/workload-share/stanza.yaml): rank 0 trains the convolutions, rank 1 the fully connected
+    layers; the job learns, and the straggler report says Stanza sent fewer bytes than data parallelism would."""
+    result = cluster.cli("submit", str(EXAMPLES / "workload-share" / "stanza.yaml"), "--wait", timeout=900)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    job = cluster.job(result.stdout.split("submitted job ")[1].split()[0])
+    assert job["spec"]["distributed"]["strategy"] == "stanza" and job["code"] is not None
+    assert job["resources"]["workers"] == 2
+    accuracy = [p["value"] for p in cluster.metrics(job["id"]) if p["name"] == "test_accuracy"]
+    assert len(accuracy) == 3 and accuracy[-1] >= 0.8, accuracy
+    report = job["attempts"][-1]["reports"]["straggler"]["payload"]
+    assert report["strategy"] == "stanza" and report["world_size"] == 2, report
+    assert 0 < report["bytes_sent"] < report["bytes_full"], report
