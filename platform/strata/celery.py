@@ -18,6 +18,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
 app = Celery("strata")
 log = logging.getLogger(__name__)
 SCHEDULE_PASS_TASK = "strata.scheduling.pass"  # strata.scheduling.tasks registers it
+EXPIRE_UPLOADS_TASK = "strata.scheduling.expire_uploads"  # likewise
+UPLOAD_EXPIRY_SECONDS = 600.0  # how often the beat looks for expired uploads
 
 
 def _configure() -> None:
@@ -42,6 +44,11 @@ def _configure() -> None:
                 "task": "strata.telemetry.retention",
                 "schedule": 3600.0,
                 "options": {"queue": "control"},
+            },
+            "data-uploads-expiry": {  # uploads not completed within STRATA_UPLOAD_EXPIRY_HOURS, with their chunks
+                "task": EXPIRE_UPLOADS_TASK,
+                "schedule": UPLOAD_EXPIRY_SECONDS,
+                "options": {"queue": "control", "expires": UPLOAD_EXPIRY_SECONDS},
             },
         },
     )

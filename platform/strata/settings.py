@@ -180,6 +180,10 @@ STRATA_MAX_CODE_BYTES = env_int("STRATA_MAX_CODE_BYTES", 100 * 2**20, minimum=10
 # A data set (strata data upload, /api/v1/uploads/): its bytes, and its files unpacked; and one chunk of an upload.
 STRATA_MAX_DATA_BYTES = env_int("STRATA_MAX_DATA_BYTES", 10 * 2**30, minimum=1024)
 STRATA_MAX_DATA_CHUNK_BYTES = env_int("STRATA_MAX_DATA_CHUNK_BYTES", 64 * 2**20, minimum=1024)
+# An upload not completed within this many hours of its start expires: the beat deletes it with its chunks.
+STRATA_UPLOAD_EXPIRY_HOURS = env_float("STRATA_UPLOAD_EXPIRY_HOURS", 24.0, minimum=0.01)
+# How many uploads a team may have open at once (one more is a 409 naming the limit).
+STRATA_MAX_OPEN_UPLOADS = env_int("STRATA_MAX_OPEN_UPLOADS", 16, minimum=1)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20

@@ -12,13 +12,19 @@ the job is linked to it (:func:`data_link`), so a data set is not deleted while 
 
 Bytes go through the artifact storage behind the three functions of :class:`DataBytes` (a later step moves them to
 an object store with direct transfers).
+
+Uploads are bounded: a team has at most ``STRATA_MAX_OPEN_UPLOADS`` open at once (one more is a 409 naming the
+limit), and an upload not completed within ``STRATA_UPLOAD_EXPIRY_HOURS`` of its start is abandoned: the beat's
+:func:`uploads_expire` deletes it with the chunks it received, and a chunk or a ``complete`` for it is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import tempfile
+from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
 from django.conf import settings
@@ -30,6 +36,7 @@ from components.runtime.data import DATA_NAME, data_sets_of
 from strata.jobs.models import TERMINAL_STATES, DataSet, DataUpload, Job
 from strata.jobs.storage import get_storage
 
+log = logging.getLogger(__name__)
 MAX_DATA_FILES = 1_000_000
 MIN_CHUNK_BYTES = 1024
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -63,6 +70,11 @@ class DataBytes:
 
 def chunk_key(upload: DataUpload, index: int) -> str:
     return f"uploads/{upload.team_id}/{upload.pk}/{index}"
+
+
+def upload_prefix(upload: DataUpload) -> str:
+    """The key under which an upload's chunks are kept (a directory in the local artifact storage)."""
+    return f"uploads/{upload.team_id}/{upload.pk}"
 
 
 def data_key(team_id: int, upload: DataUpload) -> str:
@@ -126,16 +138,66 @@ def upload_fields(body: Any) -> dict[str, Any]:
             "file_name": file_name if fmt == DataSet.Format.FILE else ""}
 
 
+def upload_deadline(upload: DataUpload) -> datetime:
+    """When ``upload`` expires if it is not completed by then (``STRATA_UPLOAD_EXPIRY_HOURS`` after it started)."""
+    return upload.created_at + timedelta(hours=settings.STRATA_UPLOAD_EXPIRY_HOURS)
+
+
+def _expired(upload: DataUpload) -> DataRejected:
+    """Forget an upload past its deadline and say so (410)."""
+    upload_abort(upload)
+    hours = f"{settings.STRATA_UPLOAD_EXPIRY_HOURS:g}"
+    return DataRejected({"detail": f"upload {upload.pk} of {upload.name} expired: it was not completed within {hours} "
+                                   "h of its start (STRATA_UPLOAD_EXPIRY_HOURS), and its chunks were dropped; start "
+                                   "again"}, status=410)
+
+
+def uploads_expire(now: datetime | None = None, team=None) -> int:
+    """Delete every upload (of ``team``, or of all teams) not completed within ``STRATA_UPLOAD_EXPIRY_HOURS`` of
+    its start, with the chunks it received (their bytes in the artifact storage go once the deletion commits).
+    Returns how many. Run by the beat (``strata.scheduling.expire_uploads``), and for a team when it opens one."""
+    cutoff = (now or timezone.now()) - timedelta(hours=settings.STRATA_UPLOAD_EXPIRY_HOURS)
+    stale = DataUpload.objects.filter(created_at__lt=cutoff)
+    if team is not None:
+        stale = stale.filter(team=team)
+    count = 0
+    for pk in list(stale.values_list("pk", flat=True)[:10_000]):
+        with transaction.atomic():
+            upload = DataUpload.objects.select_for_update().filter(pk=pk, created_at__lt=cutoff).first()
+            if upload is None:  # completed or abandoned meanwhile
+                continue
+            upload_abort(upload)
+        count += 1
+    if count:
+        log.info("expired %d data upload(s) not completed within %g h", count, settings.STRATA_UPLOAD_EXPIRY_HOURS)
+    return count
+
+
 def upload_open(*, team, user, fields: dict[str, Any]) -> tuple[DataUpload, bool]:
     """The team's open upload of the same name and contents (a client resuming), or a new one. Returns (upload,
-    created). A name the team already has is a 409 naming ``name``."""
+    created). A name the team already has is a 409 naming ``name``; a new upload past the team's
+    ``STRATA_MAX_OPEN_UPLOADS`` open ones is a 409 naming the limit (expired ones are dropped first)."""
+    from strata.accounts.models import Team
+
     if DataSet.objects.filter(team=team, name=fields["name"]).exists():
         raise DataRejected({"name": f"team {team.slug} already has a data set named {fields['name']} (delete it "
                                     "first, or choose another name)"}, status=409)
-    existing = DataUpload.objects.filter(team=team, **fields).order_by("-created_at").first()
-    if existing is not None:
-        return existing, False
-    return DataUpload.objects.create(team=team, owner=user, **fields), True
+    uploads_expire(team=team)
+    with transaction.atomic():
+        Team.objects.select_for_update().filter(pk=team.pk).first()  # one opening at a time per team: the count holds
+        existing = DataUpload.objects.filter(team=team, **fields).order_by("-created_at").first()
+        if existing is not None:
+            return existing, False
+        limit = settings.STRATA_MAX_OPEN_UPLOADS
+        count = DataUpload.objects.filter(team=team).count()
+        if count >= limit:
+            hours = f"{settings.STRATA_UPLOAD_EXPIRY_HOURS:g}"
+            raise DataRejected({"detail": f"team {team.slug} has {count} open uploads, the most "
+                                          f"STRATA_MAX_OPEN_UPLOADS ({limit}) allows: complete or abandon one first "
+                                          "(GET /api/v1/uploads/ lists them, DELETE /api/v1/uploads/{id}/ abandons "
+                                          f"one), or wait: an upload not completed within {hours} h expires"},
+                               status=409)
+        return DataUpload.objects.create(team=team, owner=user, **fields), True
 
 
 def chunk_length(upload: DataUpload, index: int) -> int:
@@ -146,6 +208,8 @@ def chunk_length(upload: DataUpload, index: int) -> int:
 def chunk_store(upload: DataUpload, index: int, source: BinaryIO, checksum: Any) -> DataUpload:
     """Check chunk ``index`` (its length, its SHA-256 against ``checksum``) and keep it; a bad chunk is a 400
     naming it, and nothing of it is kept. Sending a chunk again replaces it."""
+    if timezone.now() >= upload_deadline(upload):
+        raise _expired(upload)
     count = upload.chunk_count
     if not 0 <= index < count:
         raise DataRejected({"chunk": f"chunk {index}: no such chunk (this upload has chunks 0 to {count - 1})"})
@@ -170,11 +234,16 @@ def chunk_store(upload: DataUpload, index: int, source: BinaryIO, checksum: Any)
         spooled.seek(0)
         DataBytes.save(chunk_key(upload, index), spooled, length)
     with transaction.atomic():
-        upload = DataUpload.objects.select_for_update().get(pk=upload.pk)
-        upload.received = {**upload.received, str(index): expected}
-        upload.updated_at = timezone.now()
-        upload.save(update_fields=["received", "updated_at"])
-    return upload
+        found = DataUpload.objects.select_for_update().filter(pk=upload.pk).first()
+        if found is not None:
+            found.received = {**found.received, str(index): expected}
+            found.updated_at = timezone.now()
+            found.save(update_fields=["received", "updated_at"])
+    if found is None:  # expired or abandoned while the chunk arrived: nothing of it is kept
+        DataBytes.delete(chunk_key(upload, index))
+        raise DataRejected({"detail": f"upload {upload.pk} is gone (abandoned, or expired: not completed within "
+                                      f"{settings.STRATA_UPLOAD_EXPIRY_HOURS:g} h); start again"}, status=404)
+    return found
 
 
 def missing_chunks(upload: DataUpload) -> list[int]:
@@ -182,8 +251,9 @@ def missing_chunks(upload: DataUpload) -> list[int]:
 
 
 def upload_abort(upload: DataUpload) -> None:
-    """Forget an upload and its chunks."""
-    keys = [chunk_key(upload, int(index)) for index in upload.received]
+    """Forget an upload and its chunks (each chunk received, then what is left under its key: a chunk stored while
+    the upload was being forgotten)."""
+    keys = [chunk_key(upload, int(index)) for index in upload.received] + [upload_prefix(upload)]
     upload.delete()
     transaction.on_commit(lambda: [DataBytes.delete(key) for key in keys])
 
@@ -191,6 +261,8 @@ def upload_abort(upload: DataUpload) -> None:
 def upload_complete(upload: DataUpload) -> DataSet:
     """Assemble the chunks, verify the whole SHA-256 (a mismatch: 400 naming ``sha256``, and the upload is
     forgotten), check a directory's archive and create the data set. The chunks are then dropped."""
+    if timezone.now() >= upload_deadline(upload):
+        raise _expired(upload)
     missing = missing_chunks(upload)
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
@@ -200,11 +272,16 @@ def upload_complete(upload: DataUpload) -> DataSet:
     limit = settings.STRATA_MAX_DATA_BYTES
     with tempfile.TemporaryFile() as whole:
         digest = hashlib.sha256()
-        for index in range(upload.chunk_count):
-            with DataBytes.open(chunk_key(upload, index)) as chunk:
-                while data := chunk.read(COPY):
-                    digest.update(data)
-                    whole.write(data)
+        try:
+            for index in range(upload.chunk_count):
+                with DataBytes.open(chunk_key(upload, index)) as chunk:
+                    while data := chunk.read(COPY):
+                        digest.update(data)
+                        whole.write(data)
+        except FileNotFoundError:  # expired (or abandoned) under us: its chunks are gone
+            raise DataRejected({"detail": f"upload {upload.pk} of {upload.name} is gone (abandoned, or expired: not "
+                                          f"completed within {settings.STRATA_UPLOAD_EXPIRY_HOURS:g} h); start "
+                                          "again"}, status=410) from None
         if whole.tell() != upload.size or digest.hexdigest() != upload.sha256:
             upload_abort(upload)
             raise DataRejected({"sha256": f"the chunks assemble to {whole.tell()} bytes with SHA-256 "

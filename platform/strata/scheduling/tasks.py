@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from strata.celery import SCHEDULE_PASS_TASK
+from strata.celery import EXPIRE_UPLOADS_TASK, SCHEDULE_PASS_TASK
 
 
 @shared_task(name=SCHEDULE_PASS_TASK, ignore_result=True)
@@ -21,3 +21,14 @@ def tick_task() -> None:
 
     tick()
 
+
+@shared_task(name=EXPIRE_UPLOADS_TASK, ignore_result=True)
+def expire_uploads_task() -> int:
+    """Delete the data uploads not completed within STRATA_UPLOAD_EXPIRY_HOURS, with their chunks: on the leader
+    only (every scheduler replica runs a beat)."""
+    from strata.jobs.data import uploads_expire
+    from strata.scheduling.leader import lease_acquire
+
+    if lease_acquire() is None:
+        return 0
+    return uploads_expire()

@@ -9,7 +9,7 @@ from components.runtime.registry import UnknownKind, get_kind
 from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
-from strata.jobs.data import missing_chunks
+from strata.jobs.data import missing_chunks, upload_deadline
 from strata.jobs.models import (
     TERMINAL_STATES,
     Allocation,
@@ -516,12 +516,19 @@ class DataUploadSerializer(serializers.ModelSerializer):
     chunks = serializers.IntegerField(source="chunk_count", read_only=True, help_text="How many chunks in all.")
     received = serializers.SerializerMethodField(help_text="The indices of the chunks stored, sorted.")
     missing = serializers.SerializerMethodField(help_text="The indices of the chunks still to send, sorted.")
+    expires_at = serializers.SerializerMethodField(
+        help_text="When the upload expires, with its chunks, unless completed by then (STRATA_UPLOAD_EXPIRY_HOURS "
+                  "after it started).")
 
     class Meta:
         model = DataUpload
         fields = ["id", "name", "team", "format", "file", "size", "sha256", "chunk_size", "chunks", "received",
-                  "missing", "created_at", "updated_at"]
+                  "missing", "created_at", "updated_at", "expires_at"]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DateTimeField())
+    def get_expires_at(self, upload) -> str:
+        return serializers.DateTimeField().to_representation(upload_deadline(upload))
 
     def get_received(self, upload) -> list[int]:
         return sorted(int(index) for index in upload.received)

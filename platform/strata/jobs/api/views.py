@@ -559,7 +559,8 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
                    responses={201: OpenApiResponse(DataUploadSerializer, description="A new upload."),
                               200: OpenApiResponse(DataUploadSerializer, description="The team's open upload of the "
                                                    "same name and contents: send its missing chunks."),
-                              409: error_response(409, "The team already has a data set of this name.")})
+                              409: error_response(409, "The team already has a data set of this name, or as many "
+                                                       "open uploads as STRATA_MAX_OPEN_UPLOADS allows (named).")})
     def create(self, request, *args, **kwargs):
         body = request.data if isinstance(request.data, dict) else None
         try:
@@ -591,7 +592,10 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
                                                 description="The chunk's index, from 0.")],
                    responses={200: DataUploadSerializer,
                               400: error_response(400, "A bad chunk (its length or SHA-256), named: nothing of it "
-                                                       "is kept.")})
+                                                       "is kept."),
+                              404: error_response(404, "No such upload (another team's, abandoned or expired)."),
+                              410: error_response(410, "The upload expired (not completed within "
+                                                       "STRATA_UPLOAD_EXPIRY_HOURS): its chunks were dropped.")})
     @action(detail=True, methods=["put"], url_path=r"chunks/(?P<index>[0-9]{1,9})")
     def chunk(self, request, pk=None, index=None):
         """Store one chunk: its bytes are the body, its SHA-256 the ``Content-SHA256`` header."""
@@ -607,7 +611,9 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
                    responses={201: DataSetDetailSerializer,
                               400: error_response(400, "The whole does not match its SHA-256, or a directory's "
                                                        "archive is refused (named): the upload is dropped."),
-                              409: error_response(409, "Chunks are missing, or the name was taken meanwhile.")})
+                              409: error_response(409, "Chunks are missing, or the name was taken meanwhile."),
+                              410: error_response(410, "The upload expired (not completed within "
+                                                       "STRATA_UPLOAD_EXPIRY_HOURS): its chunks were dropped.")})
     @action(detail=True, methods=["post"])
     def complete(self, request, pk=None):
         """Assemble the chunks, verify the whole and create the data set."""
