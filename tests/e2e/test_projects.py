@@ -2,7 +2,9 @@
 from outside the repository shipped with ``strata submit --code``, its requirements installed from a package index
 (on loopback) into the job's environment, its logs, metrics (stdout and strata_report), artifacts and checkpoint,
 resumed after its node is killed; the unchanged torchrun DDP example on two ranks; a tune sweep of a command job;
-an entrypoint from the bundle; a broken requirements.txt that fails once with pip's message."""
+an entrypoint from the bundle; a broken requirements.txt that fails once with pip's message; and the research
+mechanisms on a team's own Workload classes: GPU sharing and a sweep, SMS, Stanza, and its model served over gRPC
+(exported, with no code of the team's, and through a loader class of the bundle)."""
 
 from __future__ import annotations
 
