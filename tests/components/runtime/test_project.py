@@ -232,3 +232,16 @@ def test_a_data_set_whose_bytes_do_not_match_is_a_user_error(tmp_path):
         prepare_rank(ProjectCache(tmp_path / "state"), claim, 0, download=None, note=lambda _m: None,
                      download_data=lambda _digest, target: target.write_bytes(b"junk"))
     assert not (tmp_path / "state" / "data" / mount["digest"]).exists()
+
+
+def test_what_runs_as_a_teams_code():
+    """A bundle, an environment, a command, an entry point, or reading what a team's code wrote (the claim's
+    ``reads_user_output``): such an attempt runs in its own sandboxed processes, never in a shared node service."""
+    from components.runtime.project import runs_user_code
+
+    builtin = {"spec": {"workload": "mlp-digits"}, "code": None}
+    assert not runs_user_code(builtin) and not runs_user_code({**builtin, "reads_user_output": False})
+    assert runs_user_code({**builtin, "code": {"digest": "a" * 64}})
+    assert runs_user_code({"spec": {"command": ["python", "train.py"]}})
+    assert runs_user_code({"spec": {"entrypoint": "mywork:DigitsWorkload"}})
+    assert runs_user_code({"spec": {"model": {"job": "j"}}, "reads_user_output": True})  # a team's exported model
