@@ -39,6 +39,9 @@ def test_a_dataset_on_an_uploaded_image_folder_trains_through_the_cache(cluster,
     assert done["spec"]["data"]["dataset"]["definition"]["source"]["digest"] == digest
     text = "\n".join(cluster.logs(first["id"]))
     assert f"data set pets-images {digest[:12]}: 72 files" in text, text[-3000:]  # fetched by the node
+    # A built-in workload over the team's data runs none of its code: still hosted by the GPU-sharing service,
+    # which reads the data set where the worker fetched it.
+    assert "running in the GPU-sharing service" in text, text[-3000:]
     assert len(series(cluster, first["id"], "test_accuracy")) == 3
 
     second = cluster.submit(job("upload-reader-2"))
