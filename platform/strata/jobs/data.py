@@ -313,15 +313,15 @@ def upload_complete(upload: DataUpload) -> DataSet:
 
 
 def data_in_use(data_set: DataSet) -> list[str]:
-    """The unfinished jobs that mount ``data_set``."""
+    """The unfinished jobs that read ``data_set`` (mount it, or read it through a data option)."""
     return [str(pk) for pk in data_set.jobs.exclude(state__in=TERMINAL_STATES).values_list("pk", flat=True)[:10]]
 
 
 def data_delete(data_set: DataSet) -> None:
-    """Delete a data set no unfinished job mounts (409 naming the jobs otherwise)."""
+    """Delete a data set no unfinished job reads (409 naming the jobs otherwise)."""
     using = data_in_use(data_set)
     if using:
-        raise DataRejected({"detail": f"unfinished jobs mount data set {data_set.name}: {', '.join(using)}; it is "
+        raise DataRejected({"detail": f"unfinished jobs read data set {data_set.name}: {', '.join(using)}; it is "
                                       "kept until they end"}, status=409)
     key = data_set.storage_key
     data_set.delete()
