@@ -399,9 +399,21 @@ class AttemptRunner:
         uid = sandbox.team_uid(claim.get("team")) if os.geteuid() == 0 else None
 
         def wrap(command: list[str], target: Path, readable: Path | None):
+            hidden = self._hidden()
+            # Local files the install names (a wheel's path in `pip`, a find-links or index directory of the node's
+            # pip settings), read-only, unless they lie in what stays hidden; the team's uid still needs the right
+            # to read them.
+            named = [arg for arg in command if arg.startswith("/")]
+            for variable in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL",
+                             "UV_FIND_LINKS"):
+                named += [v.removeprefix("file://") for v in os.environ.get(variable, "").split()
+                          if v.startswith(("/", "file:///"))]
+            local = [path for path in sandbox.readable_paths(named) if path != target
+                     and not any(path.is_relative_to(h) for h in hidden) and path != Path("/")]
+            local = [p for p in local if not any(p != q and p.is_relative_to(q) for q in local)]
             box = sandbox.Sandbox(bwrap=self.config.get("bwrap") or sandbox.find_bwrap() or "bwrap",
-                                  hide=self._hidden(), writable=[target], readable=[readable] if readable else [],
-                                  uid=uid, cwd=readable or target)
+                                  hide=hidden, writable=[target],
+                                  readable=([readable] if readable else []) + local, uid=uid, cwd=readable or target)
             box.prepare()
 
             def after() -> None:
