@@ -178,7 +178,7 @@ class Sandbox:
                     out += ["--perms", "0755", "--dir", str(parent)]
             return out
 
-        system = [p for p in self.system if any(p.is_relative_to(h) for h in hidden)]
+        system = [p for p in self.system if any(p.is_relative_to(h) for h in [*hidden, Path("/tmp")])]
         for path in system:
             args += [*parents(path), "--ro-bind", str(path), str(path)]
         for path in hidden:
