@@ -164,16 +164,20 @@ ATTEMPT_CREDENTIAL_ROUTES = {"attempt-report", "attempt-renew", "attempt-artifac
                              "attempt-child-resize", "attempt-child-metrics", "attempt-children-metrics"}
 
 
+def _bearer(value: str):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {value}")
+    return client
+
+
 def test_every_route_refuses_another_attempts_credential(world):
     import uuid
 
     from strata.accounts import attempt_credentials
 
-    elsewhere = attempt_credentials.mint(uuid.uuid4(), world["node"].pk)["credential"]
-    from rest_framework.test import APIClient
-
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {elsewhere}")
+    client = _bearer(attempt_credentials.mint(uuid.uuid4(), world["node"].pk)["credential"])
     for name, text, methods in ROUTES:
         if name in DOC_ROUTES:
             continue
@@ -187,11 +191,7 @@ def test_every_route_refuses_another_attempts_credential(world):
 def test_its_own_attempt_routes_take_the_attempts_credential_and_nothing_else_does(world):
     from strata.accounts import attempt_credentials
 
-    own = attempt_credentials.mint(world["attempt"].pk, world["node"].pk)["credential"]
-    from rest_framework.test import APIClient
-
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {own}")
+    client = _bearer(attempt_credentials.mint(world["attempt"].pk, world["node"].pk)["credential"])
     for name, text, methods in ROUTES:
         if name in DOC_ROUTES:
             continue
