@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from components.runtime.broker import celery_broker_options
 from strata.conf import env_bool, env_float, env_int, env_list, env_str, strata_home
@@ -275,6 +276,18 @@ STRATA_CREDENTIAL_TTL_S = env_float("STRATA_CREDENTIAL_TTL_S", 60.0, minimum=5.0
 STRATA_ATTEMPT_CREDENTIAL_TTL_S = env_float("STRATA_ATTEMPT_CREDENTIAL_TTL_S", 3600.0, minimum=10.0)
 STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifacts")))
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
+# S3-compatible object storage (AWS S3, MinIO, SeaweedFS, Ceph RGW), used with
+# STRATA_ARTIFACT_STORAGE=strata.jobs.storage.S3ArtifactStorage. Without an access key, boto3's standard chain
+# (AWS_* environment, ~/.aws, an instance or pod role) supplies the credentials; *_FILE forms read a secret file.
+STRATA_S3_ENDPOINT = env_str("STRATA_S3_ENDPOINT", "") or ""  # empty: AWS S3 of STRATA_S3_REGION
+STRATA_S3_BUCKET = env_str("STRATA_S3_BUCKET", "") or ""
+STRATA_S3_PREFIX = env_str("STRATA_S3_PREFIX", "") or ""  # every key under it, e.g. "strata/prod/"
+STRATA_S3_REGION = env_str("STRATA_S3_REGION", "") or ""
+STRATA_S3_ACCESS_KEY_ID = env_str("STRATA_S3_ACCESS_KEY_ID", "") or ""
+STRATA_S3_SECRET_ACCESS_KEY = env_str("STRATA_S3_SECRET_ACCESS_KEY", "") or ""
+STRATA_S3_ADDRESSING = env_str("STRATA_S3_ADDRESSING", "path") or "path"  # path | virtual
+if STRATA_S3_ADDRESSING not in ("path", "virtual"):
+    raise ImproperlyConfigured(f"STRATA_S3_ADDRESSING must be path or virtual, got {STRATA_S3_ADDRESSING!r}")
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
 STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
 # The operation history (strata.jobs.history): one JSON line per committed job and attempt change, appended to this

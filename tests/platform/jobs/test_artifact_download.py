@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from strata.jobs.models import Attempt
 from strata.jobs.services import artifact_store
+
+pytestmark = pytest.mark.usefixtures("storage_backend")  # local disk, then S3 (SeaweedFS): conftest.py
 
 
 def _job_with_artifact(make_team, make_user, make_token, api, submit, run_pass, name):
@@ -34,4 +38,5 @@ def test_a_download_is_bytes_whatever_its_name(make_team, make_user, make_token,
     assert response.status_code == 200
     assert response["Content-Type"] == "application/octet-stream"
     assert response["Content-Disposition"].startswith("attachment")
+    assert response["Content-Length"] == str(len(b"<script>alert(1)</script>"))  # the stream tells its size
     assert b"".join(response.streaming_content) == b"<script>alert(1)</script>"

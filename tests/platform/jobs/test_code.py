@@ -16,7 +16,7 @@ CODE = "/api/v1/code/"
 JOBS = "/api/v1/jobs/"
 
 
-pytestmark = pytest.mark.usefixtures("artifact_root")  # alice, bob, artifact_root: conftest.py
+pytestmark = pytest.mark.usefixtures("storage_backend")  # alice, bob, storage_backend (local disk, then S3): conftest.py
 
 
 def project_archive(tmp_path, files=None) -> bytes:
@@ -35,7 +35,7 @@ def upload(client, data: bytes, content_type="application/gzip", **params):
     return client.generic("POST", CODE + query, data=data, content_type=content_type)
 
 
-def test_upload_is_content_addressed_and_deduplicated_per_team(alice, bob, tmp_path, artifact_root):
+def test_upload_is_content_addressed_and_deduplicated_per_team(alice, bob, tmp_path, storage_backend):
     data = project_archive(tmp_path)
     first = upload(alice, data)
     assert first.status_code == 201, first.content
@@ -45,8 +45,8 @@ def test_upload_is_content_addressed_and_deduplicated_per_team(alice, bob, tmp_p
     again = upload(alice, data)
     assert again.status_code == 200 and again.json()["digest"] == body["digest"]
     assert CodeBundle.objects.filter(team__slug="alpha").count() == 1
-    stored = list(artifact_root.rglob("*.tar.gz"))
-    assert len(stored) == 1 and stored[0].read_bytes() == data
+    stored = [key for key in storage_backend.keys() if key.endswith(".tar.gz")]
+    assert len(stored) == 1 and storage_backend.read(stored[0]) == data
     # Another team uploading the same bytes gets its own bundle; neither sees the other's.
     assert upload(bob, data).status_code == 201
     assert bob.get(f"{CODE}{body['digest']}/").json()["team"] == "beta"
@@ -97,12 +97,12 @@ def _member(name, kind=tarfile.REGTYPE, linkname="", data=b"x"):
     (_member("dev", tarfile.CHRTYPE), "devices"),
     (b"not an archive" * 20, "not a tar"),
 ], ids=["dotdot", "absolute", "link", "device", "not-a-tar"])  # not the bytes: gzip stamps the time in them
-def test_hostile_uploads_get_a_400_naming_the_problem(alice, artifact_root, archive, problem):
+def test_hostile_uploads_get_a_400_naming_the_problem(alice, storage_backend, archive, problem):
     response = upload(alice, archive)
     assert response.status_code == 400, response.content
     assert problem in " ".join(response.json()["file"])
     assert CodeBundle.objects.count() == 0
-    assert not list(artifact_root.rglob("*.tar.gz"))
+    assert not storage_backend.keys()
 
 
 def test_over_the_limit_names_the_largest_files(alice, settings, tmp_path):
@@ -129,10 +129,12 @@ def test_a_job_records_its_bundle_which_is_kept_while_the_job_exists(alice, bob,
     assert bob.get(f"{CODE}{digest}/").status_code == 404
 
 
-def test_an_unused_bundle_can_be_deleted(alice, tmp_path, artifact_root):
+def test_an_unused_bundle_can_be_deleted(alice, tmp_path, storage_backend, django_capture_on_commit_callbacks):
     digest = upload(alice, project_archive(tmp_path)).json()["digest"]
-    assert alice.delete(f"{CODE}{digest}/").status_code == 204
-    assert not CodeBundle.objects.exists()
+    assert storage_backend.keys("code")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert alice.delete(f"{CODE}{digest}/").status_code == 204
+    assert not CodeBundle.objects.exists() and not storage_backend.keys("code")
 
 
 def test_a_bad_code_field_is_named_with_the_other_bad_fields(alice):

@@ -18,7 +18,7 @@ JOBS = "/api/v1/jobs/"
 CHUNK = 1024
 
 
-pytestmark = pytest.mark.usefixtures("artifact_root")  # alice, bob, artifact_root: conftest.py
+pytestmark = pytest.mark.usefixtures("storage_backend")  # alice, bob, storage_backend (local disk, then S3): conftest.py
 
 
 def directory_archive(tmp_path, files: dict[str, bytes]) -> bytes:
@@ -100,14 +100,14 @@ def test_a_chunked_upload_is_resumed_by_sending_only_the_missing_chunks(alice, p
     assert alice.get(f"{DATA}pets/").json()["file_count"] == 3
 
 
-def test_a_bad_chunk_checksum_is_a_400_naming_the_chunk_and_nothing_is_kept(alice, payload, artifact_root):
+def test_a_bad_chunk_checksum_is_a_400_naming_the_chunk_and_nothing_is_kept(alice, payload, storage_backend):
     upload = open_upload(alice, "pets", payload).json()
     part = chunks_of(payload)[1]
     response = put_chunk(alice, upload["id"], 1, part, checksum=sha(b"something else"))
     assert response.status_code == 400
     assert "chunk 1" in response.json()["chunk"][0]
     assert alice.get(f"{UPLOADS}{upload['id']}/").json()["received"] == []
-    assert not [path for path in artifact_root.rglob("*") if path.is_file()]
+    assert not storage_backend.keys()
     missing = alice.generic("PUT", f"{UPLOADS}{upload['id']}/chunks/1/", data=part,
                             content_type="application/octet-stream")
     assert missing.status_code == 400 and "Content-SHA256" in missing.json()

