@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 
 os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-test-home-"))
 os.environ.setdefault("STRATA_SCHEDULE_INLINE", "1")
@@ -242,3 +243,48 @@ def install_plugins(monkeypatch):
     yield install
     monkeypatch.undo()
     registry.reload()
+
+
+# -- artifact storage on S3: a real SeaweedFS (tests/seaweedfs.py) --------------------------------------------
+
+@pytest.fixture(scope="session")
+def seaweedfs():
+    """A real S3 server (SeaweedFS, tests/seaweedfs.py), started once per session (per xdist worker)."""
+    import seaweedfs as store
+
+    with store.started() as running:
+        yield running
+
+
+@pytest.fixture
+def s3_storage(seaweedfs, settings):
+    """Every get_storage() of the test on SeaweedFS, under a key prefix of the test's own."""
+    for name, value in seaweedfs.settings(f"tests/{uuid.uuid4().hex}/").items():
+        setattr(settings, name, value)
+    return seaweedfs
+
+
+class StoredKeys:
+    """What the test's artifact storage holds, seen through the storage interface (on any backend)."""
+
+    def keys(self, prefix: str = "") -> list[str]:
+        from strata.jobs.storage import get_storage
+
+        return [item.key for item in get_storage().list(prefix)]
+
+    def read(self, key: str) -> bytes:
+        from strata.jobs.storage import get_storage
+
+        with get_storage().open(key) as stream:
+            return stream.read()
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage_backend(request, settings, tmp_path):
+    """The test's artifact storage on local disk, then on S3 (SeaweedFS): a module that uses it runs twice, so the
+    real users of the storage (code bundles, data sets) are checked on both backends."""
+    if request.param == "s3":
+        request.getfixturevalue("s3_storage")
+    else:
+        settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
+    return StoredKeys()

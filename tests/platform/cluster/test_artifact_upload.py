@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from strata.jobs.models import Artifact, Attempt
 
 
@@ -20,3 +22,29 @@ def test_an_empty_upload_stores_an_empty_artifact(make_team, make_user, make_nod
     assert response.status_code == 201, response.content
     assert response.json()["size"] == 0 and response.json()["sha256"] == hashlib.sha256(b"").hexdigest()
     assert Artifact.objects.get(job=job, name="empty.bin").size == 0
+
+
+@pytest.mark.usefixtures("storage_backend")  # local disk, then S3 (SeaweedFS): tests/conftest.py
+def test_a_checkpoint_and_an_artifact_go_in_and_out_on_every_backend(make_team, make_user, make_node, node_token,
+                                                                     make_token, api, submit, run_pass):
+    team = make_team("alpha")
+    node = make_node("n1", gpus=1)
+    user = make_user("alice", team)
+    job = submit(user, team)
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    query = f"?node={node.pk}&token={attempt.fencing_token}"
+    base = f"/api/v1/node/attempts/{attempt.pk}"
+    node_api = api(node_token)
+    checkpoint = bytes(range(256)) * 40_000  # 10 MiB: a multipart upload on S3
+    response = node_api.put(f"{base}/artifacts/step-7.pt/{query}&kind=checkpoint", checkpoint,
+                            content_type="application/octet-stream")
+    assert response.status_code == 201, response.content
+    assert response.json()["sha256"] == hashlib.sha256(checkpoint).hexdigest()
+    assert node_api.put(f"{base}/artifacts/model.pt/{query}", b"weights",
+                        content_type="application/octet-stream").status_code == 201
+    back = node_api.get(f"{base}/checkpoint/{query}")
+    assert back.status_code == 200 and b"".join(back.streaming_content) == checkpoint
+    artifact = Artifact.objects.get(job=job, name="model.pt")
+    download = api(make_token(user, team)).get(f"/api/v1/jobs/{job.pk}/artifacts/{artifact.pk}/download/")
+    assert download.status_code == 200 and b"".join(download.streaming_content) == b"weights"

@@ -1,9 +1,7 @@
 """Fixtures of the jobs app's tests: a user of team alpha and one of team beta (API clients with a token), and
-artifact storage under the test's own directory."""
+artifact storage under the test's own directory (``storage_backend``, on local disk and on S3: tests/conftest.py)."""
 
 from __future__ import annotations
-
-import uuid
 
 import pytest
 
@@ -25,45 +23,3 @@ def artifact_root(settings, tmp_path):
     settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
     return tmp_path / "artifacts"
 
-
-@pytest.fixture(scope="session")
-def seaweedfs():
-    """A real S3 server (SeaweedFS, tests/seaweedfs.py), started once per session (per xdist worker)."""
-    import seaweedfs as store
-
-    with store.started() as running:
-        yield running
-
-
-@pytest.fixture
-def s3_storage(seaweedfs, settings):
-    """Every get_storage() of the test on SeaweedFS, under a key prefix of the test's own."""
-    for name, value in seaweedfs.settings(f"tests/{uuid.uuid4().hex}/").items():
-        setattr(settings, name, value)
-    return seaweedfs
-
-
-class StoredKeys:
-    """What the test's artifact storage holds, seen through the storage interface (on any backend)."""
-
-    def keys(self, prefix: str = "") -> list[str]:
-        from strata.jobs.storage import get_storage
-
-        return [item.key for item in get_storage().list(prefix)]
-
-    def read(self, key: str) -> bytes:
-        from strata.jobs.storage import get_storage
-
-        with get_storage().open(key) as stream:
-            return stream.read()
-
-
-@pytest.fixture(params=["local", "s3"])
-def storage_backend(request, settings, tmp_path):
-    """The test's artifact storage on local disk, then on S3 (SeaweedFS): a module that uses it runs twice, so the
-    real users of the storage (code bundles, data sets) are checked on both backends."""
-    if request.param == "s3":
-        request.getfixturevalue("s3_storage")
-    else:
-        settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
-    return StoredKeys()
