@@ -43,8 +43,9 @@ def e2e_env(**extra: str) -> dict[str, str]:
 class Cluster:
     """A running ``strata up`` in ``home``, with REST and CLI helpers."""
 
-    def __init__(self, home: Path, virtual_gpus: int = 1):
+    def __init__(self, home: Path, virtual_gpus: int = 1, env: dict[str, str] | None = None):
         self.home = home
+        self.env = dict(env or {})  # more environment for `strata up` (e.g. STRATA_S3_*: its storage on S3)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.virtual_gpus = virtual_gpus
@@ -60,7 +61,7 @@ class Cluster:
         self.process = subprocess.Popen(
             [*strata_command(), "up", "--home", str(self.home), "--port", str(self.port),
              "--virtual-gpus", str(self.virtual_gpus)],
-            env=e2e_env(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=e2e_env(**self.env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
 
         def healthy():
@@ -161,9 +162,9 @@ def training_children(pgid: int) -> list[psutil.Process]:
 
 
 @contextlib.contextmanager
-def running_cluster(home: Path, virtual_gpus: int):
+def running_cluster(home: Path, virtual_gpus: int, env: dict[str, str] | None = None):
     """A started :class:`Cluster` in ``home``, stopped (every process group killed) on exit."""
-    running = Cluster(home, virtual_gpus=virtual_gpus)
+    running = Cluster(home, virtual_gpus=virtual_gpus, env=env)
     try:
         running.start()
         yield running

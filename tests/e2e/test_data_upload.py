@@ -1,13 +1,24 @@
 """Uploaded data sets on a real cluster (``strata up`` with a node): ``strata data upload`` sends a directory in
 checked chunks, a command job mounts it with ``spec.data.mount`` and reads it read-only under ``STRATA_DATA_DIR``;
-the data set is kept while the job runs and can be deleted once it ended."""
+the data set is kept while the job runs and can be deleted once it ended. The cluster stores its bytes on S3 (a
+real SeaweedFS, tests/seaweedfs.py): the chunks, the assembled data set and the node's download all go through
+the bucket."""
 
 from __future__ import annotations
 
 import json
 import textwrap
 
-from e2e_support import TERMINAL, cluster  # noqa: F401 -- the module's cluster fixture
+import pytest
+from e2e_support import TERMINAL, running_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, seaweedfs):
+    """``strata up`` with one local virtual GPU, its artifact storage on SeaweedFS, shared by the module's tests."""
+    with running_cluster(tmp_path_factory.mktemp("strata-e2e-home"), virtual_gpus=1,
+                         env=seaweedfs.settings("e2e-data-upload/")) as running:
+        yield running
 
 READ = textwrap.dedent('''
     import os, pathlib, sys
@@ -25,7 +36,13 @@ READ = textwrap.dedent('''
 ''')
 
 
-def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path):  # noqa: F811
+def stored(seaweedfs, under: str) -> list[str]:
+    """The keys in the bucket under the cluster's prefix and ``under``."""
+    listing = seaweedfs.client().list_objects_v2(Bucket=seaweedfs.bucket, Prefix=f"e2e-data-upload/{under}")
+    return [item["Key"] for item in listing.get("Contents", [])]
+
+
+def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path, seaweedfs):
     data = tmp_path / "pets"
     (data / "cats").mkdir(parents=True)
     (data / "cats" / "a.bin").write_bytes(bytes(range(256)) * 40)
@@ -36,6 +53,7 @@ def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path):  # noqa: 
     assert "(100%)" in uploaded.stdout and "data set pets: 3 files" in uploaded.stdout, uploaded.stdout
     listed = cluster.cli("data", "list")
     assert listed.returncode == 0 and "pets" in listed.stdout, listed.stdout + listed.stderr
+    assert len(stored(seaweedfs, "data/")) == 1 and not stored(seaweedfs, "uploads/")  # the chunks are dropped
 
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps({
@@ -55,3 +73,4 @@ def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path):  # noqa: 
     assert job["state"] in TERMINAL
     deleted = cluster.cli("data", "delete", "pets")
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    assert not stored(seaweedfs, "data/")
