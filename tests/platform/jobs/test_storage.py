@@ -208,3 +208,26 @@ class TestS3Storage(StorageConformance):
                                   access_key=seaweedfs.access_key, secret_key="not-the-secret")
         with pytest.raises(ClientError):
             wrong.save("a", io.BytesIO(b"a"), 10)
+
+
+def test_a_store_restart_loses_nothing_and_a_save_while_it_is_down_leaves_nothing(tmp_path):
+    """A store of its own (not the session's), stopped and started again on its directory and ports: what was
+    stored is there, a save while it was down failed whole, and the process's pooled client carries on."""
+    import seaweedfs as weed
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    home = tmp_path / "weed"
+    data = bytes(range(256)) * 50_000  # 12.5 MiB: a multipart object
+    with weed.started(home) as store:
+        storage = S3ArtifactStorage(endpoint=store.endpoint, bucket=store.bucket, prefix="restart/",
+                                    access_key=store.access_key, secret_key=store.secret_key, region=store.region)
+        storage.save("1/checkpoint/a", io.BytesIO(data), len(data))
+        ports = store.ports
+    with pytest.raises((BotoCoreError, ClientError)):
+        storage.save("1/checkpoint/b", io.BytesIO(data), len(data))
+    with weed.started(home, ports):
+        assert read(storage, "1/checkpoint/a") == data
+        with pytest.raises(FileNotFoundError):
+            storage.open("1/checkpoint/b")
+        storage.save("1/checkpoint/b", io.BytesIO(b"after"), 10)
+        assert [item.key for item in storage.list("1")] == ["1/checkpoint/a", "1/checkpoint/b"]
