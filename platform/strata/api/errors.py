@@ -15,6 +15,7 @@ from strata.jobs.participants import (
 )
 from strata.jobs.services import IdempotencyConflict, StaleAttempt, SubmitRejected
 from strata.jobs.states import InvalidTransition
+from strata.jobs.storage import StorageUnavailable
 
 
 def exception_handler(exc, context):
@@ -35,6 +36,9 @@ def exception_handler(exc, context):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, StaleAttempt | StaleSession | InvalidTransition):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, StorageUnavailable):  # the object store is down or refuses: try again later
+        return Response({"detail": f"artifact storage is unavailable ({exc}); try again"},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "10"})
     return _capped(drf_exception_handler(exc, context))
 
 

@@ -30,6 +30,11 @@ COPY = 1 << 20
 TEMPORARY = ".saving-"  # the local backend's files of a save in progress (renamed into place when whole)
 
 
+class StorageUnavailable(OSError):
+    """The store did not do what was asked (unreachable, refused the credentials, failed): the API answers 503,
+    and nothing was stored or deleted half way."""
+
+
 @dataclass(frozen=True)
 class StoredObject:
     """What a listing returns: a key (as given to ``save``) and its size in bytes."""
@@ -154,6 +159,20 @@ def s3_client(endpoint: str, region: str, access_key: str, secret_key: str, addr
         return client
 
 
+@contextlib.contextmanager
+def _store_errors(what: str):
+    """botocore's errors as :class:`StorageUnavailable` (a missing key is dealt with before: FileNotFoundError)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "") or "error"
+        raise StorageUnavailable(f"the object store refused to {what}: {code}") from error
+    except BotoCoreError as error:
+        raise StorageUnavailable(f"the object store could not {what}: {type(error).__name__}") from error
+
+
 def _missing(error: Exception) -> bool:
     response = getattr(error, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
@@ -178,13 +197,14 @@ class S3ObjectReader(io.RawIOBase):
         if self._body is not None:
             self._body.close()
         self._body = None
-        try:
-            extra = {"Range": f"bytes={at}-"} if at else {}
-            response = self._client.get_object(Bucket=self._bucket, Key=self._key, **extra)
-        except ClientError as error:
-            if _missing(error):
-                raise FileNotFoundError(f"no stored object {self._key!r}") from None
-            raise
+        with _store_errors("read an object"):
+            try:
+                extra = {"Range": f"bytes={at}-"} if at else {}
+                response = self._client.get_object(Bucket=self._bucket, Key=self._key, **extra)
+            except ClientError as error:
+                if _missing(error):
+                    raise FileNotFoundError(f"no stored object {self._key!r}") from None
+                raise
         if not at:
             self.size = int(response["ContentLength"])
             self.sha256 = response.get("Metadata", {}).get(SHA256_METADATA)
@@ -209,7 +229,8 @@ class S3ObjectReader(io.RawIOBase):
             return 0
         if self._body is None or self._body_at != self._at:
             self._open(self._at)
-        data = self._body.read(len(buffer))
+        with _store_errors("read an object"):
+            data = self._body.read(len(buffer))
         buffer[:len(data)] = data
         self._at += len(data)
         self._body_at = self._at
@@ -280,7 +301,8 @@ class S3ArtifactStorage(ArtifactStorage):
             body = spool if spool is not None else source
             body.seek(start if spool is None else 0)
             sha = digest.hexdigest()
-            self._upload(name, body, size, {SHA256_METADATA: sha})
+            with _store_errors("store an object"):
+                self._upload(name, body, size, {SHA256_METADATA: sha})
         return size, sha
 
     def _upload(self, name: str, body: BinaryIO, size: int, metadata: dict[str, str]) -> None:
@@ -332,22 +354,27 @@ class S3ArtifactStorage(ArtifactStorage):
         """(size, sha256) of a stored object; ``FileNotFoundError`` if there is none."""
         from botocore.exceptions import ClientError
 
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as error:
-            if _missing(error):
-                raise FileNotFoundError(f"no stored object {key!r}") from None
-            raise
+        with _store_errors("describe an object"):
+            try:
+                head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as error:
+                if _missing(error):
+                    raise FileNotFoundError(f"no stored object {key!r}") from None
+                raise
         return int(head["ContentLength"]), head.get("Metadata", {}).get(SHA256_METADATA)
 
     def _names(self, prefix: str) -> Iterator[tuple[str, int]]:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-            for item in page.get("Contents", ()):
-                yield item["Key"], int(item["Size"])
+        with _store_errors("list objects"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    yield item["Key"], int(item["Size"])
 
     def delete(self, key: str) -> None:
-        name = self._key(key)
+        with _store_errors("delete an object"):
+            self._delete(self._key(key))
+
+    def _delete(self, name: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=name)
         batch: list[dict] = []
         for found, _ in self._names(name + "/"):

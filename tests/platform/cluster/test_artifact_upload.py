@@ -48,3 +48,25 @@ def test_a_checkpoint_and_an_artifact_go_in_and_out_on_every_backend(make_team, 
     artifact = Artifact.objects.get(job=job, name="model.pt")
     download = api(make_token(user, team)).get(f"/api/v1/jobs/{job.pk}/artifacts/{artifact.pk}/download/")
     assert download.status_code == 200 and b"".join(download.streaming_content) == b"weights"
+
+
+def test_an_upload_while_the_object_store_is_down_is_a_503_and_records_nothing(
+        make_team, make_user, make_node, node_token, api, submit, run_pass, settings):
+    from support import free_port
+
+    settings.STRATA_ARTIFACT_STORAGE = "strata.jobs.storage.S3ArtifactStorage"
+    settings.STRATA_S3_ENDPOINT = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings.STRATA_S3_BUCKET, settings.STRATA_S3_REGION = "strata-down", "us-east-1"
+    settings.STRATA_S3_ACCESS_KEY_ID, settings.STRATA_S3_SECRET_ACCESS_KEY = "key", "secret"
+    team = make_team("alpha")
+    node = make_node("n1", gpus=1)
+    job = submit(make_user("alice", team), team)
+    run_pass()
+    attempt = Attempt.objects.get(job=job)
+    response = api(node_token).put(
+        f"/api/v1/node/attempts/{attempt.pk}/artifacts/model.pt/?node={node.pk}&token={attempt.fencing_token}",
+        b"weights", content_type="application/octet-stream")
+    assert response.status_code == 503, response.content
+    assert "artifact storage is unavailable" in response.json()["detail"] and response["Retry-After"]
+    assert "secret" not in response.content.decode()
+    assert not Artifact.objects.filter(job=job).exists()
