@@ -1,7 +1,8 @@
 """Strata's production checks: Django system checks with the ``deploy`` tag, so ``strata check --deploy`` and
 ``manage.py check --deploy`` report them next to Django's own (docs/operations/production.md lists every id).
 
-They run only with ``--deploy``: the broker check opens a connection (2 s timeout), nothing else does.
+They run only with ``--deploy``: the broker check opens a connection (2 s timeout), and so does the artifact
+storage check where it is an object store; nothing else does.
 """
 
 from __future__ import annotations
@@ -157,6 +158,30 @@ def check_leader_lease(app_configs=None, **kwargs) -> list:
         return [_warning("060", "STRATA_LEADER_LEASE_SECONDS is under three scheduler ticks: the leader may "
                                 "lose its lease between two renewals and leadership flaps.",
                          "Keep STRATA_LEADER_LEASE_SECONDS >= 3 x STRATA_SCHEDULER_TICK_SECONDS")]
+    return []
+
+
+# --- artifact storage ------------------------------------------------------------------------------------
+
+@register("strata", deploy=True)
+def check_artifact_storage(app_configs=None, **kwargs) -> list:
+    """Object storage (``STRATA_ARTIFACT_STORAGE`` other than local disk): its bucket answers (2 s, one try)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import import_string
+
+    from strata.jobs.storage import LocalArtifactStorage, StorageUnavailable
+
+    try:
+        backend = import_string(settings.STRATA_ARTIFACT_STORAGE)
+        if isinstance(backend, type) and issubclass(backend, LocalArtifactStorage):
+            return []
+        backend().check()
+    except (ImportError, ImproperlyConfigured, StorageUnavailable) as error:
+        return [_warning("080", f"The artifact storage ({settings.STRATA_ARTIFACT_STORAGE}) cannot be used: "
+                                f"{error}. Uploads and downloads of artifacts, checkpoints, code and data "
+                                "would fail (503).",
+                         "Check STRATA_S3_ENDPOINT, STRATA_S3_BUCKET (created beforehand) and the credentials "
+                         "(docs/operations.md#object-storage-s3)")]
     return []
 
 

@@ -69,6 +69,9 @@ class ArtifactStorage(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         """Every stored key under ``prefix`` (a directory: ``uploads/3`` lists ``uploads/3/...``), in key order."""
 
+    def check(self) -> None:  # noqa: B027 - optional: nothing to check on local disk
+        """Raise :class:`StorageUnavailable` if the store cannot be used now (``strata check --deploy``)."""
+
     def presign_get(self, key: str, expires_s: int = 3600) -> str:
         """A URL that reads ``key`` without credentials until it expires (only where :attr:`presigns`)."""
         raise NotImplementedError(f"{type(self).__name__} does not sign URLs")
@@ -137,6 +140,19 @@ _CLIENTS_LOCK = threading.Lock()
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256: the whole object's SHA-256, hex
 
 
+def new_s3_client(endpoint: str, region: str, access_key: str, secret_key: str, addressing: str, *,
+                  attempts: int = 5, timeout_s: float = 10.0):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint or None, region_name=region or None,
+        aws_access_key_id=access_key or None, aws_secret_access_key=secret_key or None,
+        config=Config(s3={"addressing_style": addressing}, retries={"mode": "standard", "max_attempts": attempts},
+                      max_pool_connections=32, connect_timeout=timeout_s, read_timeout=max(timeout_s, 60.0),
+                      request_checksum_calculation="when_required", response_checksum_validation="when_required"))
+
+
 def s3_client(endpoint: str, region: str, access_key: str, secret_key: str, addressing: str):
     """One boto3 S3 client per configuration, shared by every thread of the process (boto3 clients are
     thread-safe; making one costs tens of milliseconds, too much per request)."""
@@ -144,18 +160,7 @@ def s3_client(endpoint: str, region: str, access_key: str, secret_key: str, addr
     with _CLIENTS_LOCK:
         client = _CLIENTS.get(config_key)
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            session = boto3.session.Session()
-            client = session.client(
-                "s3", endpoint_url=endpoint or None, region_name=region or None,
-                aws_access_key_id=access_key or None, aws_secret_access_key=secret_key or None,
-                config=Config(s3={"addressing_style": addressing}, retries={"mode": "standard", "max_attempts": 5},
-                              max_pool_connections=32, connect_timeout=10, read_timeout=60,
-                              request_checksum_calculation="when_required",
-                              response_checksum_validation="when_required"))
-            _CLIENTS[config_key] = client
+            client = _CLIENTS[config_key] = new_s3_client(*config_key)
         return client
 
 
@@ -270,10 +275,10 @@ class S3ArtifactStorage(ArtifactStorage):
         self.prefix = pick(prefix, "STRATA_S3_PREFIX").lstrip("/")
         if self.prefix and not self.prefix.endswith("/"):
             self.prefix += "/"
-        self.client = s3_client(pick(endpoint, "STRATA_S3_ENDPOINT"), pick(region, "STRATA_S3_REGION"),
-                                pick(access_key, "STRATA_S3_ACCESS_KEY_ID"),
-                                pick(secret_key, "STRATA_S3_SECRET_ACCESS_KEY"),
-                                pick(addressing, "STRATA_S3_ADDRESSING") or "path")
+        self._config = (pick(endpoint, "STRATA_S3_ENDPOINT"), pick(region, "STRATA_S3_REGION"),
+                        pick(access_key, "STRATA_S3_ACCESS_KEY_ID"), pick(secret_key, "STRATA_S3_SECRET_ACCESS_KEY"),
+                        pick(addressing, "STRATA_S3_ADDRESSING") or "path")
+        self.client = s3_client(*self._config)
 
     def _key(self, key: str) -> str:
         parts = key.strip("/").split("/")
@@ -398,6 +403,12 @@ class S3ArtifactStorage(ArtifactStorage):
             found = list(self._names(self.prefix))
         for name, size in sorted(found):
             yield StoredObject(name[len(self.prefix):], size)
+
+    def check(self, timeout_s: float = 2.0) -> None:
+        """One HEAD of the bucket with these credentials, without retries."""
+        quick = new_s3_client(*self._config, attempts=1, timeout_s=timeout_s)
+        with _store_errors(f"answer for bucket {self.bucket}"):
+            quick.head_bucket(Bucket=self.bucket)
 
     def presign_get(self, key: str, expires_s: int = 3600) -> str:
         return self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},

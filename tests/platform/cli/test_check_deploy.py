@@ -250,3 +250,17 @@ def test_nodes_without_the_sandbox_are_flagged(make_node):
     open_node.info = {"sandbox": "bwrap"}
     open_node.save(update_fields=["info"])
     assert checks.check_node_sandboxes() == []
+
+
+def test_object_storage_that_does_not_answer_is_a_warning(tmp_path, seaweedfs):
+    from support import free_port
+
+    base = {"STRATA_HOME": str(tmp_path), **seaweedfs.settings("check/")}
+    assert "strata.W080" not in problem_ids(strata_check(base).stdout)
+    for broken in ({"STRATA_S3_ENDPOINT": f"http://127.0.0.1:{free_port()}"},  # nothing listens
+                   {"STRATA_S3_SECRET_ACCESS_KEY": "wrong"},  # refused
+                   {"STRATA_S3_BUCKET": "no-such-bucket"},
+                   {"STRATA_S3_BUCKET": ""}):  # not configured
+        result = strata_check({**base, **broken})
+        assert result.returncode == 0 and "strata.W080" in problem_ids(result.stdout), (broken, result.stdout)
+        assert seaweedfs.secret_key not in result.stdout
