@@ -92,18 +92,24 @@ def started(home: Path | None = None, ports: dict[str, int] | None = None) -> It
                 f"-{name}.port={port}" for name, port in ports.items()]
     log = home / "weed.log"
     endpoint = f"http://127.0.0.1:{ports['s3']}"
-    with support.reaper(grace=2.0) as start, log.open("ab") as output:
-        process = start(command, stdout=output, stderr=subprocess.STDOUT, cwd=home)
-        store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log, ports=ports)
-        try:
-            _wait_ready(store, process)
-            yield store
-        except BaseException:
-            output.flush()
-            sys.stderr.write(f"SeaweedFS's log ({log}), its end:\n{log.read_text(errors='replace')[-4000:]}\n")
-            raise
-    if not keep:
-        shutil.rmtree(home, ignore_errors=True)
+    try:
+        with support.reaper(grace=2.0) as start, log.open("ab") as output:
+            process = start(command, stdout=output, stderr=subprocess.STDOUT, cwd=home)
+            store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log, ports=ports)
+            try:
+                _wait_ready(store, process)
+                yield store
+            except BaseException:
+                output.flush()
+                sys.stderr.write(f"SeaweedFS's log ({log}), its end:\n{log.read_text(errors='replace')[-4000:]}\n")
+                raise
+    finally:
+        # weed leaves its local sockets in /tmp (named by port), whatever its flags say
+        for kind, port in (("master-grpc", "master.grpc"), ("volume-grpc", "volume.grpc"), ("s3", "s3"),
+                           ("s3-grpc", "s3.grpc"), ("filer", "filer")):
+            Path(f"/tmp/seaweedfs-{kind}-{ports[port]}.sock").unlink(missing_ok=True)
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _wait_ready(store: SeaweedFS, process: subprocess.Popen) -> None:
