@@ -28,7 +28,6 @@ The attempt's child process (``components.runtime.child``) supervises the progra
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -161,12 +160,17 @@ class CommandRun:
 
     # -- checkpoints and outputs ---------------------------------------------------------------------------------
     def restore(self) -> bool:
-        data = self.ctx._load_checkpoint_bytes()
-        if not data:
-            return False
-        if data[:2] != b"\x1f\x8b":
-            self.ctx.log("the job's checkpoint is not a command job's directory; starting fresh", level="warning")
-            return False
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix=".checkpoint-") as spool:
+            archive = Path(spool) / "checkpoint.tar.gz"
+            if not self.ctx._load_checkpoint_file(archive) or not archive.stat().st_size:
+                return False
+            return self._unpack_checkpoint(archive)
+
+    def _unpack_checkpoint(self, archive: Path) -> bool:
+        with archive.open("rb") as source:
+            if source.read(2) != b"\x1f\x8b":
+                self.ctx.log("the job's checkpoint is not a command job's directory; starting fresh", level="warning")
+                return False
         from components.runtime import bundles
 
         for child in list(self.checkpoint_dir.iterdir()) if self.checkpoint_dir.exists() else []:
@@ -177,7 +181,8 @@ class CommandRun:
             else:
                 child.unlink()
         try:
-            manifest = bundles.unpack(io.BytesIO(data), self.checkpoint_dir, max_bytes=2**40, max_files=10**6)
+            with archive.open("rb") as source:
+                manifest = bundles.unpack(source, self.checkpoint_dir, max_bytes=2**40, max_files=10**6)
         except bundles.BundleError as error:
             self.ctx.log(f"the job's checkpoint could not be restored ({error}); starting fresh", level="warning")
             return False
@@ -186,17 +191,19 @@ class CommandRun:
         return True
 
     def save(self, why: str) -> bool:
-        """Store the checkpoint directory (rank 0 only); False when it is empty or this is not rank 0."""
+        """Store the checkpoint directory (rank 0 only); False when it is empty or this is not rank 0. The archive
+        is packed to a file beside the working directory and streamed from there (direct to the object store
+        where the control plane has one), so a large checkpoint is never held in memory."""
         if self.ctx.rank != 0 or not self.checkpoint_dir.is_dir():
             return False
         from components.runtime import bundles
 
         with self.save_lock:
             try:
-                with tempfile.TemporaryFile() as archive:
+                with tempfile.NamedTemporaryFile(dir=self.workdir, prefix=".checkpoint-", suffix=".tar.gz") as archive:
                     manifest, _digest = bundles.pack(self.checkpoint_dir, archive, max_bytes=2**40, max_files=10**6)
-                    archive.seek(0)
-                    self.ctx._save_checkpoint_bytes(archive.read())
+                    archive.flush()
+                    self.ctx._save_checkpoint_file(Path(archive.name))
             except bundles.BundleError as error:
                 if "empty" in str(error):
                     return False

@@ -129,6 +129,18 @@ class Context(abc.ABC):
     @abc.abstractmethod
     def _load_checkpoint_bytes(self) -> bytes | None: ...
 
+    def _save_checkpoint_file(self, path: Path) -> None:
+        """Store the file ``path`` as the checkpoint (contexts that can stream a large file override this)."""
+        self._save_checkpoint_bytes(Path(path).read_bytes())
+
+    def _load_checkpoint_file(self, target: Path) -> bool:
+        """Write the latest checkpoint to ``target``; False when there is none."""
+        data = self._load_checkpoint_bytes()
+        if data is None:
+            return False
+        Path(target).write_bytes(data)
+        return True
+
     def checkpoint(self, state: dict[str, Any]) -> None:
         """Persist ``state`` (tensors allowed) so a later attempt of this job can :meth:`restore` it."""
         import torch

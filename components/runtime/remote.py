@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.runtime import transfers
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 from components.runtime.context import Context
 
@@ -141,15 +142,9 @@ class RemoteContext(Context):
         if self._sources is None:
             self._sources = tempfile.TemporaryDirectory(prefix="strata-source-")
         target = Path(self._sources.name) / name
-        if not target.exists():
-            try:
-                response = self.client.request("GET", self._path(f"sources/{name}/"), params=self._auth(),
-                                               raw=True, timeout=600)
-            except ApiError as error:
-                if error.status == 404:
-                    raise FileNotFoundError(f"the source job has no artifact {name!r}") from error
-                raise
-            target.write_bytes(response.content)
+        if not target.exists() and not transfers.download(self.client, self._path(f"sources/{name}/"),
+                                                          self._auth(), target):
+            raise FileNotFoundError(f"the source job has no artifact {name!r}")
         return target
 
     def token_digests(self) -> list[str]:
@@ -198,25 +193,23 @@ class RemoteContext(Context):
 
     def artifact(self, path: str | Path, name: str | None = None, kind: str = "artifact") -> None:
         source = Path(path)
-        with source.open("rb") as body:
-            self.client.request("PUT", self._path(f"artifacts/{name or source.name}/"), data=body,
-                                params={**self._auth(), "kind": kind},
-                                headers={"Content-Type": "application/octet-stream"}, timeout=600)
+        transfers.upload(self.client, self._path(""), self._auth(), source, name or source.name, kind,
+                         progress=self.log)
 
     def _save_checkpoint_bytes(self, data: bytes) -> None:
-        self.client.request("PUT", self._path("artifacts/checkpoint.pt/"), data=data,
-                            params={**self._auth(), "kind": "checkpoint"},
-                            headers={"Content-Type": "application/octet-stream"}, timeout=600)
+        transfers.upload_bytes(self.client, self._path(""), self._auth(), data, "checkpoint.pt", "checkpoint")
+
+    def _save_checkpoint_file(self, path: Path) -> None:
+        transfers.upload(self.client, self._path(""), self._auth(), Path(path), "checkpoint.pt", "checkpoint",
+                         progress=self.log)
 
     def _load_checkpoint_bytes(self) -> bytes | None:
-        try:
-            response = self.client.request("GET", self._path("checkpoint/"), params=self._auth(), raw=True,
-                                           timeout=600)
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        return response.content
+        with tempfile.TemporaryDirectory(prefix="strata-checkpoint-") as directory:
+            target = Path(directory) / "checkpoint"
+            return target.read_bytes() if self._load_checkpoint_file(target) else None
+
+    def _load_checkpoint_file(self, target: Path) -> bool:
+        return transfers.download(self.client, self._path("checkpoint/"), self._auth(), Path(target))
 
     # -- child jobs ------------------------------------------------------------------------------------------
     def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,

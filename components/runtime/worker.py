@@ -21,7 +21,7 @@ from pathlib import Path
 
 from celery import Celery
 
-from components.runtime import protocol, sandbox
+from components.runtime import protocol, sandbox, transfers
 from components.runtime.broker import COMMON_CELERY_SETTINGS, celery_broker_options
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
 from components.runtime.project import (
@@ -120,11 +120,8 @@ class AttemptRunner:
         return sorted({a["rank"] for a in mine}) or [0]
 
     def _download(self, suffix: str, target: Path, timeout: float = 600) -> None:
-        response = self.client.request("GET", self._path(suffix), params=self._auth(), raw=True, stream=True,
-                                       timeout=timeout)
-        with response, target.open("wb") as out:
-            for chunk in response.iter_content(1 << 20):
-                out.write(chunk)
+        if not transfers.download(self.client, self._path(suffix), self._auth(), target, timeout=timeout):
+            raise ApiError(404, f"the control plane has no {suffix.rstrip('/')} for this attempt")
 
     def _download_code(self, target: Path) -> None:
         self._download("code/", target)

@@ -288,6 +288,12 @@ STRATA_S3_SECRET_ACCESS_KEY = env_str("STRATA_S3_SECRET_ACCESS_KEY", "") or ""
 STRATA_S3_ADDRESSING = env_str("STRATA_S3_ADDRESSING", "path") or "path"  # path | virtual
 if STRATA_S3_ADDRESSING not in ("path", "virtual"):
     raise ImproperlyConfigured(f"STRATA_S3_ADDRESSING must be path or virtual, got {STRATA_S3_ADDRESSING!r}")
+# Direct transfers (strata.jobs.transfers): with an object store, nodes and users move bytes to and from it through
+# presigned URLs; objects smaller than STRATA_DIRECT_MIN_BYTES (and every object on local disk) go through the
+# control plane. A presigned URL works for STRATA_PRESIGN_EXPIRY_S seconds.
+STRATA_DIRECT_TRANSFERS = env_bool("STRATA_DIRECT_TRANSFERS", True)
+STRATA_DIRECT_MIN_BYTES = env_int("STRATA_DIRECT_MIN_BYTES", 1 * 2**20, minimum=0)
+STRATA_PRESIGN_EXPIRY_S = env_int("STRATA_PRESIGN_EXPIRY_S", 900, minimum=10)
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
 STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
 # The operation history (strata.jobs.history): one JSON line per committed job and attempt change, appended to this

@@ -773,10 +773,20 @@ def attempt_drop_node(attempt: Attempt, node, reason: str) -> int:
     return released
 
 
+def artifact_key(attempt: Attempt, name: str, kind: str) -> str:
+    """Where an attempt's artifact (or checkpoint) ``name`` is stored."""
+    return f"{attempt.job_id}/{kind}/{name}"
+
+
 def artifact_store(attempt: Attempt, name: str, source: BinaryIO, kind: str = Artifact.Kind.ARTIFACT) -> Artifact:
-    storage = get_storage()
-    key = f"{attempt.job_id}/{kind}/{name}"
-    size, sha = storage.save(key, source, settings.STRATA_MAX_UPLOAD_BYTES)
+    key = artifact_key(attempt, name, kind)
+    size, sha = get_storage().save(key, source, settings.STRATA_MAX_UPLOAD_BYTES)
+    return artifact_record(attempt, name, kind, key, size, sha)
+
+
+def artifact_record(attempt: Attempt, name: str, kind: str, key: str, size: int, sha: str) -> Artifact:
+    """Record what is now stored under ``key`` as the job's artifact ``name`` (through the control plane, or a
+    direct upload it completed)."""
     artifact, _ = Artifact.objects.update_or_create(
         job_id=attempt.job_id, kind=kind, name=name,
         defaults={"attempt": attempt, "size": size, "sha256": sha, "storage_key": key, "created_at": timezone.now()},

@@ -4,7 +4,8 @@ storage (AWS S3, MinIO, SeaweedFS, Ceph RGW) on boto3.
 Everything that stores bytes goes through :func:`get_storage`: artifacts, checkpoints, models, code bundles and
 uploaded data sets (their chunks, then the whole). Keys are ``/``-separated relative paths (``code/3/<sha>.tar.gz``).
 A backend that can hand out presigned URLs says so in :attr:`ArtifactStorage.presigns`; the control plane's
-direct-transfer protocol (issue 33, part 2) builds on that.
+direct-transfer protocol (:mod:`strata.jobs.transfers`) builds on that: nodes and users move the bytes straight to
+and from the store, in parts, through URLs the control plane signs per object and part.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 COPY = 1 << 20
+PART_BYTES = 64 << 20  # a direct upload's part (the last one may be smaller)
+MAX_PARTS = 10_000  # S3's limit: an object's parts grow with it past 625 GiB
 TEMPORARY = ".saving-"  # the local backend's files of a save in progress (renamed into place when whole)
 
 
@@ -73,8 +76,45 @@ class ArtifactStorage(abc.ABC):
         """Raise :class:`StorageUnavailable` if the store cannot be used now (``strata check --deploy``)."""
 
     def presign_get(self, key: str, expires_s: int = 3600) -> str:
-        """A URL that reads ``key`` without credentials until it expires (only where :attr:`presigns`)."""
+        """A URL that reads ``key`` (whole or by ``Range``) without credentials until it expires (only where
+        :attr:`presigns`)."""
         raise NotImplementedError(f"{type(self).__name__} does not sign URLs")
+
+    # -- direct (multipart) uploads: only where :attr:`presigns` -------------------------------------------------
+    #: The largest object a direct upload may store (S3: 5 TiB); 0 where there are no direct uploads.
+    max_object_bytes: int = 0
+
+    @staticmethod
+    def part_size(size: int) -> int:
+        """The part size of a direct upload of ``size`` bytes: 64 MiB, more when that would take over 10,000
+        parts."""
+        return max(PART_BYTES, -(-size // MAX_PARTS))
+
+    def upload_start(self, key: str, sha256: str) -> str:
+        """Begin a multipart upload to ``key`` (the object appears only at :meth:`upload_complete`); return its
+        id. ``sha256`` (hex) is kept as the object's metadata."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct uploads")
+
+    def upload_part_url(self, key: str, upload_id: str, number: int, md5: str, expires_s: int) -> str:
+        """A URL that PUTs part ``number`` (1-based) of the upload without credentials until it expires. It is
+        signed with the part's ``Content-MD5`` (base64): the store refuses other bytes, or a PUT without it."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct uploads")
+
+    def upload_parts(self, key: str, upload_id: str) -> dict[int, tuple[int, str]]:
+        """The parts stored so far: number → (size, ETag). ``FileNotFoundError`` if the upload is gone."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct uploads")
+
+    def upload_complete(self, key: str, upload_id: str, parts: dict[int, str]) -> int:
+        """Join ``parts`` (number → ETag) into the object ``key``, atomically; return its size."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct uploads")
+
+    def upload_abort(self, key: str, upload_id: str) -> None:
+        """Drop the upload and its parts (an upload already gone is no error)."""
+        raise NotImplementedError(f"{type(self).__name__} has no direct uploads")
+
+    def uploads_started_before(self, when) -> Iterator[tuple[str, str]]:
+        """(key, upload id) of every unfinished upload begun before ``when`` (an aware datetime)."""
+        return iter(())
 
 
 class LocalArtifactStorage(ArtifactStorage):
@@ -176,6 +216,14 @@ def _store_errors(what: str):
         raise StorageUnavailable(f"the object store refused to {what}: {code}") from error
     except BotoCoreError as error:
         raise StorageUnavailable(f"the object store could not {what}: {type(error).__name__}") from error
+
+
+def _headers(key: str) -> dict[str, str]:
+    """What a presigned GET of the object answers with: bytes to save, whatever the name says (never a page a
+    browser would render)."""
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in key.rsplit("/", 1)[-1]) or "download"
+    # binary/octet-stream (S3's own default): some stores guess a type for application/octet-stream by the name.
+    return {"ContentType": "binary/octet-stream", "ContentDisposition": f'attachment; filename="{name}"'}
 
 
 def _missing(error: Exception) -> bool:
@@ -322,9 +370,11 @@ class S3ArtifactStorage(ArtifactStorage):
             return data
 
         if size <= part:
-            self.client.put_object(Bucket=self.bucket, Key=name, Body=exactly(size), Metadata=metadata)
+            self.client.put_object(Bucket=self.bucket, Key=name, Body=exactly(size), Metadata=metadata,
+                                   **_headers(name))
             return
-        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=name, Metadata=metadata)["UploadId"]
+        upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=name, Metadata=metadata,
+                                                     **_headers(name))["UploadId"]
         try:
             done: dict[int, str] = {}
             in_flight: set = set()
@@ -411,8 +461,66 @@ class S3ArtifactStorage(ArtifactStorage):
             quick.head_bucket(Bucket=self.bucket)
 
     def presign_get(self, key: str, expires_s: int = 3600) -> str:
+        # Every object is stored as an attachment of type application/octet-stream (``_headers``): no
+        # response-* overrides, which some S3-compatible stores (SeaweedFS) do not sign alike.
         return self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
                                                   ExpiresIn=int(expires_s))
+
+    # -- direct uploads: S3's multipart upload, each part PUT to a presigned URL ---------------------------------
+    max_object_bytes = 5 << 40
+
+    def upload_start(self, key: str, sha256: str) -> str:
+        with _store_errors("begin an upload"):
+            answer = self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key),
+                                                         Metadata={SHA256_METADATA: sha256}, **_headers(key))
+        return str(answer["UploadId"])
+
+    def upload_part_url(self, key: str, upload_id: str, number: int, md5: str, expires_s: int) -> str:
+        return self.client.generate_presigned_url(
+            "upload_part", ExpiresIn=int(expires_s),
+            Params={"Bucket": self.bucket, "Key": self._key(key), "UploadId": upload_id, "PartNumber": int(number),
+                    "ContentMD5": md5})
+
+    def upload_parts(self, key: str, upload_id: str) -> dict[int, tuple[int, str]]:
+        from botocore.exceptions import ClientError
+
+        found: dict[int, tuple[int, str]] = {}
+        paginator = self.client.get_paginator("list_parts")
+        with _store_errors("list an upload's parts"):
+            try:
+                for page in paginator.paginate(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id):
+                    for part in page.get("Parts", ()):
+                        found[int(part["PartNumber"])] = (int(part["Size"]), str(part["ETag"]))
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") in ("NoSuchUpload", "NoSuchKey", "404"):
+                    raise FileNotFoundError(f"no upload {upload_id!r} of {key!r}") from None
+                raise
+        return found
+
+    def upload_complete(self, key: str, upload_id: str, parts: dict[int, str]) -> int:
+        with _store_errors("complete an upload"):
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": n, "ETag": parts[n]} for n in sorted(parts)]})
+        return self.stat(key)[0]
+
+    def upload_abort(self, key: str, upload_id: str) -> None:
+        from botocore.exceptions import ClientError
+
+        with _store_errors("abort an upload"):
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") not in ("NoSuchUpload", "NoSuchKey", "404"):
+                    raise
+
+    def uploads_started_before(self, when) -> Iterator[tuple[str, str]]:
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        with _store_errors("list unfinished uploads"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for upload in page.get("Uploads", ()):
+                    if upload["Initiated"] < when:
+                        yield upload["Key"][len(self.prefix):], str(upload["UploadId"])
 
 
 def get_storage() -> ArtifactStorage:

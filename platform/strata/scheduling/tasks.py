@@ -24,11 +24,12 @@ def tick_task() -> None:
 
 @shared_task(name=EXPIRE_UPLOADS_TASK, ignore_result=True)
 def expire_uploads_task() -> int:
-    """Delete the data uploads not completed within STRATA_UPLOAD_EXPIRY_HOURS, with their chunks: on the leader
-    only (every scheduler replica runs a beat)."""
+    """Delete the data uploads not completed within STRATA_UPLOAD_EXPIRY_HOURS, with their chunks, and abort the
+    direct uploads begun as long ago (their parts go): on the leader only (every scheduler replica runs a beat)."""
     from strata.jobs.data import uploads_expire
+    from strata.jobs.transfers import abandoned_uploads_abort
     from strata.scheduling.leader import lease_acquire
 
     if lease_acquire() is None:
         return 0
-    return uploads_expire()
+    return uploads_expire() + abandoned_uploads_abort()

@@ -25,9 +25,17 @@ from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
 from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
-from strata.cluster.api.views import ATTEMPT_QUERY, NO_FILE, STALE_ATTEMPT, NodeAPIView, _attempt_from_query
+from strata.cluster.api.views import (
+    ATTEMPT_QUERY,
+    DIRECT_LINK,
+    NO_FILE,
+    STALE_ATTEMPT,
+    NodeAPIView,
+    _attempt_from_query,
+    _bytes_or_link,
+)
 from strata.jobs import data as data_sets
-from strata.jobs import participants, services
+from strata.jobs import participants, services, transfers
 from strata.jobs.api.serializers import (
     ArtifactSerializer,
     CodeBundleDetailSerializer,
@@ -244,6 +252,9 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         # get_object_or_404 answers 404 for an id the route lets through that is no UUID ("000...0"), too.
         artifact = get_object_or_404(job.artifacts, pk=artifact_id, kind=Artifact.Kind.ARTIFACT)
         # Always bytes, whatever the name says (never text/html or JSON guessed from "x.html" or "x.json").
+        redirect = transfers.download_redirect(artifact.storage_key, artifact.size)
+        if redirect is not None:
+            return redirect
         return FileResponse(get_storage().open(artifact.storage_key), as_attachment=True, filename=artifact.name,
                             content_type="application/octet-stream")
 
@@ -474,6 +485,9 @@ class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
     def download(self, request, *args, **kwargs):
         """The bundle as a gzip'd tar (``tar xzf`` unpacks it)."""
         bundle = self.get_object()
+        redirect = transfers.download_redirect(bundle.storage_key, bundle.size)
+        if redirect is not None:
+            return redirect
         response = FileResponse(get_storage().open(bundle.storage_key), content_type="application/gzip",
                                 as_attachment=True, filename=f"code-{bundle.digest[:12]}.tar.gz")
         response["Content-Length"] = str(bundle.size)
@@ -629,14 +643,13 @@ class AttemptDataView(NodeAPIView):
     or the file). 404 unless the job mounts it and it is of the job's team. The node checks the bytes against
     the digest before it unpacks them."""
 
-    @extend_schema(parameters=ATTEMPT_QUERY, responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
-                                                       404: NO_FILE, 409: STALE_ATTEMPT})
+    @extend_schema(parameters=[*ATTEMPT_QUERY, DIRECT_LINK],
+                   responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 404: NO_FILE,
+                              409: STALE_ATTEMPT})
     def get(self, request, attempt_id, digest):
         attempt = _attempt_from_query(request, attempt_id)
         data_set = data_sets.data_for_attempt(attempt.job, str(digest).lower())
         if data_set is None:
             raise Http404("the job mounts no such data set")
-        response = FileResponse(data_sets.DataBytes.open(data_set.storage_key),
-                                content_type="application/octet-stream")
-        response["Content-Length"] = str(data_set.size)
-        return response
+        # The node checks the bytes against the data set's digest as it unpacks them.
+        return _bytes_or_link(request, data_set.storage_key, data_set.size, None)
