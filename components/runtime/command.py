@@ -201,7 +201,10 @@ class CommandRun:
         with self.save_lock:
             try:
                 with tempfile.NamedTemporaryFile(dir=self.workdir, prefix=".checkpoint-", suffix=".tar.gz") as archive:
-                    manifest, _digest = bundles.pack(self.checkpoint_dir, archive, max_bytes=2**40, max_files=10**6)
+                    # Stored, not compressed (gzip level 0: CRC only): a checkpoint is written often, and at a stop
+                    # within a grace period; weights barely compress, and level 1 costs ~40 s per GiB of them.
+                    manifest, _digest = bundles.pack(self.checkpoint_dir, archive, max_bytes=2**40, max_files=10**6,
+                                                     compresslevel=0)
                     archive.flush()
                     self.ctx._save_checkpoint_file(Path(archive.name))
             except bundles.BundleError as error:

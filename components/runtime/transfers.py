@@ -50,6 +50,9 @@ class _Range(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def tell(self) -> int:  # requests subtracts it from ``len``: without it, it would send the body chunked
+        return self.len - self._left
+
     def readinto(self, buffer) -> int:
         if self._left <= 0:
             return 0

@@ -51,7 +51,8 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-finish", "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens", "attempt-rendezvous",
-               "attempt-credential", "attempt-code", "attempt-data", "attempt-renew"}
+               "attempt-credential", "attempt-code", "attempt-data", "attempt-renew",
+               "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
 # Routes about one job: filled once per job of every kind (job-route once per registered route name too).

@@ -14,7 +14,8 @@ NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "a
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
-               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data", "attempt-renew"}
+               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data", "attempt-renew",
+               "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 # Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
 DOC_ROUTES = {"schema", "docs", "redoc", "api-root"}
@@ -161,7 +162,8 @@ def test_user_routes_refuse_node_tokens(world):
 ATTEMPT_CREDENTIAL_ROUTES = {"attempt-report", "attempt-renew", "attempt-artifact", "attempt-source",
                              "attempt-checkpoint", "attempt-tokens", "attempt-rendezvous", "attempt-credential",
                              "attempt-children", "attempt-child-cancel", "attempt-child-hold", "attempt-child-release",
-                             "attempt-child-resize", "attempt-child-metrics", "attempt-children-metrics"}
+                             "attempt-child-resize", "attempt-child-metrics", "attempt-children-metrics",
+                             "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 
 
 def _bearer(value: str):

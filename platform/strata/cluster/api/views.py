@@ -312,7 +312,7 @@ class AttemptUploadStartView(AttemptAPIView):
     for a direct multipart upload; else ``direct: false`` (PUT the bytes to ``artifacts/NAME/``)."""
 
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT,
+                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT,
                               413: error_response(413, "Larger than the store allows.")})
     def post(self, request, attempt_id):
         name = str(request.data.get("name") or "")
@@ -331,7 +331,7 @@ class AttemptUploadPartsView(AttemptAPIView):
     store holds already (to resume)."""
 
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={200: OpenApiTypes.OBJECT, 400: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
@@ -345,7 +345,7 @@ class AttemptUploadCompleteView(AttemptAPIView):
     """Join a direct upload's parts and record the artifact: a 400 names the parts still missing."""
 
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={201: s.StoredArtifactSerializer, 400: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+                   responses={201: s.StoredArtifactSerializer, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
@@ -359,7 +359,7 @@ class AttemptUploadAbortView(AttemptAPIView):
     """Drop a direct upload and its parts."""
 
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={204: None, 400: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+                   responses={204: None, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
