@@ -97,6 +97,12 @@ class KindSpec(abc.ABC):
         """Other jobs a normalized ``spec`` reads artifacts from (none by default)."""
         return []
 
+    def objective(self, spec: dict[str, Any]) -> tuple[str, str] | None:
+        """The metric a job of this kind optimizes, as ``(metric name, "min" | "max")``, given its normalized
+        ``spec``: what its jobs (and their child jobs) report under that name. Retention's ``keep: {checkpoints:
+        {best: N}}`` ranks checkpoints by it when the policy names no metric. None (the default): no objective."""
+        return None
+
     def entrypoint_spec(self, entrypoint: str) -> dict[str, Any] | None:
         """A normalized spec of this kind that runs the function ``entrypoint`` (``"package.module:function"``,
         called with the attempt's context), or None when this kind cannot run a bare function (the default).

@@ -59,6 +59,10 @@ class TuneSpec(KindSpec):
                          f"{'-' if best is None else f'{best:.4g}':>8}  {trial.get('share', 0):>5g}  {params}"))
         return f"{'trial':9}  {'status':9} {'its':>4}  {'best':>8}  {'GPUs':>5}  parameters", rows
 
+    def objective(self, spec: dict[str, Any]) -> tuple[str, str] | None:
+        """The sweep's metric and mode: what its trials report, and how retention ranks their checkpoints."""
+        return str(spec.get("metric") or DEFAULT_METRIC), "min" if spec.get("mode") == "min" else "max"
+
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
         check = Checker(spec)
         check.unknown(FIELDS)

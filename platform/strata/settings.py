@@ -185,6 +185,19 @@ STRATA_MAX_DATA_CHUNK_BYTES = env_int("STRATA_MAX_DATA_CHUNK_BYTES", 64 * 2**20,
 STRATA_UPLOAD_EXPIRY_HOURS = env_float("STRATA_UPLOAD_EXPIRY_HOURS", 24.0, minimum=0.01)
 # How many uploads a team may have open at once (one more is a 409 naming the limit).
 STRATA_MAX_OPEN_UPLOADS = env_int("STRATA_MAX_OPEN_UPLOADS", 16, minimum=1)
+
+# --- retention of stored bytes (docs/operations.md, Retention; strata.quotas.retention) ---------------------
+# The cluster's defaults, under a team's policy (its quota's keep) and a job's own keep. Checkpoints: latest (each
+# job keeps its newest), all, best:N or best:N:METRIC:min|max (the N best of a job and its child jobs, by the metric
+# or else by the kind's objective). Artifacts of ended jobs: kept this many days; unset: forever.
+STRATA_RETENTION_CHECKPOINTS = env_str("STRATA_RETENTION_CHECKPOINTS", "latest")
+STRATA_RETENTION_ARTIFACTS_DAYS = (env_float("STRATA_RETENTION_ARTIFACTS_DAYS", 0.0, minimum=0)
+                                   if env_str("STRATA_RETENTION_ARTIFACTS_DAYS") else None)
+# A code bundle that no job ever referenced is deleted this many days after its upload; unset: never.
+STRATA_RETENTION_UNUSED_CODE_DAYS = (env_float("STRATA_RETENTION_UNUSED_CODE_DAYS", 7.0, minimum=0)
+                                     if env_str("STRATA_RETENTION_UNUSED_CODE_DAYS", "7") else None)
+# How often the scheduler leader's beat runs the collector.
+STRATA_RETENTION_INTERVAL_SECONDS = env_float("STRATA_RETENTION_INTERVAL_SECONDS", 3600.0, minimum=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20

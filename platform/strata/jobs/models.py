@@ -134,6 +134,9 @@ class Job(models.Model):
     # A held job stays where it is in the queue but is never placed until released (a running job that is held
     # is preempted first, with a checkpoint). Its parent holds and releases a trial between rungs.
     held = models.BooleanField(default=False, db_default=False)
+    # The job's retention policy (strata.jobs.keep: checkpoints, artifacts_days), over its team's and the cluster's;
+    # a child job without one follows its parent's. Null: none of its own.
+    keep = models.JSONField(null=True, blank=True)
     max_attempts = models.PositiveIntegerField(default=3)
     time_limit = models.PositiveIntegerField(help_text="Seconds an attempt may run.", default=3600)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING, db_index=True)

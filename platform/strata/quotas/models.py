@@ -18,6 +18,10 @@ class Quota(models.Model):
     window_hours = models.FloatField(default=168.0, help_text="Length of the rolling GPU-hours window.")
     priority = models.IntegerField(default=0, help_text="Added to the priority of the team's jobs.")
     weight = models.FloatField(default=1.0, help_text="Fair-share weight across teams.")
+    max_storage_bytes = models.BigIntegerField(null=True, blank=True, help_text=(
+        "Bytes the team may keep stored: artifacts, checkpoints, code bundles, data sets and unfinished uploads."))
+    keep = models.JSONField(null=True, blank=True, help_text=(
+        "The team's retention policy (strata.jobs.keep), over the cluster's defaults and under a job's own."))
     data_roots = models.JSONField(default=list, blank=True,
                                   help_text="Directories on the nodes under which the team may register data "
                                             "(absolute, normalized paths; strata.quotas.roots).")
