@@ -246,6 +246,7 @@ def _upload_code(request) -> str | None:
     when none was chosen. Raises ValueError naming the problem (the same checks as ``POST /api/v1/code/``)."""
     from strata.jobs.code import CodeRejected, code_store
     from strata.jobs.selectors import SubmitTeamError, submit_team
+    from strata.quotas.services import StorageQuotaExceeded
 
     upload = request.FILES.get("code_archive")
     if upload is None:
@@ -256,7 +257,7 @@ def _upload_code(request) -> str | None:
         raise ValueError(f"choose the team the code belongs to: {error}") from None
     try:
         bundle, _created = code_store(team=team, user=request.user, source=upload)
-    except CodeRejected as error:
+    except (CodeRejected, StorageQuotaExceeded) as error:
         raise ValueError(str(error)) from None
     return bundle.digest
 

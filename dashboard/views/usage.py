@@ -90,6 +90,10 @@ def usage_meters(quota: Quota, usage: dict) -> list[dict]:
         _meter("max_memory", "Host memory requested", usage["memory"], quota.max_memory,
                f"{usage['memory'] / GIB:.3g} GiB",
                f"{quota.max_memory / GIB:.3g} GiB" if quota.max_memory is not None else ""),
+        # Artifacts, checkpoints, code bundles, data sets and unfinished uploads (quotas.services.team_storage).
+        _meter("max_storage_bytes", "Storage used", usage["storage"]["total"], quota.max_storage_bytes,
+               f"{usage['storage']['total'] / GIB:.3g} GiB",
+               f"{quota.max_storage_bytes / GIB:.3g} GiB" if quota.max_storage_bytes is not None else ""),
     ]
 
 
@@ -188,6 +192,7 @@ EDITOR_FIELDS = [
     ("max_gpu_memory", "Max GPU memory", "unlimited", "GPU memory held at once, e.g. 64GiB, or bytes"),
     ("max_cpus", "Max CPUs", "unlimited", "CPUs reserved at once (jobs with gpus: 0); fractions allowed"),
     ("max_memory", "Max memory", "unlimited", "host memory reserved at once, e.g. 256GiB, or bytes"),
+    ("max_storage_bytes", "Max storage", "unlimited", "bytes stored (artifacts, checkpoints, code, data), e.g. 1TiB"),
     ("max_concurrent_jobs", "Max jobs", "unlimited", "queued or running at once"),
     ("gpu_hours", "GPU-hours", "unlimited", "per rolling window"),
     ("window_hours", "Window (h)", "", "length of the GPU-hours window, hours"),
@@ -200,6 +205,7 @@ def _quota_values(quota: Quota) -> dict[str, str]:
     return {
         "max_gpus": number_text(quota.max_gpus), "max_gpu_memory": bytes_text(quota.max_gpu_memory),
         "max_cpus": number_text(quota.max_cpus), "max_memory": bytes_text(quota.max_memory),
+        "max_storage_bytes": bytes_text(quota.max_storage_bytes),
         "max_concurrent_jobs": "" if quota.max_concurrent_jobs is None else str(quota.max_concurrent_jobs),
         "gpu_hours": number_text(quota.gpu_hours), "window_hours": number_text(quota.window_hours),
         "priority": str(quota.priority), "weight": number_text(quota.weight),

@@ -16,6 +16,7 @@ from strata.jobs.participants import (
 from strata.jobs.services import IdempotencyConflict, StaleAttempt, SubmitRejected
 from strata.jobs.states import InvalidTransition
 from strata.jobs.storage import StorageUnavailable
+from strata.quotas.services import StorageQuotaExceeded
 
 
 def exception_handler(exc, context):
@@ -36,6 +37,10 @@ def exception_handler(exc, context):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, StaleAttempt | StaleSession | InvalidTransition):
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, StorageQuotaExceeded):  # the team's max_storage_bytes: what it is, what is stored
+        return Response({"detail": str(exc), "limit": "max_storage_bytes", "max_storage_bytes": exc.limit,
+                         "stored_bytes": exc.used, "requested_bytes": exc.requested},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, StorageUnavailable):  # the object store is down or refuses: try again later
         return Response({"detail": f"artifact storage is unavailable ({exc}); try again"},
                         status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "10"})

@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 
 from components.runtime import bundles
 from strata.jobs.models import CodeBundle, Job
+from strata.jobs.services import storage_admission
 from strata.jobs.storage import get_storage
 
 
@@ -39,6 +40,7 @@ def code_store(*, team, user, source: BinaryIO) -> tuple[CodeBundle, bool]:
         if existing is not None:
             return existing, False
         size = canonical.tell()
+        storage_admission(team.pk, size)
         canonical.seek(0)
         key = code_key(team.pk, digest)
         get_storage().save(key, canonical, max(size, 1))

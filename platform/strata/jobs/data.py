@@ -68,6 +68,12 @@ class DataBytes:
         get_storage().delete(key)
 
 
+def _storage_admission(team_id: int, extra_bytes: int, *, replaces: int = 0) -> None:
+    from strata.jobs.services import storage_admission  # services imports this module
+
+    storage_admission(team_id, extra_bytes, replaces=replaces)
+
+
 def chunk_key(upload: DataUpload, index: int) -> str:
     return f"uploads/{upload.team_id}/{upload.pk}/{index}"
 
@@ -188,6 +194,7 @@ def upload_open(*, team, user, fields: dict[str, Any]) -> tuple[DataUpload, bool
         existing = DataUpload.objects.filter(team=team, **fields).order_by("-created_at").first()
         if existing is not None:
             return existing, False
+        _storage_admission(team.pk, fields["size"])  # the whole data set must fit the team's storage quota
         limit = settings.STRATA_MAX_OPEN_UPLOADS
         count = DataUpload.objects.filter(team=team).count()
         if count >= limit:
@@ -217,6 +224,7 @@ def chunk_store(upload: DataUpload, index: int, source: BinaryIO, checksum: Any)
     if expected is None:
         raise DataRejected({"Content-SHA256": f"chunk {index}: required, the SHA-256 of the chunk (64 hex digits)"})
     length = chunk_length(upload, index)
+    _storage_admission(upload.team_id, length, replaces=length if str(index) in upload.received else 0)
     digest, size = hashlib.sha256(), 0
     with tempfile.TemporaryFile() as spooled:
         while data := source.read(COPY):

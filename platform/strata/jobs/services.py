@@ -388,6 +388,7 @@ def checkpoint_copy(source: Artifact, job: Job) -> Artifact:
     """Give ``job`` a copy of checkpoint ``source`` (of another job) as its own latest checkpoint."""
     storage = get_storage()
     key = f"{job.pk}/{Artifact.Kind.CHECKPOINT}/{source.name}"
+    storage_admission(job.team_id, source.size)
     with storage.open(source.storage_key) as data:
         size, sha = storage.save(key, data, settings.STRATA_MAX_UPLOAD_BYTES)
     artifact, _ = Artifact.objects.update_or_create(
@@ -466,7 +467,7 @@ def children_end_with(job: Job) -> None:
 
 def job_resubmit(job: Job, *, user) -> Job:
     data = {field: getattr(job, field) for field in
-            ("kind", "name", "spec", "resources", "priority", "max_attempts", "time_limit")}
+            ("kind", "name", "spec", "resources", "priority", "max_attempts", "time_limit", "keep")}
     new_job, _ = job_submit(user=user, team=job.team, data=data)
     return new_job
 
@@ -778,8 +779,21 @@ def artifact_key(attempt: Attempt, name: str, kind: str) -> str:
     return f"{attempt.job_id}/{kind}/{name}"
 
 
+def storage_admission(team_id: int, extra_bytes: int | None, *, replaces: int = 0) -> None:
+    """Raise ``quotas.services.StorageQuotaExceeded`` (a 413) when the team may not store ``extra_bytes`` more
+    (None: a stream of a size not known yet) under its quota's ``max_storage_bytes``, ``replaces`` being the bytes
+    of an object the new one overwrites. Every store calls it before writing a byte
+    (``quotas.services.storage_allowed``)."""
+    from strata.quotas.services import storage_allowed
+
+    storage_allowed(team_id, extra_bytes, replaces=replaces)
+
+
 def artifact_store(attempt: Attempt, name: str, source: BinaryIO, kind: str = Artifact.Kind.ARTIFACT) -> Artifact:
     key = artifact_key(attempt, name, kind)
+    team_id = Job.objects.filter(pk=attempt.job_id).values_list("team_id", flat=True).first()
+    replaced = Artifact.objects.filter(job_id=attempt.job_id, kind=kind, name=name).values_list("size", flat=True)
+    storage_admission(team_id, None, replaces=replaced.first() or 0)
     size, sha = get_storage().save(key, source, settings.STRATA_MAX_UPLOAD_BYTES)
     return artifact_record(attempt, name, kind, key, size, sha)
 

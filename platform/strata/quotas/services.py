@@ -274,7 +274,74 @@ def team_usage(team_id: int) -> dict:
         "window_hours": quota.window_hours,
         "pending": Job.objects.filter(team_id=team_id, state=JobState.PENDING).count(),
         "participants": load.participants,
+        "storage": team_storage(team_id),
     }
+
+
+# --- stored bytes -------------------------------------------------------------------------------------------
+
+STORAGE_PARTS = ("artifacts", "checkpoints", "code", "data", "uploads")
+
+
+class StorageQuotaExceeded(Exception):
+    """Storing more would pass the team's ``max_storage_bytes`` (an HTTP 413 naming the limit and the use)."""
+
+    def __init__(self, team: str, limit: int, used: int, requested: int | None):
+        self.team, self.limit, self.used, self.requested = team, limit, used, requested
+        needs = f"{requested} more bytes" if requested is not None else "more bytes"
+        super().__init__(f"team {team} is at its storage quota: max_storage_bytes is {limit}, {used} bytes are "
+                         f"stored, and this needs {needs}; delete data sets or code bundles, or ask an admin to "
+                         "raise the limit or set a shorter retention (keep)")
+
+
+def storage_by_team(team_id: int | None = None) -> dict[int, dict[str, int]]:
+    """Bytes each team keeps stored, by part (``STORAGE_PARTS``: artifacts and checkpoints of its jobs, code
+    bundles, data sets, and the chunks of its unfinished data uploads) and ``total``; one team when ``team_id``
+    is given. Teams with nothing stored are absent. A few aggregate queries; unfinished uploads (at most
+    ``STRATA_MAX_OPEN_UPLOADS`` a team) are summed chunk by chunk."""
+    from strata.jobs.data import chunk_length
+    from strata.jobs.models import Artifact, CodeBundle, DataSet, DataUpload
+
+    only = {} if team_id is None else {"team_id": team_id}
+    result: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys((*STORAGE_PARTS, "total"), 0))
+
+    def add(team: int, part: str, size) -> None:
+        result[team][part] += int(size or 0)
+        result[team]["total"] += int(size or 0)
+
+    artifacts = Artifact.objects.filter(**{f"job__{k}": v for k, v in only.items()}).order_by()
+    for row in artifacts.values("job__team_id", "kind").annotate(size=Sum("size")):
+        add(row["job__team_id"], "checkpoints" if row["kind"] == Artifact.Kind.CHECKPOINT else "artifacts",
+            row["size"])
+    for model, part in ((CodeBundle, "code"), (DataSet, "data")):
+        for row in model.objects.filter(**only).order_by().values("team_id").annotate(size=Sum("size")):
+            add(row["team_id"], part, row["size"])
+    for upload in DataUpload.objects.filter(**only).order_by():
+        add(upload.team_id, "uploads", sum(chunk_length(upload, int(index)) for index in upload.received or {}))
+    return dict(result)
+
+
+def team_storage(team_id: int) -> dict[str, int]:
+    """Bytes the team keeps stored, by part and ``total`` (see :func:`storage_by_team`)."""
+    return storage_by_team(team_id).get(team_id) or dict.fromkeys((*STORAGE_PARTS, "total"), 0)
+
+
+def storage_allowed(team_id: int, extra_bytes: int | None, *, replaces: int = 0) -> None:
+    """Raise :class:`StorageQuotaExceeded` when the team may not store ``extra_bytes`` more under its quota's
+    ``max_storage_bytes`` (null: no limit): when what it stores, less ``replaces`` (the bytes of an object the new
+    one overwrites), plus ``extra_bytes`` would pass the limit; for a size not known before it is stored (a
+    stream: ``extra_bytes`` None), when what it stores, less ``replaces``, is already at the limit, so a stream
+    may pass it by one object. The one check every store calls (artifacts and checkpoints, their copies, code
+    bundles, data uploads; direct uploads before they start). Not serialized: stores that run at once are each
+    checked against the use before them."""
+    row = Quota.objects.filter(team_id=team_id).values_list("max_storage_bytes", "team__slug").first()
+    if row is None or row[0] is None:
+        return
+    limit, slug = row
+    used = team_storage(team_id)["total"]
+    base = max(0, used - max(0, replaces))
+    if (extra_bytes is None and base >= limit) or (extra_bytes is not None and base + extra_bytes > limit):
+        raise StorageQuotaExceeded(slug, limit, used, extra_bytes)
 
 
 # --- changing a quota ---------------------------------------------------------------------------------------
@@ -294,6 +361,7 @@ QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
     "max_gpu_memory": (int, True, 0, 2**60),  # 1 EiB: a 64-bit column holds it
     "max_cpus": (float, True, 0, None),
     "max_memory": (int, True, 0, 2**60),
+    "max_storage_bytes": (int, True, 0, 2**60),
     "max_concurrent_jobs": (int, True, 0, 2**31 - 1),
     "gpu_hours": (float, True, 0, None),
     "window_hours": (float, False, 0.01, 24 * 366),
@@ -301,9 +369,11 @@ QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
     "weight": (float, False, 0.001, 1000),
 }
 
-BYTE_FIELDS = frozenset({"max_gpu_memory", "max_memory"})  # sizes: bytes, or a string such as "16GiB"
+BYTE_FIELDS = frozenset({"max_gpu_memory", "max_memory", "max_storage_bytes"})  # sizes: bytes, or a string such as "16GiB"
 # Not a limit: the directories on the nodes under which the team may register data (strata.quotas.roots).
 ROOTS_FIELD = "data_roots"
+# Not a limit either: the team's retention policy (strata.jobs.keep), checked by keep_clean.
+KEEP_FIELD = "keep"
 
 
 def _clean_value(name: str, value):
@@ -352,6 +422,7 @@ def quota_clean(changes: dict) -> dict:
     """Typed, range-checked values for the quota fields in ``changes`` (numbers or strings: "" is unlimited,
     ``max_gpu_memory`` and ``max_memory`` accept sizes such as "16GiB"; ``data_roots`` is a list of directories,
     see ``strata.quotas.roots.clean_data_roots``). Raises QuotaInvalid listing every bad field."""
+    from strata.jobs.keep import KeepInvalid, keep_clean
     from strata.quotas.roots import clean_data_roots
 
     cleaned, errors = {}, {}
@@ -361,6 +432,12 @@ def quota_clean(changes: dict) -> dict:
                 cleaned[name] = clean_data_roots(value)
             except ValueError as error:
                 errors[name] = str(error)
+            continue
+        if name == KEEP_FIELD:
+            try:
+                cleaned[name] = keep_clean(value)
+            except KeepInvalid as error:
+                errors.update(error.errors)
             continue
         if name not in QUOTA_FIELDS:
             errors[name] = "not a quota field"

@@ -10,6 +10,7 @@ from components.runtime.spec import SpecError
 from components.runtime.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
 from strata.jobs.data import missing_chunks, upload_deadline
+from strata.jobs.keep import KeepInvalid, keep_clean
 from strata.jobs.models import (
     TERMINAL_STATES,
     Allocation,
@@ -26,7 +27,7 @@ from strata.jobs.models import (
     Participant,
 )
 
-SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec", "code"}
+SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec", "code", "keep"}
 RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels", "cpus", "memory"}
 MIN_GPUS = 0.001  # the smallest share the scheduler places
 MAX_GPU_MEMORY = 2**50  # 1 PiB: far above any device, far below what a 64-bit column holds
@@ -115,6 +116,11 @@ def _cpu_resources(value: dict, errors: dict, gpu_free: bool) -> tuple[float | N
     return float(cpus), host_memory
 
 
+KEEP_HELP = ("The job's retention policy, over its team's and the cluster's (a child job without one follows its "
+             "parent's): {checkpoints: latest | all | {best: N, metric, mode}, artifacts_days: N | null}; null: none "
+             "of its own. docs/operations.md, Retention.")
+
+
 class JobSubmitSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     kind = serializers.CharField(max_length=64)
@@ -127,6 +133,7 @@ class JobSubmitSerializer(serializers.Serializer):
     code = serializers.CharField(required=False, allow_null=True, max_length=71, help_text=(
         "The team's code bundle to run (its SHA-256 digest from POST /api/v1/code/, or a unique prefix of 12+ "
         "digits); the job's working directory holds its files. A child job runs its parent's unless it names one."))
+    keep = serializers.JSONField(required=False, allow_null=True, help_text=KEEP_HELP)
 
     def to_internal_value(self, data):
         """Every bad field at once: the envelope's fields, ``resources`` and the kind's ``spec`` are all checked
@@ -160,9 +167,15 @@ class JobSubmitSerializer(serializers.Serializer):
             # What the normalized spec needs of the resources (a gang of at least N workers, say).
             problems = get_kind(data["kind"]).resource_problems(spec, resources)
             errors.update({field: [message] for field, message in problems.items()})
+        keep = None
+        try:
+            objective = get_kind(data["kind"]).objective(spec) if spec is not None else False
+            keep = keep_clean(data.get("keep"), objective=objective)
+        except KeepInvalid as error:
+            errors.update({field: [message] for field, message in error.errors.items()})
         if errors:
             raise serializers.ValidationError(errors)
-        return {**attrs, "resources": resources, "spec": spec}
+        return {**attrs, "resources": resources, "spec": spec, "keep": keep}
 
     def validate_kind(self, value):
         try:
@@ -261,11 +274,12 @@ class JobSerializer(serializers.ModelSerializer):
     held = serializers.BooleanField(read_only=True, help_text="Held: queued but not placed until released.")
     code = serializers.SerializerMethodField(help_text="The code bundle the job runs: digest, size (archive), "
                                                        "expanded_size and file_count; null for built-in code.")
+    keep = serializers.JSONField(read_only=True, help_text=KEEP_HELP)
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
-                  "time_limit", "resources", "spec", "code", "created_at", "updated_at", "queued_at", "started_at",
+                  "time_limit", "resources", "spec", "code", "keep", "created_at", "updated_at", "queued_at", "started_at",
                   "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer

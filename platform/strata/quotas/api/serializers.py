@@ -46,6 +46,13 @@ class QuotaSerializer(serializers.ModelSerializer):
     max_gpu_memory = ByteSizeField(allow_null=True, required=False)
     max_cpus = _limit_field("max_cpus")
     max_memory = ByteSizeField("max_memory", allow_null=True, required=False)
+    max_storage_bytes = ByteSizeField("max_storage_bytes", allow_null=True, required=False, help_text=(
+        "Bytes the team may keep stored (artifacts, checkpoints, code bundles, data sets, unfinished uploads); "
+        "a store past it is a 413. Null: unlimited."))
+    # Checked by quota_clean in validate(), which names each bad part (keep.checkpoints.best, ...).
+    keep = serializers.JSONField(allow_null=True, required=False, help_text=(
+        "The team's retention policy, under a job's own keep and over the cluster's defaults: {checkpoints: "
+        "latest | all | {best: N, metric, mode}, artifacts_days: N | null}; null: the cluster's."))
     max_concurrent_jobs = _limit_field("max_concurrent_jobs")
     gpu_hours = _limit_field("gpu_hours")
     window_hours = _limit_field("window_hours")
@@ -55,8 +62,8 @@ class QuotaSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Quota
-        fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_concurrent_jobs",
-                  "gpu_hours", "window_hours", "priority", "weight", "data_roots"]
+        fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_storage_bytes",
+                  "max_concurrent_jobs", "gpu_hours", "window_hours", "priority", "weight", "keep", "data_roots"]
         read_only_fields = ["id", "team"]
 
     def validate(self, attrs):
@@ -64,6 +71,15 @@ class QuotaSerializer(serializers.ModelSerializer):
             return quota_clean(attrs)
         except QuotaInvalid as error:
             raise serializers.ValidationError({field: [message] for field, message in error.errors.items()}) from None
+
+
+class StorageSerializer(serializers.Serializer):
+    artifacts = serializers.IntegerField(help_text="Artifacts of the team's jobs (models, outputs).")
+    checkpoints = serializers.IntegerField(help_text="Checkpoints of the team's jobs.")
+    code = serializers.IntegerField(help_text="Code bundles.")
+    data = serializers.IntegerField(help_text="Data sets.")
+    uploads = serializers.IntegerField(help_text="Chunks of unfinished data uploads.")
+    total = serializers.IntegerField()
 
 
 class UsageSerializer(serializers.Serializer):
@@ -83,6 +99,8 @@ class UsageSerializer(serializers.Serializer):
     pending = serializers.IntegerField(help_text="Jobs waiting for quota.")
     participants = serializers.IntegerField(help_text="Active participants of the team's jobs (machines outside "
                                                       "the cluster that joined them).")
+    storage = StorageSerializer(help_text="Bytes the team keeps stored, by part, and their total (what "
+                                          "max_storage_bytes caps).")
 
 
 class QuotaUsageSerializer(serializers.Serializer):
