@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 SCHEDULE_PASS_TASK = "strata.scheduling.pass"  # strata.scheduling.tasks registers it
 EXPIRE_UPLOADS_TASK = "strata.scheduling.expire_uploads"  # likewise
 UPLOAD_EXPIRY_SECONDS = 600.0  # how often the beat looks for expired uploads
+RETENTION_TASK = "strata.scheduling.retention"  # likewise: the collector of stored bytes no policy keeps
 
 
 def _configure() -> None:
@@ -49,6 +50,11 @@ def _configure() -> None:
                 "task": EXPIRE_UPLOADS_TASK,
                 "schedule": UPLOAD_EXPIRY_SECONDS,
                 "options": {"queue": "control", "expires": UPLOAD_EXPIRY_SECONDS},
+            },
+            "storage-retention": {  # checkpoints, artifacts and unused code bundles no keep policy keeps
+                "task": RETENTION_TASK,
+                "schedule": settings.STRATA_RETENTION_INTERVAL_SECONDS,
+                "options": {"queue": "control", "expires": settings.STRATA_RETENTION_INTERVAL_SECONDS},
             },
         },
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from strata.celery import EXPIRE_UPLOADS_TASK, SCHEDULE_PASS_TASK
+from strata.celery import EXPIRE_UPLOADS_TASK, RETENTION_TASK, SCHEDULE_PASS_TASK
 
 
 @shared_task(name=SCHEDULE_PASS_TASK, ignore_result=True)
@@ -33,3 +33,15 @@ def expire_uploads_task() -> int:
     if lease_acquire() is None:
         return 0
     return uploads_expire() + abandoned_uploads_abort()
+
+
+@shared_task(name=RETENTION_TASK, ignore_result=True)
+def retention_task() -> dict:
+    """Delete the checkpoints, artifacts and unused code bundles no retention policy keeps
+    (``strata.quotas.retention``): on the leader only (every scheduler replica runs a beat)."""
+    from strata.quotas.retention import retention_collect
+    from strata.scheduling.leader import lease_acquire
+
+    if lease_acquire() is None:
+        return {}
+    return retention_collect().as_dict()
