@@ -15,6 +15,7 @@ import io
 import threading
 import tracemalloc
 import urllib.request
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -175,6 +176,45 @@ class StorageConformance:
             assert stream.read(10) == data[1000:1010]
             stream.seek(0)
             assert stream.read() == data
+
+
+    def test_the_presigned_protocol_or_none(self, storage):
+        """A backend that signs URLs runs the direct-upload protocol (strata.jobs.transfers) whole: parts PUT
+        without credentials to signed URLs, listed, joined into one object that appears only then; an abort
+        leaves nothing. One that does not sign says so."""
+        if not storage.presigns:
+            with pytest.raises(NotImplementedError):
+                storage.upload_start("30/checkpoint/c", "0" * 64)
+            assert list(storage.uploads_started_before(datetime.now(UTC))) == []
+            return
+        import base64
+
+        import requests
+
+        first, last = b"a" * (5 << 20), b"tail"
+        upload = storage.upload_start("30/checkpoint/c", hashlib.sha256(first + last).hexdigest())
+        for number, data in ((2, last), (1, first)):
+            md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+            url = storage.upload_part_url("30/checkpoint/c", upload, number, md5, 60)
+            assert requests.put(url, data=data, headers={"Content-MD5": md5}, timeout=30).status_code == 200
+        parts = storage.upload_parts("30/checkpoint/c", upload)
+        assert {n: size for n, (size, _) in parts.items()} == {1: len(first), 2: len(last)}
+        assert [key for key, _ in storage.uploads_started_before(datetime.now(UTC) + timedelta(minutes=5))] \
+            == ["30/checkpoint/c"]
+        assert [item.key for item in storage.list("30")] == []  # nothing until it completes
+        size = storage.upload_complete("30/checkpoint/c", upload, {n: etag for n, (_, etag) in parts.items()})
+        assert size == len(first + last)
+        with storage.open("30/checkpoint/c") as stream:
+            assert stream.read() == first + last
+        ranged = requests.get(storage.presign_get("30/checkpoint/c", 60), headers={"Range": "bytes=5242878-5242881"},
+                              timeout=30)
+        assert ranged.status_code == 206 and ranged.content == (first + last)[5242878:5242882]
+        dropped = storage.upload_start("31/checkpoint/c", "0" * 64)
+        storage.upload_abort("31/checkpoint/c", dropped)
+        storage.upload_abort("31/checkpoint/c", dropped)  # twice: no error
+        with pytest.raises(FileNotFoundError):
+            storage.upload_parts("31/checkpoint/c", dropped)
+        assert [item.key for item in storage.list("31")] == []
 
 
 class TestLocalStorage(StorageConformance):
