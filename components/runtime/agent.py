@@ -1,6 +1,10 @@
 """The node agent behind ``strata node``: registers the node, heartbeats, and supervises the node's Celery
 worker and every plugin's node services (:mod:`components.runtime.services`): started, checked every
-heartbeat and restarted with backoff, their reports sent with each heartbeat, stopped with the agent.
+heartbeat and restarted with backoff, their reports sent with the full heartbeats, stopped with the agent.
+
+The node's lease is renewed every ``heartbeat_seconds`` by the lean ``node/renew/``; the device samples (each
+beat's, batched) and the plugins' reports go in a full ``node/heartbeat/`` every ``telemetry_seconds`` the control
+plane names, and at once when the attempts the node runs change.
 """
 
 from __future__ import annotations
@@ -141,6 +145,7 @@ class NodeAgent:
                     raise
                 log.info("control plane not reachable yet (%s); retrying", error.message)
                 time.sleep(1.0)
+        self.telemetry_sent_at = 0.0  # the new session's first heartbeat is a full one
         log.info("registered node %s (%s) with %d %s device(s)", self.options.name, self.registration["node"],
                  len(self.devices), "virtual" if all(d.virtual for d in self.devices) else "CUDA")
         return self.registration
@@ -212,6 +217,21 @@ class NodeAgent:
             running[data["attempt"]] = {int(k): v for k, v in data.get("pids", {}).items()}
         return running
 
+    # The lean node path: once the control plane's answer names a ``telemetry_seconds`` cadence, the agent renews
+    # its lease every interval with ``node/renew/`` (its id, session and running attempts: the answer is the
+    # heartbeat's) and sends a full heartbeat -- the device samples of every beat since the last one, each with
+    # its time, and the plugins' reports -- once per cadence, and at once when the attempts it runs change. A
+    # control plane that names no cadence (an older one) gets a full heartbeat every interval, as before.
+    telemetry_seconds: float | None = None  # None: every heartbeat is a full one
+    telemetry_sent_at = 0.0  # monotonic time of the last full heartbeat that got through (0: one is due)
+    reported_attempts: frozenset = frozenset()  # the attempts listed in that heartbeat
+    last_reports: dict | None = None
+    MAX_PENDING_BEATS = 120  # device samples of at most this many beats wait for a full heartbeat
+
+    @property
+    def pending_samples(self) -> list[dict]:
+        return self.__dict__.setdefault("_pending_samples", [])
+
     def heartbeat(self) -> dict:
         from components.runtime.devices import sample_devices
 
@@ -221,11 +241,50 @@ class NodeAgent:
             for index, device_pids in by_device.items():
                 pids.setdefault(index, []).extend(device_pids)
         samples = sample_devices(self.devices, pids)
+        taken = round(time.time(), 3)
+        pending = self.pending_samples
+        pending.extend({"index": s["index"], "utilization": s["utilization"], "memory_used": s["memory_used"],
+                        "time": taken} for s in samples)
+        del pending[:max(0, len(pending) - self.MAX_PENDING_BEATS * max(1, len(samples)))]
+        answer = None
+        if not self._telemetry_due(running):
+            self.metrics.observe(samples, self.last_reports, running)
+            try:
+                answer = self.client.post("node/renew/", {"node": self.registration["node"],
+                                                          "session": self.registration["session"],
+                                                          "attempts": list(running)})
+            except ApiError as error:
+                if error.status not in (404, 405):
+                    raise
+                # No such route (an older control plane), or an unknown node: a full heartbeat says which.
+                self.telemetry_seconds = None
+        if answer is None:
+            answer = self._full_heartbeat(running, samples)
+        if isinstance(answer, dict):
+            cadence = answer.get("telemetry_seconds")
+            self.telemetry_seconds = float(cadence) if isinstance(cadence, int | float) and cadence > 0 else None
+        if self.services is not None and isinstance(answer, dict):
+            self.services.configure(answer)
+        if isinstance(answer, dict):
+            self._note_state(answer)
+            self._restart_stalled_worker(answer.get("stalled"))
+        self.metrics.heartbeat_ok()
+        return answer
+
+    def _telemetry_due(self, running: dict) -> bool:
+        """Whether this beat is a full heartbeat: no cadence from the control plane, the cadence has passed since
+        the last one, or the attempts the node runs changed since it."""
+        if self.telemetry_seconds is None or not self.telemetry_sent_at:
+            return True
+        if frozenset(running) != self.reported_attempts:
+            return True
+        return time.monotonic() - self.telemetry_sent_at >= self.telemetry_seconds
+
+    def _full_heartbeat(self, running: dict, samples: list[dict]):
+        """``node/heartbeat/`` with the samples waiting since the last full one and the plugins' reports."""
         body = {
             "node": self.registration["node"], "session": self.registration["session"],
-            "samples": [{"index": s["index"], "utilization": s["utilization"], "memory_used": s["memory_used"]}
-                        for s in samples],
-            "attempts": list(running),
+            "samples": list(self.pending_samples), "attempts": list(running),
         }
         reported: list[str] = []
         if self.services is not None:
@@ -233,6 +292,7 @@ class NodeAgent:
             if reports:
                 body["reports"] = reports
             reported = ["reports"] if reports else []
+        self.last_reports = body.get("reports")
         self.metrics.observe(samples, body.get("reports"), running)
         try:
             answer = self.client.post("node/heartbeat/", body)
@@ -254,12 +314,9 @@ class NodeAgent:
                     answer = self._heartbeat_without(body, reported, again)
             else:
                 answer = self._heartbeat_without(body, reported, error)
-        if self.services is not None and isinstance(answer, dict):
-            self.services.configure(answer)
-        if isinstance(answer, dict):
-            self._note_state(answer)
-            self._restart_stalled_worker(answer.get("stalled"))
-        self.metrics.heartbeat_ok()
+        self.pending_samples.clear()
+        self.telemetry_sent_at = time.monotonic()
+        self.reported_attempts = frozenset(running)
         return answer
 
     def _heartbeat_without(self, body: dict, reported: list[str], error: ApiError):

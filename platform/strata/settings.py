@@ -269,6 +269,13 @@ STRATA_NODE_BROKER_URL = env_str("STRATA_NODE_BROKER_URL") or CELERY_BROKER_URL
 # --- cluster behaviour ----------------------------------------------------------------------------------
 STRATA_NODE_LEASE_SECONDS = env_float("STRATA_NODE_LEASE_SECONDS", 15.0, minimum=1.0)
 STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.1)
+# An agent renews its lease every heartbeat with the lean node/renew/ and sends its batched device samples and its
+# plugins' reports in a full heartbeat this often (None: five heartbeat intervals; never less than one interval).
+STRATA_NODE_TELEMETRY_SECONDS = env_float("STRATA_NODE_TELEMETRY_SECONDS", None, minimum=0.1)
+# Node tokens, once checked, are trusted this long by a server process without reading them again
+# (accounts.node_tokens): a revoked node token's other calls stop within it on every process (at once on the one
+# that revoked it); a lease renewal checks its token in its own UPDATE and is refused at once. 0: no cache.
+STRATA_NODE_TOKEN_CACHE_SECONDS = env_float("STRATA_NODE_TOKEN_CACHE_SECONDS", 5.0, minimum=0.0)
 STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
 # Of several `strata scheduler` replicas one leads (reaper, reconciler, telemetry rollups): its lease lasts this
 # long and is renewed every tick, so a dead leader is replaced within it (scheduling/leader.py).

@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from strata.accounts import attempt_credentials
+from strata.accounts import attempt_credentials, node_tokens
 from strata.accounts.models import ApiToken, token_digest
 
 
@@ -59,7 +59,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
                 return AnonymousUser(), attempt_credentials.check(raw)
             except attempt_credentials.CredentialRefused as error:
                 raise exceptions.AuthenticationFailed(str(error)) from None
-        token = ApiToken.objects.select_related("user", "team").filter(digest=token_digest(raw)).first()
+        digest = token_digest(raw)
+        cached = node_tokens.lookup(digest)
+        if cached is not None:  # a node token checked within STRATA_NODE_TOKEN_CACHE_SECONDS (accounts.node_tokens)
+            return cached
+        token = ApiToken.objects.select_related("user", "team").filter(digest=digest).first()
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         if token.revoked_at is not None:
@@ -75,6 +79,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("Token has been revoked.")
         if token.last_used_at is None or now - token.last_used_at > timedelta(minutes=1):
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        if token.kind == ApiToken.Kind.NODE:
+            node_tokens.remember(digest, token.user, token)
         return token.user, token
 
     def authenticate_header(self, request):

@@ -91,4 +91,9 @@ def token_revoke(token: ApiToken) -> int:
     while frontier:
         frontier = list(ApiToken.objects.filter(parent_id__in=frontier).values_list("pk", flat=True))
         ids.extend(frontier)
-    return ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=now)
+    revoked = ApiToken.objects.filter(pk__in=ids, revoked_at__isnull=True).update(revoked_at=now)
+    from strata.accounts import node_tokens
+
+    node_tokens.forget_all()  # this process's cached node tokens; other processes' within their TTL
+    transaction.on_commit(node_tokens.forget_all)  # and whatever a concurrent request cached before the commit
+    return revoked

@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from strata.accounts.api.views import SecretViewSet, TeamViewSet, TokenViewSet
+from strata.cluster.api import renewal
 from strata.cluster.api import views as cluster
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
@@ -39,6 +40,7 @@ urlpatterns = [
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("node/register/", cluster.RegisterView.as_view(), name="node-register"),
     path("node/heartbeat/", cluster.HeartbeatView.as_view(), name="node-heartbeat"),
+    path("node/renew/", renewal.renew_view, name="node-renew"),
     path("node/drain/", cluster.DrainView.as_view(), name="node-drain"),
     path("node/leave/", cluster.LeaveView.as_view(), name="node-leave"),
     path(f"{ATTEMPT}/claim/", cluster.AttemptClaimView.as_view(), name="attempt-claim"),

@@ -3,6 +3,7 @@ device-pool policies."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -282,11 +283,30 @@ def reports_merge(stored: dict | None, clean: dict, now) -> dict:
     return merged
 
 
+SAMPLE_BACKLOG_S = 600.0  # a batched sample's time is kept within this long before its heartbeat (else clamped)
+
+
+def _sample_time(sample: dict, now):
+    """When a sample was taken: its ``time`` (Unix s; the agent batches the samples of several heartbeats into
+    one full heartbeat) clamped to [now - SAMPLE_BACKLOG_S, now], else ``now``."""
+    stamp = sample.get("time")
+    if stamp is None:
+        return now
+    try:
+        taken = datetime.fromtimestamp(float(stamp), tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return now
+    return min(now, max(now - timedelta(seconds=SAMPLE_BACKLOG_S), taken))
+
+
 def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: list[str],
                    reports: dict | None = None) -> dict:
-    """Extend the lease, record device samples and the plugins' reports (already checked by their schemas,
-    see ``reports_clean``), and tell the node which of its attempts must stop and which sharing policy its pool
-    uses."""
+    """The full heartbeat: extend the lease, record device samples and the plugins' reports (already checked by
+    their schemas, see ``reports_clean``), and answer as :func:`node_renew` does.
+
+    Samples may carry the ``time`` they were taken: an agent that renews its lease with :func:`node_renew` in
+    between sends the samples of those beats with its next full heartbeat (every ``telemetry_seconds``); each is
+    stored at its time, and a device's current utilization and memory are its newest sample's."""
     from strata.telemetry.services import samples_record
 
     _check_session(node, session)
@@ -296,33 +316,166 @@ def node_heartbeat(node: Node, session: str, samples: list[dict], attempt_ids: l
         now = timezone.now()
         Node.objects.filter(pk=node.pk).update(last_heartbeat=now, lease_expires_at=_lease_until(now))
         devices = {device.index: device for device in gpu_devices(node.devices.all())}
-        rows, changed = [], []
+        rows, newest = [], {}
         for sample in samples:
             device = devices.get(int(sample.get("index", -1)))
             if device is None:
                 continue
-            device.utilization = max(0.0, min(100.0, float(sample.get("utilization", 0.0))))
-            device.memory_used = max(0, int(sample.get("memory_used", 0)))
-            device.updated_at = now
+            taken = _sample_time(sample, now)
+            utilization = max(0.0, min(100.0, float(sample.get("utilization", 0.0))))
+            memory_used = max(0, int(sample.get("memory_used", 0)))
+            rows.append((device.pk, utilization, memory_used, taken))
+            if device.index not in newest or taken >= newest[device.index][2]:
+                newest[device.index] = (utilization, memory_used, taken)
+        changed = []
+        for index, (utilization, memory_used, _taken) in newest.items():
+            device = devices[index]
+            device.utilization, device.memory_used, device.updated_at = utilization, memory_used, now
             changed.append(device)
-            rows.append((device.pk, device.utilization, device.memory_used))
         if changed:
             _devices_update(changed)
-        samples_record(rows, now)
+        if rows:
+            if all(row[3] == now for row in rows):
+                samples_record([row[:3] for row in rows], now)
+            else:
+                samples_record_at(rows)
         reports_record(node, devices, reports or {}, now)
+    return _beat_answer(node, attempt_ids, now)
+
+
+def samples_record_at(rows: list[tuple[int, float, int, datetime]]) -> None:
+    """Store (device id, utilization %, memory bytes, time) samples, each at its own time."""
+    from strata.telemetry.models import DeviceSample
+
+    DeviceSample.objects.bulk_create([DeviceSample(device_id=device_id, time=taken, utilization=utilization,
+                                                   memory_used=memory)
+                                      for device_id, utilization, memory, taken in rows])
+
+
+def _beat_answer(node: Node, attempt_ids: list[str], now) -> dict:
+    """What a heartbeat and a lease renewal answer: the attempts the node must stop (of those it listed), its
+    pool's sharing policy, its state, the full-telemetry cadence; ``stalled`` and ``attempts_left`` when they
+    apply. Holds the node to the attempts it listed (``_reconcile_attempts``)."""
     stalled = _reconcile_attempts(node, {str(attempt_id) for attempt_id in attempt_ids}, now)
     known = {str(attempt_id): ended is not None or state in STOPPED_STATES
              for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
              .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
     stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
+    return _answer(node, stop, stalled)
+
+
+def _answer(node: Node, stop: list[str], stalled: int, policy: str | None = None) -> dict:
     answer = {"lease_seconds": settings.STRATA_NODE_LEASE_SECONDS, "stop": stop,
-              "sharing_policy": pool_policy(node_pool(node.labels)), "state": node.state}
+              "sharing_policy": policy or pool_policy(node_pool(node.labels)), "state": node.state,
+              "telemetry_seconds": telemetry_seconds()}
     if stalled:
         # Dispatched here, never claimed: the node's worker takes no work (hung after a broker outage, say).
         answer["stalled"] = {"attempts": stalled, "after_seconds": settings.STRATA_CLAIM_TIMEOUT_SECONDS}
     if node.state == Node.State.DRAINING:
         answer["attempts_left"] = node_attempts_left(node)
     return answer
+
+
+def telemetry_seconds() -> float:
+    """How often an agent that renews its lease with ``node/renew/`` sends a full heartbeat (its batched device
+    samples and its plugins' reports): ``STRATA_NODE_TELEMETRY_SECONDS``, by default five heartbeat intervals,
+    never less than one."""
+    configured = settings.STRATA_NODE_TELEMETRY_SECONDS
+    if configured is None:
+        configured = 5 * settings.STRATA_HEARTBEAT_SECONDS
+    return max(float(configured), float(settings.STRATA_HEARTBEAT_SECONDS))
+
+
+class NodeUnknown(Exception):
+    """A call about a node id that is not registered."""
+
+
+class TokenRefused(Exception):
+    """The node token of a lease renewal was revoked or expired after it was last checked."""
+
+
+def _db(field, value):
+    return field.get_db_prep_value(value, connection)
+
+
+def node_renew(node_id, session, attempt_ids: list[str], token_id=None) -> dict:
+    """The lean lease renewal (``POST node/renew/``): extend the lease of the node's current session and answer
+    as a heartbeat does, recording nothing else (the samples and reports wait for the next full heartbeat).
+
+    One fenced ``UPDATE ... RETURNING``: only the node's current ``session``, only while UP or DRAINING (a node
+    the reaper marked DOWN, or that left, must register again), and, with ``token_id``, only while that node token
+    is neither revoked nor expired (a revocation refuses the very next renewal, whatever the authentication cache
+    holds). A node that holds no attempt and lists none costs one more query (are any allocated to it?); one
+    that does is reconciled as a heartbeat is. Raises NodeUnknown, StaleSession or TokenRefused."""
+    from strata.accounts.models import ApiToken
+
+    now = timezone.now()
+    node_table = connection.ops.quote_name(Node._meta.db_table)
+    column = {name: connection.ops.quote_name(Node._meta.get_field(name).column)
+              for name in ("id", "session", "state", "labels", "last_heartbeat", "lease_expires_at")}
+    try:
+        node_key = _db(Node._meta.pk, uuid.UUID(str(node_id)))
+        session_key = _db(Node._meta.get_field("session"), uuid.UUID(str(session)))
+    except ValueError:
+        raise NodeUnknown("unknown node") from None
+    stamp = _db(Node._meta.get_field("last_heartbeat"), now)
+    sql = (f"UPDATE {node_table} SET {column['last_heartbeat']} = %s, {column['lease_expires_at']} = %s "
+           f"WHERE {column['id']} = %s AND {column['session']} = %s AND {column['state']} IN (%s, %s)")
+    params = [stamp, _db(Node._meta.get_field("lease_expires_at"), _lease_until(now)), node_key, session_key,
+              Node.State.UP, Node.State.DRAINING]
+    if token_id is not None:
+        token_table = connection.ops.quote_name(ApiToken._meta.db_table)
+        sql += (f" AND EXISTS (SELECT 1 FROM {token_table} WHERE id = %s AND revoked_at IS NULL "
+                f"AND expires_at > %s)")
+        params += [_db(ApiToken._meta.pk, token_id), stamp]
+    sql += f" RETURNING {column['state']}, {column['labels']}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        _renewal_refused(node_id, session, token_id, now)
+    state, labels = row
+    if isinstance(labels, str | bytes):
+        labels = json.loads(labels)
+    node = Node(pk=uuid.UUID(str(node_id)), session=session, state=state, labels=labels or {})
+    if attempt_ids or _holds_allocations(node_key):
+        return _beat_answer(Node.objects.get(pk=node.pk), [str(a) for a in attempt_ids], now)
+    return _answer(node, [], 0)
+
+
+def _holds_allocations(node_key) -> bool:
+    """Whether any active allocation of an attempt that has not ended is on the node (its devices)."""
+    allocation = connection.ops.quote_name(Allocation._meta.db_table)
+    device = connection.ops.quote_name(Device._meta.db_table)
+    attempt = connection.ops.quote_name(Attempt._meta.db_table)
+    q = connection.ops.quote_name
+    a_device = q(Allocation._meta.get_field("device").column)
+    a_attempt = q(Allocation._meta.get_field("attempt").column)
+    a_active = q(Allocation._meta.get_field("active").column)
+    d_node = q(Device._meta.get_field("node").column)
+    t_ended = q(Attempt._meta.get_field("ended_at").column)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {allocation} a JOIN {device} d ON a.{a_device} = d.id JOIN {attempt} t "
+            f"ON a.{a_attempt} = t.id WHERE d.{d_node} = %s AND a.{a_active} = %s AND t.{t_ended} IS NULL LIMIT 1",
+            [node_key, True])
+        return cursor.fetchone() is not None
+
+
+def _renewal_refused(node_id, session, token_id, now) -> None:
+    """Why a renewal's UPDATE matched no row: NodeUnknown, StaleSession (another session, or DOWN) or
+    TokenRefused. Always raises."""
+    from strata.accounts.models import ApiToken
+
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None:
+        raise NodeUnknown("unknown node")
+    _check_session(node, session)
+    if token_id is not None and not ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True,
+                                                            expires_at__gt=now).exists():
+        raise TokenRefused("Token has been revoked.")
+    # The row changed between the UPDATE and this look (a registration, the reaper): the node must start over.
+    raise StaleSession("this node session changed while its lease was renewed; register again")
 
 
 def _reconcile_attempts(node: Node, listed: set[str], now) -> int:

@@ -62,6 +62,9 @@ class SampleSerializer(serializers.Serializer):
     index = serializers.IntegerField(min_value=0)
     utilization = serializers.FloatField(min_value=0, max_value=100)
     memory_used = serializers.IntegerField(min_value=0)
+    time = serializers.FloatField(required=False, help_text=(
+        "When the sample was taken (Unix s): an agent that renews its lease with node/renew/ sends the samples of "
+        "several beats in one full heartbeat. Absent: the heartbeat's time."))
 
 
 def _clean_reports(value: dict, scope: str) -> dict:
@@ -76,7 +79,7 @@ def _clean_reports(value: dict, scope: str) -> dict:
 class HeartbeatSerializer(serializers.Serializer):
     node = serializers.UUIDField()
     session = serializers.UUIDField()
-    samples = SampleSerializer(many=True, required=False, default=list)
+    samples = SampleSerializer(many=True, required=False, default=list, max_length=4096)
     attempts = serializers.ListField(child=serializers.UUIDField(format="hex_verbose"), required=False, default=list,
                                      max_length=1024)
     reports = serializers.DictField(required=False, default=dict, help_text=(
@@ -170,6 +173,9 @@ class HeartbeatAnswerSerializer(serializers.Serializer):
         "registers again."))
     attempts_left = serializers.IntegerField(required=False, help_text=(
         "Only while draining: the attempts that still hold a device on the node (0: it may leave)."))
+    telemetry_seconds = serializers.FloatField(required=False, help_text=(
+        "How often the agent sends a full heartbeat (batched samples, reports); in between it renews its lease with "
+        "POST node/renew/ (node, session, attempts), which answers as this does. Absent: every beat is full."))
     stalled = StalledSerializer(required=False, help_text=(
         "Only when attempts dispatched to the node were not claimed within `after_seconds`: its worker takes no "
         "work, and the agent restarts it."))
