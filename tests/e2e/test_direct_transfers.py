@@ -27,6 +27,7 @@ JOB = textwrap.dedent('''
             while block := f.read(1 << 24):
                 digest.update(block)
         print(f"resumed size={state.stat().st_size} sha256={digest.hexdigest()}", flush=True)
+        (strata_report.output_dir() / "report.bin").write_bytes(random.Random(8).randbytes(3 << 20))
         sys.exit(0)
     rng, digest = random.Random(7), hashlib.sha256()
     with state.open("wb") as f:
@@ -116,3 +117,16 @@ def test_a_1_gib_checkpoint_goes_to_the_bucket_directly_and_is_resumed_after_the
     assert job["state"] == "SUCCEEDED", f"{job}\n{text[-3000:]}\n{cluster.output()}"
     assert f"resumed size={GIB} sha256={written}" in text, text[-3000:]
     assert [a["outcome"] for a in job["attempts"]] == ["node_lost", "succeeded"]
+
+    # The job's output, downloaded by the CLI: the API redirects it to a presigned URL of the bucket.
+    import random
+
+    fetched = cluster.cli("artifacts", job_id, "--all", "-o", str(tmp_path / "out"), timeout=300)
+    assert fetched.returncode == 0 and "checked" in fetched.stdout, fetched.stdout + fetched.stderr
+    assert (tmp_path / "out" / "report.bin").read_bytes() == random.Random(8).randbytes(3 << 20)
+    artifact = next(row for row in cluster.get(f"jobs/{job_id}/artifacts/") if row["name"] == "report.bin")
+    redirect = cluster.session.get(f"{cluster.url}/api/v1/jobs/{job_id}/artifacts/{artifact['id']}/download/",
+                                   allow_redirects=False, timeout=30)
+    assert redirect.status_code == 302 and redirect.headers["Location"].startswith(seaweedfs.endpoint)
+    listed = cluster.cli("artifacts", job_id)
+    assert listed.returncode == 0 and "report.bin" in listed.stdout and "3.0 MiB" in listed.stdout, listed.stdout

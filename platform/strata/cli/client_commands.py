@@ -401,6 +401,42 @@ def logs(args) -> int:
         time.sleep(1.0)
 
 
+def artifacts(args) -> int:
+    """List a job's artifacts, or download some (``--all``: every one) into ``--output``. A download follows the
+    API's redirect to a presigned URL of the object store (without the API token) where the cluster has one."""
+    client = connect(args)
+    rows = client.get(f"jobs/{args.job}/artifacts/")
+    wanted = [row for row in rows if args.all or row["name"] in args.names]
+    if not args.all and not args.names:
+        print(f"{'NAME':32} {'SIZE':>10}  SHA256")
+        for row in rows:
+            print(f"{row['name']:32} {_human(row['size']):>10}  {row['sha256'][:12]}")
+        return 0
+    missing = sorted(set(args.names) - {row["name"] for row in rows})
+    if missing:
+        print(f"error: job {args.job} has no artifact {', '.join(missing)}", file=sys.stderr)
+        return 1
+    import hashlib
+
+    directory = Path(args.output)
+    directory.mkdir(parents=True, exist_ok=True)
+    for row in wanted:
+        target = directory / Path(row["name"]).name
+        response = client.request("GET", f"jobs/{args.job}/artifacts/{row['id']}/download/", raw=True, stream=True,
+                                  timeout=3600)
+        digest = hashlib.sha256()
+        with response, target.open("wb") as out:
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+        if digest.hexdigest() != row["sha256"]:
+            target.unlink(missing_ok=True)
+            print(f"error: {row['name']}: the downloaded bytes do not match its SHA-256", file=sys.stderr)
+            return 1
+        print(f"{target}: {_human(row['size'])}, sha256 {row['sha256'][:12]} checked")
+    return 0
+
+
 def cancel(args) -> int:
     job = connect(args).post(f"jobs/{args.job}/cancel/")
     print(f"job {job['id']}: {job['state']}")

@@ -181,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("job")
     logs.add_argument("-f", "--follow", action="store_true")
 
+    artifacts = commands.add_parser("artifacts", help="list a job's artifacts, or download them (straight from "
+                                                      "the object store where the cluster has one)")
+    artifacts.add_argument("job")
+    artifacts.add_argument("names", nargs="*", metavar="NAME", help="download these (default: list them)")
+    artifacts.add_argument("--all", action="store_true", help="download every artifact")
+    artifacts.add_argument("-o", "--output", default=".", metavar="DIR", help="where to write them (default .)")
+
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job")
 
@@ -226,7 +233,7 @@ def dispatch(args) -> int:
                 "check": local.check, "migrate": local.migrate_command,
                 "submit": client.submit, "jobs": client.jobs, "logs": client.logs, "cancel": client.cancel,
                 "quota": client.quota, "participants": client.participants, "code": client.code,
-                "env": client.env_build, "data": client.data}
+                "env": client.env_build, "data": client.data, "artifacts": client.artifacts}
     if args.command in handlers:
         return handlers[args.command](args)
     from components.runtime import registry

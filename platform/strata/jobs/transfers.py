@@ -90,6 +90,8 @@ def upload_start(attempt: Attempt, name: str, kind: str, size: int, sha256: str)
         raise TransferRejected({"size": f"{size} bytes is over the store's {storage.max_object_bytes} byte limit"},
                                status=413)
     key = services.artifact_key(attempt, name, kind)
+    replaced = Artifact.objects.filter(job_id=attempt.job_id, kind=kind, name=name).values_list("size", flat=True)
+    services.storage_admission(attempt.job.team_id, size, replaces=replaced.first() or 0)  # a 413 over the quota
     upload_id = storage.upload_start(key, sha256)
     ticket = Ticket(str(attempt.pk), key, upload_id, size, sha256, name, kind, storage.part_size(size))
     token = signing.dumps(ticket.__dict__, salt=SALT, compress=True)

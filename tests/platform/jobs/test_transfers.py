@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from datetime import timedelta
 
 import pytest
 import requests
@@ -210,3 +211,15 @@ def test_on_local_disk_the_bytes_go_through_the_control_plane(running, settings,
                               b"w" * (3 * MIB), content_type="application/octet-stream").status_code == 201
     link = running.client.get(f"{running.base}/checkpoint/{running.query}&link=1").json()
     assert link == {"url": None, "size": 3 * MIB, "sha256": hashlib.sha256(b"w" * (3 * MIB)).hexdigest()}
+
+
+@pytest.mark.usefixtures("s3_storage", "small_parts")
+def test_a_direct_upload_past_the_teams_storage_quota_is_a_413_before_anything_is_signed(running):
+    from strata.quotas.models import Quota
+
+    Quota.objects.update_or_create(team=running.team, defaults={"max_storage_bytes": 8 * MIB})
+    refused = running.post("uploads/", {"name": "big.ckpt", "kind": "checkpoint", "size": 9 * MIB,
+                                        "sha256": "0" * 64})
+    assert refused.status_code == 413 and "max_storage_bytes" in refused.json()["detail"], refused.content
+    assert list(get_storage().uploads_started_before(timezone.now() + timedelta(days=1))) == []
+    assert start(running, b"s" * (6 * MIB))["direct"]
