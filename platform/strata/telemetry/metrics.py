@@ -9,8 +9,8 @@ Two kinds of metrics live here:
   shows its own passes too. Nothing is shared between processes: each process says what it did.
 * **cluster state** (:class:`ClusterCollector`): jobs by state, queue depth, nodes by state, stored bytes,
   computed from the database at scrape time with aggregate queries (never stale gauges). Only aggregate counts:
-  no label names a team, a user, a job or a node, except the per-team stored bytes, which are served only when
-  ``STRATA_METRICS_TOKEN`` guards the endpoint.
+  no label names a team, a user, a job or a node. Apps above may register collectors of their own in
+  :data:`CLUSTER_REGISTRY` (the stored bytes: ``strata.quotas.metrics``).
 
 Light: prometheus_client and Django only.
 """
@@ -124,40 +124,6 @@ class ClusterCollector:
         yield GaugeMetricFamily("strata_nodes_schedulable",
                                 "Nodes up with a valid lease: the ones the scheduler places work on.",
                                 value=leased)
-        yield from storage_families()
-
-
-def storage_families():
-    """Stored bytes (quotas.services.storage_by_team): cluster totals by part, always; per team only when
-    ``STRATA_METRICS_TOKEN`` guards ``/metrics`` (an open endpoint names no team)."""
-    from django.conf import settings
-
-    from strata.accounts.models import Team
-    from strata.quotas.models import Quota
-    from strata.quotas.services import STORAGE_PARTS, storage_by_team
-
-    by_team = storage_by_team()
-    total = GaugeMetricFamily("strata_storage_bytes", "Bytes stored for all teams, by part: artifacts, checkpoints, "
-                                                      "code (bundles), data (sets), uploads (unfinished).",
-                              labels=["part"])
-    for part in STORAGE_PARTS:
-        total.add_metric([part], sum(parts[part] for parts in by_team.values()))
-    yield total
-    if not getattr(settings, "STRATA_METRICS_TOKEN", None):
-        return
-    slugs = dict(Team.objects.values_list("id", "slug"))
-    used = GaugeMetricFamily("strata_team_storage_bytes", "Bytes a team keeps stored (every part); only with "
-                                                          "STRATA_METRICS_TOKEN set.", labels=["team"])
-    for team_id, slug in sorted(slugs.items(), key=lambda item: item[1]):
-        used.add_metric([slug], by_team.get(team_id, {}).get("total", 0))
-    yield used
-    limit = GaugeMetricFamily("strata_team_storage_limit_bytes", "A team's max_storage_bytes, for teams that have "
-                                                                 "one; only with STRATA_METRICS_TOKEN set.",
-                              labels=["team"])
-    for team_id, bytes_ in Quota.objects.exclude(max_storage_bytes=None).values_list("team_id", "max_storage_bytes"):
-        if team_id in slugs:
-            limit.add_metric([slugs[team_id]], bytes_)
-    yield limit
 
 
 CLUSTER_REGISTRY = CollectorRegistry(auto_describe=False)
