@@ -4,8 +4,11 @@ heartbeating at the real interval.
 A real stack (``strata up --virtual-gpus 0``: the hardened waitress server and the scheduler, no local node) on
 a fresh PostgreSQL database and a fresh Redis key prefix. N simulated nodes register through the real API
 (``POST /api/v1/node/register/`` with the stack's node token, DEVICES_PER_NODE virtual devices each) and then
-heartbeat (``POST /api/v1/node/heartbeat/``: node, session, one sample per device, no attempts: the body of
-``NodeAgent.heartbeat``) every STRATA_HEARTBEAT_SECONDS (3 s; the lease is 15 s; neither is shortened), phases
+beat every STRATA_HEARTBEAT_SECONDS (3 s; the lease is 15 s; neither is shortened) as ``NodeAgent.heartbeat``
+does: with the lean protocol (the default), a lease renewal (``POST /api/v1/node/renew/``: node, session, no
+attempts) each beat and a full heartbeat (``POST /api/v1/node/heartbeat/``: the samples of every beat since the
+last one, one per device per beat with its time) every ``telemetry_seconds`` the control plane names (15 s); with
+``--protocol full`` (the agent before the lean path) a full heartbeat with one sample per device each beat. Phases
 spread evenly over the interval, each node on its own kept-alive HTTP/1.1 connection as a real agent's
 ``requests.Session`` is. The load generator is one asyncio process speaking HTTP/1.1 on raw streams (no aiohttp
 or httpx in the environment); it runs on the same machine as the stack, so its own CPU is measured and reported.
@@ -70,11 +73,14 @@ def _pct(values: list[float], q: float) -> float:
 # --- the simulated nodes ------------------------------------------------------------------------------------
 
 class SimNode:
-    __slots__ = ("index", "name", "id", "session", "connection", "last_ok", "max_gap", "lost", "task")
+    __slots__ = ("index", "name", "id", "session", "connection", "last_ok", "max_gap", "lost", "task", "pending",
+                 "telemetry_at")
 
     def __init__(self, index: int, name: str, connection: Connection):
         self.index, self.name, self.connection = index, name, connection
         self.id = self.session = None
+        self.pending: list[dict] = []  # samples waiting for the next full heartbeat
+        self.telemetry_at = 0.0  # loop time of the last full heartbeat (0: the next beat is one)
         self.last_ok: float | None = None
         self.max_gap = 0.0
         self.lost = 0
@@ -85,8 +91,11 @@ class LoadGenerator:
     """Registers simulated nodes and drives their heartbeats at a fixed interval, each on its own connection.
     Every heartbeat is recorded as (completion time, latency, status or 0 for a transport error)."""
 
-    def __init__(self, host: str, port: int, token: str, run_id: str):
+    def __init__(self, host: str, port: int, token: str, run_id: str, protocol: str = "lean"):
         self.host, self.port, self.token, self.run_id = host, port, token, run_id
+        self.protocol = protocol
+        self.telemetry_seconds: float | None = None  # from the control plane's answer (lean protocol)
+        self.full_beats: list[float] = []  # completion times of the full heartbeats answered 200
         self.nodes: list[SimNode] = []
         self.records: list[tuple[float, float, int]] = []
         self.sent: list[float] = []  # slot times of the heartbeats sent (offered load)
@@ -125,6 +134,7 @@ class LoadGenerator:
             await asyncio.sleep(1.0)
         answer = json.loads(payload)
         node.id, node.session = answer["node"], answer["session"]
+        node.telemetry_at, node.pending = 0.0, []
         self.interval = float(answer["heartbeat_seconds"])
         self.lease = float(answer["lease_seconds"])
 
@@ -151,13 +161,22 @@ class LoadGenerator:
         await asyncio.gather(*(one(i, node) for i, node in enumerate(new)))
         return new
 
-    def _heartbeat_body(self, node: SimNode, rng: random.Random) -> bytes:
-        return json.dumps({
-            "node": node.id, "session": node.session,
-            "samples": [{"index": i, "utilization": round(rng.uniform(0, 100), 1),
-                         "memory_used": rng.randrange(0, DEVICE_MEMORY)} for i in range(DEVICES_PER_NODE)],
-            "attempts": [],
-        }).encode()
+    def _beat(self, node: SimNode, rng: random.Random, now: float) -> tuple[str, bytes, bool]:
+        """``(path, body, full)`` of this beat, as ``NodeAgent.heartbeat`` sends it."""
+        taken = round(time.time(), 3)
+        samples = [{"index": i, "utilization": round(rng.uniform(0, 100), 1),
+                    "memory_used": rng.randrange(0, DEVICE_MEMORY), "time": taken} for i in range(DEVICES_PER_NODE)]
+        if self.protocol == "full":
+            for sample in samples:
+                del sample["time"]
+            return "/api/v1/node/heartbeat/", json.dumps({"node": node.id, "session": node.session,
+                                                          "samples": samples, "attempts": []}).encode(), True
+        node.pending.extend(samples)
+        if self.telemetry_seconds is None or not node.telemetry_at or now - node.telemetry_at >= self.telemetry_seconds:
+            return "/api/v1/node/heartbeat/", json.dumps({"node": node.id, "session": node.session,
+                                                          "samples": node.pending, "attempts": []}).encode(), True
+        return "/api/v1/node/renew/", json.dumps({"node": node.id, "session": node.session,
+                                                  "attempts": []}).encode(), False
 
     async def _drive(self, node: SimNode, first: float) -> None:
         loop = asyncio.get_running_loop()
@@ -177,16 +196,21 @@ class LoadGenerator:
             self.sent.append(slot)
             slot += self.interval
             begin = loop.time()
+            path, body, full = self._beat(node, rng, begin)
             try:
-                status, payload = await asyncio.wait_for(
-                    node.connection.post("/api/v1/node/heartbeat/", self._heartbeat_body(node, rng)),
-                    REQUEST_TIMEOUT_S)
+                status, payload = await asyncio.wait_for(node.connection.post(path, body), REQUEST_TIMEOUT_S)
             except (TimeoutError, ConnectionError, HttpError, OSError, ValueError, asyncio.IncompleteReadError) as error:
                 node.connection.close()
                 status, payload = 0, repr(error).encode()
             end = loop.time()
             self.records.append((end, end - begin, status))
             if status == 200:
+                if full:
+                    self.full_beats.append(end)
+                    node.pending, node.telemetry_at = [], begin
+                    if self.protocol == "lean" and self.telemetry_seconds is None:
+                        cadence = json.loads(payload).get("telemetry_seconds")
+                        self.telemetry_seconds = float(cadence) if cadence else None
                 if node.last_ok is not None:
                     gap = end - node.last_ok
                     node.max_gap = max(node.max_gap, gap)
@@ -224,7 +248,9 @@ class LoadGenerator:
             if status != 200:
                 errors[str(status)] = errors.get(str(status), 0) + 1
         offered = sum(1 for slot in self.sent if begin <= slot < end)
-        return {"seconds": seconds, "nodes": len(self.nodes), "interval_s": self.interval, "lease_s": self.lease,
+        full = sum(1 for done in self.full_beats if begin <= done < end)
+        return {"protocol": self.protocol, "telemetry_seconds": self.telemetry_seconds,
+                "full_heartbeats_per_s": full / seconds, "seconds": seconds, "nodes": len(self.nodes), "interval_s": self.interval, "lease_s": self.lease,
                 "target_per_s": len(self.nodes) / self.interval, "offered_per_s": offered / seconds,
                 "sustained_per_s": len(ok) / seconds, "answered": len(ok), "errors": errors,
                 "error_count": sum(errors.values()), "latency_p50_s": _pct(ok, 0.50),
@@ -448,9 +474,10 @@ def _lease_check(database_url: str, run_id: str) -> dict:
     return {"registered": row[0], "not_up": row[1]}
 
 
-async def _measure(stack, credentials: dict, env: dict, database_url: str, sizes: dict) -> dict:
+async def _measure(stack, credentials: dict, env: dict, database_url: str, sizes: dict,
+                   protocol: str = "lean") -> dict:
     run_id = secrets.token_hex(3)
-    generator = LoadGenerator("127.0.0.1", stack.port, credentials["node_token"], run_id)
+    generator = LoadGenerator("127.0.0.1", stack.port, credentials["node_token"], run_id, protocol)
     meter = CpuMeter(stack.process.pid, database_url.rpartition('/')[2])
     loop = asyncio.get_running_loop()
     steps: list[dict] = []
@@ -517,9 +544,10 @@ async def _measure(stack, credentials: dict, env: dict, database_url: str, sizes
             "error_samples": generator.error_samples}
 
 
-def measure(quick: bool = False, sizes: dict | None = None, server_workers: int = 1) -> dict:
+def measure(quick: bool = False, sizes: dict | None = None, server_workers: int = 1, protocol: str = "lean") -> dict:
     """Start a stack on PostgreSQL + Redis, run the heartbeat load at each size, return everything measured.
-    ``server_workers``: the server's processes on its port (``strata server --workers``)."""
+    ``server_workers``: the server's processes on its port (``strata server --workers``); ``protocol``: "lean"
+    (renewals, a full heartbeat per telemetry cadence) or "full" (a full heartbeat every beat)."""
     from strata.bench.control_plane import (
         REDIS_URL,
         Stack,
@@ -552,8 +580,9 @@ def measure(quick: bool = False, sizes: dict | None = None, server_workers: int 
             runner = uvloop.run
         except ImportError:
             runner = asyncio.run
-        result = runner(_measure(stack, credentials, env, database_url, sizes))
+        result = runner(_measure(stack, credentials, env, database_url, sizes, protocol))
         result["server_workers"] = server_workers
+        result["protocol"] = protocol
         result["event_loop"] = "uvloop" if runner is not asyncio.run else "asyncio"
         ok = True
         return result
@@ -587,6 +616,10 @@ def figures(result: dict | list[dict], quick: bool) -> list[benchkit.Figure]:
     counted = [value if not missing else 0.0 for value, missing in zip(sustained, lost, strict=True)]
     offered = beats[0]["target_per_s"]
     p99 = _median([item["latency_p99_s"] for item in beats])
+    # The server's CPU per lease renewal or heartbeat answered (ms): its cores over the answers per second.
+    cpu_ms = [last["cpu_cores"]["server"] / item["sustained_per_s"] * 1000.0 if item["sustained_per_s"] else float("nan")
+              for last, item in zip(lasts, beats, strict=True)]
+    protocol = results[0].get("protocol", "full")
     errors = sum(item["error_count"] for item in beats)
     passes = [last["pass_under_heartbeats"]["median"] for last in lasts]
     quiet = [item["pass_quiet"]["median"] for item in results]
@@ -600,10 +633,13 @@ def figures(result: dict | list[dict], quick: bool) -> list[benchkit.Figure]:
             f"interval (PostgreSQL + Redis), against the offered rate{over}", _median(counted) or None, offered,
             "/s", lower_is_better=False, target=MET_FRACTION,
             mechanism_text=f"{_median(sustained):.1f}/s (p99 {p99 * 1000:.0f} ms, {errors} errors, "
-                           f"{sum(lost)} leases lost)",
+                           f"{sum(lost)} leases lost, server CPU {_median(cpu_ms):.2f} ms each, {protocol} protocol)",
             baseline_text=f"target {offered:.1f}/s (nodes / interval)",
             extra={"runs": sustained, "range": [min(sustained), max(sustained)], "nodes_lost_lease": sum(lost),
-                   "latency_p99_s": p99}),
+                   "latency_p99_s": p99, "protocol": protocol, "server_cpu_ms_per_heartbeat": _median(cpu_ms),
+                   "server_cpu_ms_per_heartbeat_runs": cpu_ms,
+                   "full_heartbeats_per_s": _median([item.get("full_heartbeats_per_s", float("nan"))
+                                                     for item in beats])}),
         benchkit.Figure(
             "pass_under_heartbeats_s", f"one scheduling pass, {jobs:,} jobs / {nodes:,} nodes, while {nodes:,} nodes "
             f"heartbeat, against the 1 s target{over}", _median(passes), PASS_TARGET, "s",
@@ -636,9 +672,9 @@ def report(result: dict) -> str:
                    f"{quiet['range'][0]:.3f}-{quiet['range'][1]:.3f} s"
 
 
-def main(quick: bool = False, server_workers: int = 1) -> dict:
+def main(quick: bool = False, server_workers: int = 1, protocol: str = "lean") -> dict:
     """What ``strata bench control-plane`` calls: measure, print the table, return the details."""
-    result = measure(quick, server_workers=server_workers)
+    result = measure(quick, server_workers=server_workers, protocol=protocol)
     _say(report(result))
     return result
 
@@ -654,6 +690,9 @@ def _standalone(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--server-workers", type=int, default=1, help="strata server --workers for the stack")
+    parser.add_argument("--protocol", choices=["lean", "full"], default="lean",
+                        help="lean: the agent's renewals and a full heartbeat per telemetry cadence (default); "
+                             "full: a full heartbeat every beat (the agent before the lean node path)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     # Stopped with SIGTERM (or SIGINT, which a background shell job ignores): unwind, so the stack, the pass
@@ -671,7 +710,7 @@ def _standalone(argv: list[str]) -> int:
     results = []
     for run in range(args.runs):
         _say(f"[heartbeats] run {run + 1}/{args.runs}")
-        results.append(main(args.quick, server_workers=args.server_workers))
+        results.append(main(args.quick, server_workers=args.server_workers, protocol=args.protocol))
     made = figures(results, args.quick)
     doc = benchkit.document("control-plane-heartbeats", args.quick, made, details={"runs": results},
                             machine=machine)

@@ -25,6 +25,8 @@ def test_heartbeat_load_on_a_real_stack():
     assert beats["answered"] > 0
     assert beats["error_count"] == 0, result["error_samples"]
     assert beats["interval_s"] == 3.0 and beats["lease_s"] == 15.0  # the real interval and lease
+    # The agent's lean protocol: renewals, and a full heartbeat (the batched samples) per telemetry cadence.
+    assert beats["protocol"] == "lean" and beats["telemetry_seconds"] == 15.0
     assert step["database"] == {"registered": 20, "not_up": 0}
     assert step["leases"]["nodes_lost_lease"] == 0
     assert step["pass_under_heartbeats"]["runs"] and result["pass_quiet"]["runs"]
