@@ -19,12 +19,6 @@ NOW = timezone.now()
 
 
 @pytest.fixture
-def artifact_root(settings, tmp_path):
-    settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
-    return tmp_path / "artifacts"
-
-
-@pytest.fixture
 def team_user(make_team, make_user):
     team = make_team("alpha")
     return team, make_user("alice", team)

@@ -17,12 +17,6 @@ JOBS = "/api/v1/jobs/"
 
 
 @pytest.fixture
-def artifact_root(settings, tmp_path):
-    settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
-    return tmp_path / "artifacts"
-
-
-@pytest.fixture
 def running(make_team, make_user, make_node, node_token, make_token, api, submit, run_pass, artifact_root):
     """A team (alpha) with a running attempt: the node's client and route, and the team's user client."""
     team = make_team("alpha")
