@@ -525,3 +525,21 @@ class S3ArtifactStorage(ArtifactStorage):
 
 def get_storage() -> ArtifactStorage:
     return import_string(settings.STRATA_ARTIFACT_STORAGE)()
+
+
+# -- where to read an object: the base of direct transfers (strata.jobs.transfers) --------------------------------
+
+def direct() -> bool:
+    """Whether bytes move directly between nodes or users and the store (an object store that signs URLs, and
+    ``STRATA_DIRECT_TRANSFERS`` not turned off)."""
+    return settings.STRATA_DIRECT_TRANSFERS and get_storage().presigns
+
+
+def download_link(key: str, size: int, sha256: str | None) -> dict:
+    """Where to read a stored object: a presigned URL (``url``) with its size and SHA-256, or ``url: None`` where
+    the bytes come through the control plane's own route (local disk, or an object under
+    ``STRATA_DIRECT_MIN_BYTES``)."""
+    if not direct() or size < settings.STRATA_DIRECT_MIN_BYTES:
+        return {"url": None, "size": size, "sha256": sha256}
+    url = get_storage().presign_get(key, settings.STRATA_PRESIGN_EXPIRY_S)
+    return {"url": url, "size": size, "sha256": sha256, "expires_s": settings.STRATA_PRESIGN_EXPIRY_S}

@@ -33,7 +33,7 @@ from django.core import signing
 from django.utils import timezone
 
 from strata.jobs.models import Artifact, Attempt
-from strata.jobs.storage import get_storage
+from strata.jobs.storage import direct, get_storage
 
 SALT = "strata.jobs.transfers.upload"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -64,11 +64,6 @@ class Ticket:
 
     def part_length(self, number: int) -> int:
         return min(self.part_bytes, self.size - (number - 1) * self.part_bytes)
-
-
-def direct() -> bool:
-    """Whether bytes move directly between nodes or users and the store (an object store, and not turned off)."""
-    return settings.STRATA_DIRECT_TRANSFERS and get_storage().presigns
 
 
 def upload_start(attempt: Attempt, name: str, kind: str, size: int, sha256: str) -> dict:
@@ -185,15 +180,6 @@ def upload_abort(attempt: Attempt, token: str) -> None:
 def _numbers(numbers: list[int], shown: int = 10) -> str:
     text = ", ".join(str(n) for n in numbers[:shown])
     return text + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
-
-
-def download_link(key: str, size: int, sha256: str | None) -> dict:
-    """Where to read a stored object: a presigned URL (``url``) with its size and SHA-256, or ``url: None`` where
-    the bytes come through the control plane's own route."""
-    if not direct() or size < settings.STRATA_DIRECT_MIN_BYTES:
-        return {"url": None, "size": size, "sha256": sha256}
-    url = get_storage().presign_get(key, settings.STRATA_PRESIGN_EXPIRY_S)
-    return {"url": url, "size": size, "sha256": sha256, "expires_s": settings.STRATA_PRESIGN_EXPIRY_S}
 
 
 def download_redirect(key: str, size: int):

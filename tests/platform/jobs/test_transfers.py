@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from strata.jobs import transfers
 from strata.jobs.models import Artifact, Attempt
-from strata.jobs.storage import get_storage
+from strata.jobs.storage import download_link, get_storage
 
 MIB = 1 << 20
 
@@ -179,7 +179,7 @@ def test_a_presigned_url_stops_working_when_it_expires(running, settings):
     # the job reads no source job: 404, whatever the storage
     assert link.status_code == 404
     artifact = Artifact.objects.get(job=running.job, name="model.pt")
-    url = transfers.download_link(artifact.storage_key, artifact.size, artifact.sha256)["url"]
+    url = download_link(artifact.storage_key, artifact.size, artifact.sha256)["url"]
     assert requests.get(url, timeout=30).content == b"weights"
     time.sleep(2.5)
     assert requests.get(url, timeout=30).status_code == 403

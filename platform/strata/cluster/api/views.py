@@ -25,10 +25,9 @@ from strata.cluster.api import serializers as s
 from strata.cluster.models import Node, gpu_devices
 from strata.jobs import selectors as job_selectors
 from strata.jobs import services as job_services
-from strata.jobs import transfers
 from strata.jobs.api.serializers import CredentialRequestMixin, CredentialSerializer
 from strata.jobs.models import Artifact
-from strata.jobs.storage import get_storage
+from strata.jobs.storage import download_link, get_storage
 
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 TOKEN_REFRESH_S = 2.0  # how often an attempt re-reads its job's token digests (a revocation's delay)
@@ -289,84 +288,19 @@ class AttemptArtifactView(AttemptAPIView):
         return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
 
 
-def _rejected(error: transfers.TransferRejected) -> Response:
-    return Response({field: [message] for field, message in error.errors.items()}, status=error.status)
-
-
 DIRECT_LINK = OpenApiParameter("link", bool, description="Answer where to read the bytes (a presigned URL with the "
                                                          "object's size and SHA-256) instead of the bytes; `url` "
                                                          "is null where they come through this route.")
 
 
 def _bytes_or_link(request, key: str, size: int, sha256: str | None, content_type: str = "application/octet-stream"):
-    """The stored object's bytes, or with ``?link=1`` where to read them (strata.jobs.transfers)."""
+    """The stored object's bytes, or with ``?link=1`` where to read them (a presigned URL where transfers are
+    direct: strata.jobs.transfers)."""
     if request.query_params.get("link") in ("1", "true"):
-        return Response(transfers.download_link(key, size, sha256))
+        return Response(download_link(key, size, sha256))
     response = FileResponse(get_storage().open(key), content_type=content_type)
     response["Content-Length"] = str(size)
     return response
-
-
-class AttemptUploadStartView(AttemptAPIView):
-    """Begin an upload of an artifact or checkpoint (``strata.jobs.transfers``): with an object store, a ticket
-    for a direct multipart upload; else ``direct: false`` (PUT the bytes to ``artifacts/NAME/``)."""
-
-    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT,
-                              413: error_response(413, "Larger than the store allows.")})
-    def post(self, request, attempt_id):
-        name = str(request.data.get("name") or "")
-        if not ARTIFACT_NAME.match(name) or ".." in name:
-            raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
-        attempt = _attempt_from_query(request, attempt_id)
-        try:
-            return Response(transfers.upload_start(attempt, name, request.data.get("kind", Artifact.Kind.ARTIFACT),
-                                                   request.data.get("size"), request.data.get("sha256")))
-        except transfers.TransferRejected as error:
-            return _rejected(error)
-
-
-class AttemptUploadPartsView(AttemptAPIView):
-    """Presigned PUT URLs for parts of a direct upload (each signed with its Content-MD5), and the parts the
-    store holds already (to resume)."""
-
-    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
-    def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
-        try:
-            return Response(transfers.upload_parts(attempt, request.data.get("upload", ""),
-                                                   request.data.get("parts", [])))
-        except transfers.TransferRejected as error:
-            return _rejected(error)
-
-
-class AttemptUploadCompleteView(AttemptAPIView):
-    """Join a direct upload's parts and record the artifact: a 400 names the parts still missing."""
-
-    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={201: s.StoredArtifactSerializer, 409: STALE_ATTEMPT})
-    def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
-        try:
-            artifact = transfers.upload_complete(attempt, request.data.get("upload", ""))
-        except transfers.TransferRejected as error:
-            return _rejected(error)
-        return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
-
-
-class AttemptUploadAbortView(AttemptAPIView):
-    """Drop a direct upload and its parts."""
-
-    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
-                   responses={204: None, 409: STALE_ATTEMPT})
-    def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
-        try:
-            transfers.upload_abort(attempt, request.data.get("upload", ""))
-        except transfers.TransferRejected as error:
-            return _rejected(error)
-        return Response(status=204)
 
 
 class AttemptSourceView(AttemptAPIView):

@@ -25,11 +25,14 @@ from strata.accounts.selectors import visible_team_ids
 from strata.api.permissions import IsUser
 from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
+from strata.cluster.api.serializers import StoredArtifactSerializer
 from strata.cluster.api.views import (
+    ARTIFACT_NAME,
     ATTEMPT_QUERY,
     DIRECT_LINK,
     NO_FILE,
     STALE_ATTEMPT,
+    AttemptAPIView,
     NodeAPIView,
     _attempt_from_query,
     _bytes_or_link,
@@ -636,6 +639,73 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
         except data_sets.DataRejected as error:
             return _rejected(error)
         return Response(DataSetDetailSerializer(data_set).data, status=status.HTTP_201_CREATED)
+
+
+# -- direct transfers (strata.jobs.transfers): an attempt's uploads ------------------------------------------------
+def _transfer_rejected(error: transfers.TransferRejected) -> Response:
+    return Response({field: [message] for field, message in error.errors.items()}, status=error.status)
+
+
+class AttemptUploadStartView(AttemptAPIView):
+    """Begin an upload of an artifact or checkpoint (``strata.jobs.transfers``): with an object store, a ticket
+    for a direct multipart upload; else ``direct: false`` (PUT the bytes to ``artifacts/NAME/``)."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
+                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT,
+                              413: error_response(413, "Larger than the store allows.")})
+    def post(self, request, attempt_id):
+        name = str(request.data.get("name") or "")
+        if not ARTIFACT_NAME.match(name) or ".." in name:
+            raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
+        attempt = _attempt_from_query(request, attempt_id)
+        try:
+            return Response(transfers.upload_start(attempt, name, request.data.get("kind", Artifact.Kind.ARTIFACT),
+                                                   request.data.get("size"), request.data.get("sha256")))
+        except transfers.TransferRejected as error:
+            return _transfer_rejected(error)
+
+
+class AttemptUploadPartsView(AttemptAPIView):
+    """Presigned PUT URLs for parts of a direct upload (each signed with its Content-MD5), and the parts the
+    store holds already (to resume)."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
+                   responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        try:
+            return Response(transfers.upload_parts(attempt, request.data.get("upload", ""),
+                                                   request.data.get("parts", [])))
+        except transfers.TransferRejected as error:
+            return _transfer_rejected(error)
+
+
+class AttemptUploadCompleteView(AttemptAPIView):
+    """Join a direct upload's parts and record the artifact: a 400 names the parts still missing."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
+                   responses={201: StoredArtifactSerializer, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        try:
+            artifact = transfers.upload_complete(attempt, request.data.get("upload", ""))
+        except transfers.TransferRejected as error:
+            return _transfer_rejected(error)
+        return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
+
+
+class AttemptUploadAbortView(AttemptAPIView):
+    """Drop a direct upload and its parts."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
+                   responses={204: None, 409: STALE_ATTEMPT})
+    def post(self, request, attempt_id):
+        attempt = _attempt_from_query(request, attempt_id)
+        try:
+            transfers.upload_abort(attempt, request.data.get("upload", ""))
+        except transfers.TransferRejected as error:
+            return _transfer_rejected(error)
+        return Response(status=204)
 
 
 class AttemptDataView(NodeAPIView):
