@@ -44,7 +44,7 @@ urlpatterns = [
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("node/register/", cluster.RegisterView.as_view(), name="node-register"),
     path("node/heartbeat/", cluster.HeartbeatView.as_view(), name="node-heartbeat"),
-    path("node/renew/", renewal.renew_view, name="node-renew"),
+    path("node/renew/", renewal.RenewView.as_view(), name="node-renew"),
     path("node/drain/", cluster.DrainView.as_view(), name="node-drain"),
     path("node/leave/", cluster.LeaveView.as_view(), name="node-leave"),
     path(f"{ATTEMPT}/claim/", cluster.AttemptClaimView.as_view(), name="attempt-claim"),

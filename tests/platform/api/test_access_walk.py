@@ -47,7 +47,7 @@ UNSAFE = {"post", "put", "patch", "delete"}
 
 # --- what the walk knows: every API route by name ---------------------------------------------------------
 
-NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "attempt-claim", "attempt-report",
+NODE_ROUTES = {"node-register", "node-heartbeat", "node-renew", "node-drain", "node-leave", "attempt-claim", "attempt-report",
                "attempt-finish", "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens", "attempt-rendezvous",

@@ -10,7 +10,7 @@ from support import api_routes, fill_route
 from strata.jobs.models import Attempt
 
 PREFIX = "/api/v1/"
-NODE_ROUTES = {"node-register", "node-heartbeat", "node-drain", "node-leave", "attempt-claim", "attempt-report", "attempt-finish",
+NODE_ROUTES = {"node-register", "node-heartbeat", "node-renew", "node-drain", "node-leave", "attempt-claim", "attempt-report", "attempt-finish",
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
                "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",

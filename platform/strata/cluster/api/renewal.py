@@ -10,7 +10,7 @@ read with ``json`` and checked by hand (no DRF request, serializer or renderer),
 (``node/heartbeat/``), every ``telemetry_seconds``.
 
 :func:`renew` is the whole route, without Django's request: the server's WSGI fast path
-(:mod:`strata.api.fastpath`) calls it before Django's middleware, and :func:`renew_view` serves it inside Django
+(:mod:`strata.api.fastpath`) calls it before Django's middleware, and :class:`RenewView` serves it inside Django
 (the test client, another WSGI server).
 """
 
@@ -20,6 +20,8 @@ import json
 import uuid
 
 from django.http import HttpResponse
+from django.utils.decorators import method_decorator
+from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 MAX_BODY = 128 * 1024  # node, session and at most MAX_ATTEMPTS ids
@@ -109,12 +111,20 @@ def renew(authorization: str | None, body: bytes) -> tuple[int, dict, dict]:
         return _error(401, str(error), {"WWW-Authenticate": "Bearer"})
 
 
-@csrf_exempt
-def renew_view(request):
+@method_decorator(csrf_exempt, name="dispatch")
+class RenewView(View):
     """The route inside Django (the test client, or a server without the fast path)."""
-    if request.method != "POST":
+
+    http_method_names = ["post"]
+
+    def post(self, request):
+        authorization = request.META.get("HTTP_AUTHORIZATION")
+        if not authorization and getattr(request, "user", None) is not None and request.user.is_authenticated:
+            return _respond(403, {"detail": "A node token is required."}, {})  # a browser session, as DRF answers
+        return _respond(*renew(authorization, request.body))
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
         return _respond(405, {"detail": f'Method "{request.method}" not allowed.'}, {"Allow": "POST"})
-    return _respond(*renew(request.META.get("HTTP_AUTHORIZATION"), request.body))
 
 
 def _respond(status: int, answer: dict, headers: dict) -> HttpResponse:
