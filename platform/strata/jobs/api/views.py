@@ -642,6 +642,13 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
 
 
 # -- direct transfers (strata.jobs.transfers): an attempt's uploads ------------------------------------------------
+def _transfer_body(request) -> dict:
+    """The request's JSON object (a list, a string or a number is a 400, never a 500)."""
+    if not isinstance(request.data, dict):
+        raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object"]})
+    return request.data
+
+
 def _transfer_rejected(error: transfers.TransferRejected) -> Response:
     return Response({field: [message] for field, message in error.errors.items()}, status=error.status)
 
@@ -654,13 +661,13 @@ class AttemptUploadStartView(AttemptAPIView):
                    responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT,
                               413: error_response(413, "Larger than the store allows.")})
     def post(self, request, attempt_id):
-        name = str(request.data.get("name") or "")
+        name = str(_transfer_body(request).get("name") or "")
         if not ARTIFACT_NAME.match(name) or ".." in name:
             raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
         attempt = _attempt_from_query(request, attempt_id)
         try:
-            return Response(transfers.upload_start(attempt, name, request.data.get("kind", Artifact.Kind.ARTIFACT),
-                                                   request.data.get("size"), request.data.get("sha256")))
+            return Response(transfers.upload_start(attempt, name, _transfer_body(request).get("kind", Artifact.Kind.ARTIFACT),
+                                                   _transfer_body(request).get("size"), _transfer_body(request).get("sha256")))
         except transfers.TransferRejected as error:
             return _transfer_rejected(error)
 
@@ -674,8 +681,8 @@ class AttemptUploadPartsView(AttemptAPIView):
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
-            return Response(transfers.upload_parts(attempt, request.data.get("upload", ""),
-                                                   request.data.get("parts", [])))
+            return Response(transfers.upload_parts(attempt, _transfer_body(request).get("upload", ""),
+                                                   _transfer_body(request).get("parts", [])))
         except transfers.TransferRejected as error:
             return _transfer_rejected(error)
 
@@ -688,7 +695,7 @@ class AttemptUploadCompleteView(AttemptAPIView):
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
-            artifact = transfers.upload_complete(attempt, request.data.get("upload", ""))
+            artifact = transfers.upload_complete(attempt, _transfer_body(request).get("upload", ""))
         except transfers.TransferRejected as error:
             return _transfer_rejected(error)
         return Response({"id": str(artifact.id), "size": artifact.size, "sha256": artifact.sha256}, status=201)
@@ -702,7 +709,7 @@ class AttemptUploadAbortView(AttemptAPIView):
     def post(self, request, attempt_id):
         attempt = _attempt_from_query(request, attempt_id)
         try:
-            transfers.upload_abort(attempt, request.data.get("upload", ""))
+            transfers.upload_abort(attempt, _transfer_body(request).get("upload", ""))
         except transfers.TransferRejected as error:
             return _transfer_rejected(error)
         return Response(status=204)
