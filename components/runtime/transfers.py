@@ -124,16 +124,27 @@ def round_may_help(error: ApiError) -> bool:
 
 def _send_parts(client: ControlPlaneClient, base: str, auth: dict[str, str], ticket: str, path: Path,
                 part_bytes: int, size: int, numbers: list[int], progress) -> None:
+    def sign(number: int, md5: str) -> str:
+        return client.post(f"{base}uploads/parts/", {"upload": ticket, "parts": [{"number": number, "md5": md5}]},
+                           params=auth)["urls"][0]["url"]
+
+    send_parts(path, numbers, lambda n: ((n - 1) * part_bytes, min(part_bytes, size - (n - 1) * part_bytes)), sign,
+               progress)
+
+
+def send_parts(path: Path, numbers: list[int], span: Callable[[int], tuple[int, int]],
+               sign: Callable[[int, str], str], progress: Callable[[str], None] | None = None) -> None:
+    """PUT the parts ``numbers`` of the file ``path`` to the object store, :data:`PARALLEL` at once: part ``n`` is
+    ``span(n)`` (offset, length) of the file, sent to the URL ``sign(n, its Content-MD5)`` answers (asked again
+    for each try). Raises :class:`TransferError` when the store refuses a part :data:`PART_TRIES` times."""
     session = requests.Session()  # no control-plane credentials on the store's URLs
     done, lock = [0], threading.Lock()
 
     def send(number: int) -> None:
-        offset = (number - 1) * part_bytes
-        length = min(part_bytes, size - offset)
+        offset, length = span(number)
         md5 = file_digest(path, offset, length, "md5")
         for attempt in range(PART_TRIES):
-            url = client.post(f"{base}uploads/parts/", {"upload": ticket, "parts": [{"number": number, "md5": md5}]},
-                              params=auth)["urls"][0]["url"]
+            url = sign(number, md5)
             body = _Range(path, offset, length)
             try:
                 response = session.put(url, data=body, headers={"Content-MD5": md5,

@@ -74,3 +74,42 @@ def test_a_command_job_reads_an_uploaded_directory(cluster, tmp_path, seaweedfs)
     deleted = cluster.cli("data", "delete", "pets")
     assert deleted.returncode == 0, deleted.stdout + deleted.stderr
     assert not stored(seaweedfs, "data/")
+
+
+HASH = textwrap.dedent('''
+    import hashlib, os, pathlib
+    root = pathlib.Path(os.environ["STRATA_DATA_DIR"]) / "big"
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        print(f"{path.relative_to(root)} {hashlib.sha256(path.read_bytes()).hexdigest()}", flush=True)
+''')
+
+
+def test_a_large_data_set_goes_straight_to_the_store(cluster, tmp_path, seaweedfs):
+    """Over STRATA_DIRECT_MIN_BYTES the CLI sends the chunks to the bucket through presigned URLs (none reach the
+    control plane's chunk route); the job that mounts the data set reads exactly the files uploaded."""
+    import hashlib
+    import os
+
+    data = tmp_path / "big"
+    data.mkdir()
+    files = {"a.bin": os.urandom(6 << 20), "b.bin": os.urandom(5 << 20)}
+    for name, payload in files.items():
+        (data / name).write_bytes(payload)
+    uploaded = cluster.cli("data", "upload", "big", str(data), "--chunk-size", "5MiB", timeout=600)
+    assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+    assert "straight to the object store" in uploaded.stdout and "data set big: 2 files" in uploaded.stdout, \
+        uploaded.stdout
+    assert not stored(seaweedfs, "uploads/")  # no chunk went through the control plane
+    uploads = seaweedfs.client().list_multipart_uploads(Bucket=seaweedfs.bucket, Prefix="e2e-data-upload/")
+    assert not uploads.get("Uploads"), uploads  # completed: nothing left open in the store
+
+    job_path = tmp_path / "big.json"
+    job_path.write_text(json.dumps({
+        "name": "hashes-data", "kind": "train", "resources": {"gpus": 0.5},
+        "spec": {"command": ["python", "-c", HASH], "data": {"mount": {"big": "big"}}}}))
+    result = cluster.cli("submit", str(job_path), "--wait", timeout=600)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.output()}"
+    job_id = result.stdout.split("submitted job ")[1].split()[0]
+    text = "\n".join(cluster.logs(job_id))
+    for name, payload in files.items():
+        assert f"{name} {hashlib.sha256(payload).hexdigest()}" in text, text[-3000:]

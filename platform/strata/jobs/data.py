@@ -10,8 +10,13 @@ Jobs mount data sets by name (``spec.data.mount: {alias: name}``, the core's dat
 ``components.runtime.data``); the name is resolved at submit to the data set's digest (:func:`data_lookup`) and
 the job is linked to it (:func:`data_link`), so a data set is not deleted while an unfinished job mounts it.
 
-Bytes go through the artifact storage behind the three functions of :class:`DataBytes` (a later step moves them to
-an object store with direct transfers).
+Bytes go through the artifact storage behind the functions of :class:`DataBytes`. With an object store that signs
+URLs (``strata.jobs.storage.direct``) an upload of ``STRATA_DIRECT_MIN_BYTES`` or more is *direct*: it is a
+multipart upload to the data set's own key, chunk ``n`` being part ``n + 1``; the client asks
+:func:`direct_parts` for a presigned PUT URL per chunk (signed with the chunk's ``Content-MD5``: the store refuses
+other bytes) and sends the chunks to the store, and :func:`upload_complete` has the store join them, then reads the
+object once (never writing it) to verify its SHA-256 and check a directory's archive, as for an upload through
+the control plane.
 
 Uploads are bounded: a team has at most ``STRATA_MAX_OPEN_UPLOADS`` open at once (one more is a 409 naming the
 limit), and an upload not completed within ``STRATA_UPLOAD_EXPIRY_HOURS`` of its start is abandoned: the beat's
@@ -21,6 +26,7 @@ limit), and an upload not completed within ``STRATA_UPLOAD_EXPIRY_HOURS`` of its
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import re
 import tempfile
@@ -34,13 +40,16 @@ from django.utils import timezone
 from components.runtime import bundles
 from components.runtime.data import DATA_NAME, data_sets_of
 from strata.jobs.models import TERMINAL_STATES, DataSet, DataUpload, Job
-from strata.jobs.storage import get_storage
+from strata.jobs.storage import direct, get_storage
+from strata.jobs.transfers import content_md5
 
 log = logging.getLogger(__name__)
 MAX_DATA_FILES = 1_000_000
 MIN_CHUNK_BYTES = 1024
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 COPY = 1 << 20
+STORE_MIN_PART = 5 << 20  # S3's smallest part (but the last): a direct upload's chunks are at least this
+MAX_STORE_PARTS = 10_000  # S3's most parts in one upload
 
 
 class DataRejected(ValueError):
@@ -66,6 +75,11 @@ class DataBytes:
     @staticmethod
     def delete(key: str) -> None:
         get_storage().delete(key)
+
+    @staticmethod
+    def direct(size: int) -> bool:
+        """Whether an upload of ``size`` bytes goes straight to the object store."""
+        return direct() and size >= settings.STRATA_DIRECT_MIN_BYTES
 
 
 def _storage_admission(team_id: int, extra_bytes: int, *, replaces: int = 0) -> None:
@@ -193,7 +207,7 @@ def upload_open(*, team, user, fields: dict[str, Any]) -> tuple[DataUpload, bool
         Team.objects.select_for_update().filter(pk=team.pk).first()  # one opening at a time per team: the count holds
         existing = DataUpload.objects.filter(team=team, **fields).order_by("-created_at").first()
         if existing is not None:
-            return existing, False
+            return (direct_sync(existing) if existing.store_upload else existing), False
         _storage_admission(team.pk, fields["size"])  # the whole data set must fit the team's storage quota
         limit = settings.STRATA_MAX_OPEN_UPLOADS
         count = DataUpload.objects.filter(team=team).count()
@@ -204,7 +218,18 @@ def upload_open(*, team, user, fields: dict[str, Any]) -> tuple[DataUpload, bool
                                           "(GET /api/v1/uploads/ lists them, DELETE /api/v1/uploads/{id}/ abandons "
                                           f"one), or wait: an upload not completed within {hours} h expires"},
                                status=409)
-        return DataUpload.objects.create(team=team, owner=user, **fields), True
+        upload = DataUpload(team=team, owner=user, **fields)
+        if DataBytes.direct(upload.size):
+            if upload.chunk_count > MAX_STORE_PARTS:
+                raise DataRejected({"chunk_size": f"{upload.chunk_count} chunks: a direct upload to the object store "
+                                                  f"has at most {MAX_STORE_PARTS} (S3's limit); choose chunks of at "
+                                                  f"least {bundles.human_size(-(-upload.size // MAX_STORE_PARTS))}"})
+            if upload.chunk_count > 1 and upload.chunk_size < STORE_MIN_PART:
+                raise DataRejected({"chunk_size": f"a direct upload to the object store needs chunks of at least "
+                                                  f"{bundles.human_size(STORE_MIN_PART)} (S3's smallest part)"})
+            upload.store_upload = get_storage().upload_start(data_key(team.pk, upload), upload.sha256)
+        upload.save(force_insert=True)
+        return upload, True
 
 
 def chunk_length(upload: DataUpload, index: int) -> int:
@@ -217,6 +242,9 @@ def chunk_store(upload: DataUpload, index: int, source: BinaryIO, checksum: Any)
     naming it, and nothing of it is kept. Sending a chunk again replaces it."""
     if timezone.now() >= upload_deadline(upload):
         raise _expired(upload)
+    if upload.store_upload:
+        raise DataRejected({"detail": f"upload {upload.pk} is direct: its chunks go to the object store (POST "
+                                      f"/api/v1/uploads/{upload.pk}/parts/ signs a URL per chunk)"}, status=409)
     count = upload.chunk_count
     if not 0 <= index < count:
         raise DataRejected({"chunk": f"chunk {index}: no such chunk (this upload has chunks 0 to {count - 1})"})
@@ -261,9 +289,159 @@ def missing_chunks(upload: DataUpload) -> list[int]:
 def upload_abort(upload: DataUpload) -> None:
     """Forget an upload and its chunks (each chunk received, then what is left under its key: a chunk stored while
     the upload was being forgotten)."""
+    if upload.store_upload:
+        key, store_upload = data_key(upload.team_id, upload), upload.store_upload
+        upload.delete()
+        transaction.on_commit(lambda: get_storage().upload_abort(key, store_upload))
+        return
     keys = [chunk_key(upload, int(index)) for index in upload.received] + [upload_prefix(upload)]
     upload.delete()
     transaction.on_commit(lambda: [DataBytes.delete(key) for key in keys])
+
+
+def _gone(upload: DataUpload) -> DataRejected:
+    return DataRejected({"detail": f"upload {upload.pk} of {upload.name} is gone (abandoned, or expired: not "
+                                   f"completed within {settings.STRATA_UPLOAD_EXPIRY_HOURS:g} h); start again"},
+                        status=410)
+
+
+def _store_parts(upload: DataUpload) -> dict[int, tuple[int, str]]:
+    """The chunks of a direct upload the store holds: {index: (bytes, ETag)}."""
+    try:
+        parts = get_storage().upload_parts(data_key(upload.team_id, upload), upload.store_upload)
+    except FileNotFoundError:
+        raise _gone(upload) from None
+    return {number - 1: part for number, part in parts.items()}
+
+
+def direct_sync(upload: DataUpload) -> DataUpload:
+    """Bring a direct upload's ``received`` up to what the store holds (chunks of the right length)."""
+    parts = _store_parts(upload)
+    received = {str(index): etag.strip('"') for index, (size, etag) in parts.items()
+                if 0 <= index < upload.chunk_count and size == chunk_length(upload, index)}
+    if received != upload.received:
+        DataUpload.objects.filter(pk=upload.pk).update(received=received, updated_at=timezone.now())
+        upload.received = received
+    return upload
+
+
+def direct_parts(upload: DataUpload, wanted: Any) -> dict[str, Any]:
+    """Presigned PUT URLs for the chunks ``wanted`` (``[{"index": n, "md5": base64}]``) of a direct upload, each
+    signed with the chunk's ``Content-MD5``, and the upload as the store now has it. A bad entry is a 400 naming
+    it; an upload through the control plane is a 409."""
+    if timezone.now() >= upload_deadline(upload):
+        raise _expired(upload)
+    if not upload.store_upload:
+        raise DataRejected({"detail": f"upload {upload.pk} goes through the control plane: PUT each chunk to "
+                                      f"/api/v1/uploads/{upload.pk}/chunks/{{index}}/"}, status=409)
+    errors: dict[str, str] = {}
+    if not isinstance(wanted, list) or len(wanted) > 1000:
+        errors["parts"] = "a list of at most 1000 {index, md5}"
+        wanted = []
+    last = upload.chunk_count - 1
+    for position, part in enumerate(wanted):
+        index = part.get("index") if isinstance(part, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index <= last:
+            errors[f"parts[{position}].index"] = f"a chunk index from 0 to {last}"
+        if not isinstance(part, dict) or content_md5(part.get("md5")) is None:
+            errors[f"parts[{position}].md5"] = "the chunk's MD5, base64 (what it is sent with as Content-MD5)"
+    if errors:
+        raise DataRejected(errors)
+    upload = direct_sync(upload)
+    storage, expires = get_storage(), settings.STRATA_PRESIGN_EXPIRY_S
+    key = data_key(upload.team_id, upload)
+    urls = [{"index": part["index"], "length": chunk_length(upload, part["index"]),
+             "url": storage.upload_part_url(key, upload.store_upload, part["index"] + 1, part["md5"], expires)}
+            for part in wanted]
+    return {"urls": urls, "expires_s": expires, "upload": upload}
+
+
+class _Hashing(io.RawIOBase):
+    """A reader that hashes what it reads, in order, once: a rewind to a place already hashed (an archive's
+    sniffing of its first bytes) is allowed; a skip forward marks the hash incomplete."""
+
+    def __init__(self, source: BinaryIO):
+        super().__init__()
+        self._source, self._at, self.hashed, self.complete = source, 0, 0, True
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._at = self._source.seek(offset, whence)
+        if self._at > self.hashed:
+            self.complete = False
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        data = self._source.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        if self._at <= self.hashed < self._at + n:
+            self.digest.update(memoryview(data)[self.hashed - self._at:])
+            self.hashed = self._at + n
+        self._at += n
+        return n
+
+    def drain(self) -> None:
+        """Read to the end (what the archive's reader left: its padding)."""
+        self.seek(self.hashed)
+        while self.read(COPY):
+            pass
+
+
+def _direct_complete(upload: DataUpload) -> tuple[str, int, str, bundles.Manifest]:
+    """Join a direct upload's parts in the store and check the object as :func:`upload_complete` checks assembled
+    chunks: its length, its SHA-256 and (an archive) every entry. Returns (key, size, sha256, manifest); the object
+    is deleted when it fails a check."""
+    parts = _store_parts(upload)
+    missing = [index for index in range(upload.chunk_count) if index not in parts]
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        raise DataRejected({"chunks": f"{len(missing)} chunk(s) still missing: {shown}"}, status=409)
+    wrong = [index for index, (size, _) in parts.items()
+             if index >= upload.chunk_count or size != chunk_length(upload, index)]
+    if wrong:
+        raise DataRejected({"chunks": f"chunk(s) of the wrong length: {', '.join(map(str, sorted(wrong)[:20]))} "
+                                      "(send them again)"})
+    storage, key = get_storage(), data_key(upload.team_id, upload)
+    size = storage.upload_complete(key, upload.store_upload, {index + 1: etag for index, (_, etag) in parts.items()})
+    try:
+        with storage.open(key) as stored:
+            reader = _Hashing(stored)
+            manifest = None
+            if upload.format == DataSet.Format.ARCHIVE:
+                try:
+                    manifest = bundles.inspect(reader, max_bytes=settings.STRATA_MAX_DATA_BYTES,
+                                               max_files=MAX_DATA_FILES)
+                except bundles.BundleError as error:
+                    raise DataRejected({"file": f"{error}; the upload was dropped"}) from None
+            reader.drain()
+            sha = reader.digest.hexdigest()
+            if not reader.complete:  # the archive's reader skipped ahead (a zip): hash it in one more pass
+                stored.seek(0)
+                digest = hashlib.sha256()
+                while data := stored.read(COPY):
+                    digest.update(data)
+                sha = digest.hexdigest()
+        if size != upload.size or sha != upload.sha256:
+            raise DataRejected({"sha256": f"the chunks assemble to {size} bytes with SHA-256 {sha}, not "
+                                          f"{upload.size} bytes with {upload.sha256}; the upload was dropped: start "
+                                          "again"})
+    except DataRejected:
+        storage.delete(key)
+        upload.delete()
+        raise
+    if manifest is None:
+        manifest = bundles.Manifest([bundles.BundleFile(upload.file_name, upload.size)])
+    return key, size, sha, manifest
 
 
 def upload_complete(upload: DataUpload) -> DataSet:
@@ -271,6 +449,11 @@ def upload_complete(upload: DataUpload) -> DataSet:
     forgotten), check a directory's archive and create the data set. The chunks are then dropped."""
     if timezone.now() >= upload_deadline(upload):
         raise _expired(upload)
+    if upload.store_upload:
+        if DataSet.objects.filter(team=upload.team_id, name=upload.name).exists():
+            raise DataRejected({"name": f"the team already has a data set named {upload.name}"}, status=409)
+        key, _size, _sha, manifest = _direct_complete(upload)
+        return _data_set_create(upload, key, manifest)
     missing = missing_chunks(upload)
     if missing:
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
@@ -307,13 +490,21 @@ def upload_complete(upload: DataUpload) -> DataSet:
         whole.seek(0)
         key = data_key(upload.team_id, upload)
         DataBytes.save(key, whole, upload.size)
+    return _data_set_create(upload, key, manifest)
+
+
+def _data_set_create(upload: DataUpload, key: str, manifest: bundles.Manifest) -> DataSet:
+    """Record the data set whose verified bytes are at ``key`` and forget the upload."""
     try:
         with transaction.atomic():
             data_set = DataSet.objects.create(
                 team_id=upload.team_id, name=upload.name, digest=upload.sha256, format=upload.format,
                 owner_id=upload.owner_id, size=upload.size, expanded_size=manifest.size,
                 file_count=len(manifest.files), files=manifest.as_list(), storage_key=key)
-            upload_abort(upload)
+            if upload.store_upload:  # completed in the store: nothing there to drop
+                upload.delete()
+            else:
+                upload_abort(upload)
     except IntegrityError:  # the same name completed at the same time
         DataBytes.delete(key)
         raise DataRejected({"name": f"the team already has a data set named {upload.name}"}, status=409) from None

@@ -96,6 +96,9 @@ class DataUpload(models.Model):
     sha256 = models.CharField(max_length=64)
     chunk_size = models.BigIntegerField()
     received = models.JSONField(default=dict, help_text="{chunk index: its sha256}, of the chunks stored.")
+    # A direct upload's multipart upload in the object store (strata.jobs.data: chunk n is part n + 1 of the data
+    # set's own key); empty where the chunks go through the control plane.
+    store_upload = models.CharField(max_length=1024, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

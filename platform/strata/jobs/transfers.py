@@ -108,7 +108,7 @@ def ticket_for(attempt: Attempt, token: str) -> Ticket:
     return ticket
 
 
-def _md5(value) -> str | None:
+def content_md5(value) -> str | None:
     try:
         raw = base64.b64decode(str(value), validate=True)
     except (binascii.Error, ValueError):
@@ -129,7 +129,7 @@ def upload_parts(attempt: Attempt, token: str, wanted: list) -> dict:
         number = part.get("number") if isinstance(part, dict) else None
         if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= ticket.parts:
             errors[f"parts[{index}].number"] = f"a part number from 1 to {ticket.parts}"
-        if not isinstance(part, dict) or _md5(part.get("md5")) is None:
+        if not isinstance(part, dict) or content_md5(part.get("md5")) is None:
             errors[f"parts[{index}].md5"] = "the part's MD5, base64 (Content-MD5)"
     if errors:
         raise TransferRejected(errors)

@@ -524,12 +524,33 @@ class DataUploadCreateSerializer(serializers.Serializer):
     team = serializers.CharField(required=False, help_text="The team (slug); default: the token's team.")
 
 
+class DataUploadPartSerializer(serializers.Serializer):
+    index = serializers.IntegerField(min_value=0, help_text="The chunk's index, from 0.")
+    md5 = serializers.CharField(help_text="The chunk's MD5, base64: it is sent with it as Content-MD5.")
+
+
+class DataUploadPartsSerializer(serializers.Serializer):
+    """``POST /api/v1/uploads/{id}/parts/`` (checked by ``strata.jobs.data.direct_parts``; this types the
+    schema)."""
+
+    parts = DataUploadPartSerializer(many=True, required=False, help_text="The chunks to sign (at most 1000).")
+
+
+class DataUploadPartURLSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    length = serializers.IntegerField(help_text="The chunk's bytes: exactly these go to the URL.")
+    url = serializers.URLField(help_text="A presigned PUT URL of the object store.")
+
+
 class DataUploadSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     file = serializers.CharField(source="file_name", read_only=True)
     chunks = serializers.IntegerField(source="chunk_count", read_only=True, help_text="How many chunks in all.")
     received = serializers.SerializerMethodField(help_text="The indices of the chunks stored, sorted.")
     missing = serializers.SerializerMethodField(help_text="The indices of the chunks still to send, sorted.")
+    direct = serializers.SerializerMethodField(
+        help_text="Whether the chunks go straight to the object store: POST .../parts/ for a presigned URL per "
+                  "chunk (else PUT each to .../chunks/{index}/).")
     expires_at = serializers.SerializerMethodField(
         help_text="When the upload expires, with its chunks, unless completed by then (STRATA_UPLOAD_EXPIRY_HOURS "
                   "after it started).")
@@ -537,7 +558,7 @@ class DataUploadSerializer(serializers.ModelSerializer):
     class Meta:
         model = DataUpload
         fields = ["id", "name", "team", "format", "file", "size", "sha256", "chunk_size", "chunks", "received",
-                  "missing", "created_at", "updated_at", "expires_at"]
+                  "missing", "direct", "created_at", "updated_at", "expires_at"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.DateTimeField())
@@ -549,3 +570,12 @@ class DataUploadSerializer(serializers.ModelSerializer):
 
     def get_missing(self, upload) -> list[int]:
         return missing_chunks(upload)
+
+    def get_direct(self, upload) -> bool:
+        return bool(upload.store_upload)
+
+
+class DataUploadPartsAnswerSerializer(serializers.Serializer):
+    urls = DataUploadPartURLSerializer(many=True)
+    expires_s = serializers.IntegerField(help_text="Seconds each URL stays valid (STRATA_PRESIGN_EXPIRY_S).")
+    upload = DataUploadSerializer(help_text="The upload as the store now has it (its missing chunks).")

@@ -46,6 +46,8 @@ from strata.jobs.api.serializers import (
     DataSetDetailSerializer,
     DataSetSerializer,
     DataUploadCreateSerializer,
+    DataUploadPartsAnswerSerializer,
+    DataUploadPartsSerializer,
     DataUploadSerializer,
     JobEventSerializer,
     JobListSerializer,
@@ -595,6 +597,16 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
         return Response(DataUploadSerializer(upload).data,
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
+    @extend_schema(parameters=[TEAM_PARAMETER])
+    def retrieve(self, request, *args, **kwargs):
+        upload = self.get_object()
+        if upload.store_upload:
+            try:
+                upload = data_sets.direct_sync(upload)
+            except data_sets.DataRejected as error:
+                return _rejected(error)
+        return Response(DataUploadSerializer(upload).data)
+
     @extend_schema(responses={204: None})
     def destroy(self, request, *args, **kwargs):
         """Abandon the upload: its chunks are dropped."""
@@ -623,6 +635,27 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
         except data_sets.DataRejected as error:
             return _rejected(error)
         return Response(DataUploadSerializer(upload).data)
+
+    @extend_schema(request=DataUploadPartsSerializer,
+                   responses={200: DataUploadPartsAnswerSerializer,
+                              400: error_response(400, "A bad entry (its index or MD5), named."),
+                              409: error_response(409, "The upload goes through the control plane: PUT its chunks "
+                                                       "to .../chunks/{index}/."),
+                              410: error_response(410, "The upload expired or is gone from the store.")})
+    @action(detail=True, methods=["post"])
+    def parts(self, request, pk=None):
+        """A direct upload (``direct: true``): a presigned PUT URL per chunk asked for, each signed with the
+        chunk's ``Content-MD5`` (send the chunk with that header; the store refuses other bytes), and the chunks
+        the store already holds (``upload.missing``: a client resumes with those)."""
+        upload = self.get_object()
+        body = request.data if isinstance(request.data, dict) else None
+        if body is None:
+            raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object"]})
+        try:
+            answer = data_sets.direct_parts(upload, body.get("parts", []))
+        except data_sets.DataRejected as error:
+            return _rejected(error)
+        return Response({**answer, "upload": DataUploadSerializer(answer["upload"]).data})
 
     @extend_schema(request=None,
                    responses={201: DataSetDetailSerializer,
