@@ -65,7 +65,8 @@ LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list"
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
 TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
-                "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-complete", "secret-detail"}
+                "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-parts", "upload-complete",
+                "secret-detail"}
 ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing it is for cluster admins
 SECRET_NAME = "ALPHA_SECRET_NAME"
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \

@@ -34,7 +34,7 @@ def test_route_table_is_what_this_walk_expects():
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
         "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant",
         "code-list", "code-detail", "code-download", "data-list", "data-detail", "upload-list", "upload-detail",
-        "upload-chunk", "upload-complete", "secret-list", "secret-detail"}
+        "upload-chunk", "upload-parts", "upload-complete", "secret-list", "secret-detail"}
 
 
 @pytest.fixture
