@@ -68,7 +68,7 @@ bench: install
 	$(BIN)/strata bench control-plane
 	$(BIN)/strata bench dashboard
 
-# The soak test (strata.bench.soak): a real strata server + scheduler + node on 127.0.0.1 under a steady mix of
+# The soak test (benchmarks.core.soak): a real strata server + scheduler + node on 127.0.0.1 under a steady mix of
 # submits, reads and cancels of two teams for DURATION seconds at RATE calls/s; reports p50/p99, throughput and
 # errors, and checks that the server's RSS and the database connections stay flat. On PostgreSQL + Redis when
 # STRATA_DATABASE_URL / STRATA_BROKER_URL name them (a fresh database and key prefix), else SQLite.
@@ -76,7 +76,7 @@ DURATION ?= 300
 RATE ?= 10
 SOAK_OUTPUT ?= soak.json
 soak: install
-	$(BIN)/python -m strata.bench.soak --duration $(DURATION) --rate $(RATE) --output $(SOAK_OUTPUT)
+	$(BIN)/python -m benchmarks.core.soak --duration $(DURATION) --rate $(RATE) --output $(SOAK_OUTPUT)
 
 # The real peer systems the benchmarks compare with (Ray Tune and Ray Serve 2.60), in their own virtual environment, never in
 # make test's: .venv-peers holds the CPU torch, ray[tune,serve] and this project; then the tuning and serving
@@ -93,12 +93,12 @@ $(PEERS)/.installed-stamp: pyproject.toml
 # numpy 1, which Ray 2.60 does not accept. The .pth file works around triton-inference-server/pytriton#51 (Triton's
 # Python-backend stub calls RLock._recursion_count, which its interpreter lacks, through Python 3.11.7's stdlib).
 TRITON ?= .venv-triton
-$(TRITON)/.installed-stamp: pyproject.toml components/serving/pytriton_fix.py
+$(TRITON)/.installed-stamp: pyproject.toml benchmarks/serving/pytriton_fix.py
 	test -x $(TRITON)/bin/python || $(PYTHON) -m venv $(TRITON)
 	$(TRITON)/bin/python -m pip install -q "torch==2.13.0" || $(TRITON)/bin/python -m pip install -q "torch>=2.3"
 	$(TRITON)/bin/python -m pip install -q "nvidia-pytriton==0.7.0"
 	$(TRITON)/bin/python -m pip install -q --no-deps -e .
-	cp components/serving/pytriton_fix.py "$$($(TRITON)/bin/python -c 'import site; print(site.getsitepackages()[0])')/strata_pytriton_fix.py"
+	cp benchmarks/serving/pytriton_fix.py "$$($(TRITON)/bin/python -c 'import site; print(site.getsitepackages()[0])')/strata_pytriton_fix.py"
 	echo "import strata_pytriton_fix" > "$$($(TRITON)/bin/python -c 'import site; print(site.getsitepackages()[0])')/strata-pytriton-fix.pth"
 	touch $(TRITON)/.installed-stamp
 

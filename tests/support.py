@@ -195,4 +195,4 @@ def fill_route(text: str, values: dict) -> str:
 
 # A package index on loopback (what a project's requirements.txt installs from; tests reach nothing else): the one
 # definition, which `strata bench byo` uses too.
-from strata.bench.package_index import build_wheel, index_environment, package_index  # noqa: E402, F401
+from benchmarks.core.package_index import build_wheel, index_environment, package_index  # noqa: E402, F401

@@ -17,5 +17,5 @@ PLUGIN = Plugin(
     data_providers=("components.datacache.provider:DataCacheProvider",),
     collections={"datasets": "components.datacache.datasets:Datasets"},
     metrics="components.datacache.metrics:metrics",
-    benchmarks={"datacache": "components.datacache.bench:main"},
+    benchmarks={"datacache": "benchmarks.datacache.bench:main"},
 )

@@ -19,5 +19,5 @@ PLUGIN = Plugin(
     reports="components.decentral.report:SwarmReport",
     hooks=("components.decentral.hooks:SwarmCarriesOn",),
     commands=("components.decentral.commands:PeerCommand",),
-    benchmarks={"decentral": "components.decentral.bench:main"},
+    benchmarks={"decentral": "benchmarks.decentral.bench:main"},
 )

@@ -18,5 +18,5 @@ PLUGIN = Plugin(
     reports="components.embeddings.report:CompressionReport",
     commands=("components.embeddings.commands:EmbeddingsCommand",),
     job_routes={"compression": "components.embeddings.routes:compression"},
-    benchmarks={"embeddings": "components.embeddings.bench:main"},
+    benchmarks={"embeddings": "benchmarks.embeddings.bench:main"},
 )

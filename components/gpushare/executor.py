@@ -54,7 +54,7 @@ from components.gpushare.lanes import Admission, LaneAllocator, MemoryRequest, p
 from components.gpushare.memory import EphemeralMeter, persistent_bytes
 from components.gpushare.policies import JobView, Policy, get_policy
 from components.gpushare.sessions import Progress, Session, as_session
-from components.runtime.benchkit import percentile
+from components.runtime.stats import percentile
 
 log = logging.getLogger(__name__)
 

@@ -12,5 +12,5 @@ PLUGIN = Plugin(
     reports="components.gpushare.report:GpuShareReport",
     hooks=("components.gpushare.scheduling:LendMeasuredMemory",),
     metrics="components.gpushare.metrics:metrics",
-    benchmarks={"gpushare": "components.gpushare.bench:main"},
+    benchmarks={"gpushare": "benchmarks.gpushare.bench:main"},
 )

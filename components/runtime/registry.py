@@ -224,7 +224,7 @@ def _try(load):
 RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
                                "cancel", "quota", "bench", "plugins", "job-token", "participants", "code", "env",
                                "data"})
-# The core's own benchmarks (strata.bench): a plugin may not take these names either.
+# The core's own benchmarks (strata.cli.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 # The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
 RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "logs", "metrics", "resubmit",

@@ -9,5 +9,5 @@ PLUGIN = Plugin(
     kinds=("components.serving.spec:ServeSpec",),
     commands=("components.serving.commands:InferCommand",),
     job_routes={"replicas": "components.serving.replicas:replicas_route"},
-    benchmarks={"serving": "components.serving.bench:main"},
+    benchmarks={"serving": "benchmarks.serving.bench:main"},
 )

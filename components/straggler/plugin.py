@@ -24,5 +24,5 @@ PLUGIN = Plugin(
     reports="components.straggler.report:StragglerReport",
     hooks=("components.straggler.hooks:AvailabilityAwarePlacement",),
     node_services=("components.straggler.availability:AvailabilityService",),
-    benchmarks={"straggler": "components.straggler.bench:main"},
+    benchmarks={"straggler": "benchmarks.straggler.bench:main"},
 )

@@ -7,5 +7,5 @@ PLUGIN = Plugin(
     description="Training jobs: built-in workloads or a user entrypoint, checkpointed and resumable.",
     kinds=("components.train.spec:TrainSpec",),
     strategies=("components.train.strategies:DDP", "components.train.strategies:PostLocalSGD"),
-    benchmarks={"byo": "components.train.bench_byo:main"},
+    benchmarks={"byo": "benchmarks.train.bench_byo:main"},
 )

@@ -10,5 +10,5 @@ PLUGIN = Plugin(
     kinds=("components.tuning.spec:TuneSpec",),
     reports="components.tuning.report:TuningReport",
     job_routes={"trials": "components.tuning.report:trials"},
-    benchmarks={"tuning": "components.tuning.bench:main"},
+    benchmarks={"tuning": "benchmarks.tuning.bench:main"},
 )

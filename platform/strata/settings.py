@@ -317,7 +317,7 @@ STRATA_PRESIGN_EXPIRY_S = env_int("STRATA_PRESIGN_EXPIRY_S", 900, minimum=10)
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
 STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
 # The operation history (strata.jobs.history): one JSON line per committed job and attempt change, appended to this
-# file by every control-plane process. Off when empty. The chaos suite checks it (strata.bench.history_check).
+# file by every control-plane process. Off when empty. The chaos suite checks it (benchmarks.core.history_check).
 STRATA_HISTORY_LOG = env_str("STRATA_HISTORY_LOG", "") or ""
 
 LOGGING = {

@@ -14,7 +14,7 @@ One :class:`ChaosRun` does, in order:
    the replica being called...);
 5. cancels what runs forever (the deployment), waits until every job the control plane recorded has ended, reads
    each one's record and the teams' billed GPU-seconds from the API, and checks the history
-   (:func:`strata.bench.history_check.check`).
+   (:func:`benchmarks.core.history_check.check`).
 
 The client's history (``client.jsonl``) holds what the driver asked and was told; the control plane's
 (``history.jsonl``) what it committed. Every API call of the driver retries through faults (same
@@ -41,8 +41,8 @@ from typing import Any
 import psutil
 import requests
 
-from strata.bench.history_check import TERMINAL, Report, check, read_lines
-from strata.bench.hosts import HostCluster, Hosts
+from benchmarks.core.history_check import TERMINAL, Report, check, read_lines
+from benchmarks.core.hosts import HostCluster, Hosts
 
 FAULTS = ("sigkill-node-worker", "kill-sharing-service", "broker-restart", "postgres-connections-killed",
           "kill-serving-replica", "kill-hivemind-peer", "sigstop-node", "broker-wipe", "cancel-at-completion")

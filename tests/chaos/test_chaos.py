@@ -2,7 +2,7 @@
 cluster over PostgreSQL and Redis while node workers are SIGKILLed, a node is SIGSTOPped past its lease, the broker
 restarts and is wiped, PostgreSQL's connections are killed, a sharing service, a serving replica and a hivemind
 peer are killed, and jobs are cancelled as they complete. The history the control plane and the client wrote is
-then checked (strata.bench.history_check): it fails on any violation, and prints the figures.
+then checked (benchmarks.core.history_check): it fails on any violation, and prints the figures.
 
 Not part of ``make test`` (tests/conftest.py leaves this folder out unless STRATA_CHAOS names a scale):
 ``STRATA_CHAOS=bounded`` (CI, about 6 minutes) or ``STRATA_CHAOS=full`` (``make chaos``, three node hosts and
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from chaos_driver import FAULTS, SCALES, ChaosRun
 
-from strata.bench.hosts import PG_SOCKET_DIR, NamespaceError
+from benchmarks.core.hosts import PG_SOCKET_DIR, NamespaceError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 

@@ -1,5 +1,5 @@
 """Multi-host: the control plane and two GPU nodes on separate hosts (network namespaces joined by veth pairs on a
-bridge, with addresses from 198.18.0.0/15 that exist only inside them; ``strata.bench.hosts``).
+bridge, with addresses from 198.18.0.0/15 that exist only inside them; ``benchmarks.core.hosts``).
 
 The control-plane host runs its own redis-server (the broker the nodes reach over the bridge), ``strata server``
 and ``strata scheduler``, on PostgreSQL (a fresh database through the machine's Unix socket) when the suite runs
@@ -18,7 +18,7 @@ import sys
 import psutil
 import pytest
 
-from strata.bench.hosts import NODE_METRICS_PORT, HostCluster, Hosts, NamespaceError, get_text
+from benchmarks.core.hosts import NODE_METRICS_PORT, HostCluster, Hosts, NamespaceError, get_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -99,7 +99,7 @@ def test_the_benchmark_writes_the_common_document(tmp_path, capsys):
 
     from strata_primes.bench import main
 
-    from components.runtime.benchkit import validate_document
+    from benchmarks.benchkit import validate_document
 
     output = tmp_path / "primes.json"
     assert main(quick=True, output=str(output)) == 0

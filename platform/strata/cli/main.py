@@ -220,7 +220,7 @@ def dispatch(args) -> int:
     if args.command == "user":
         return local.user_unlock_local(args) if args.user_command == "unlock" else local.user_create_local(args)
     if args.command == "bench":
-        from strata.bench import run_benchmark
+        from strata.cli.bench import run_benchmark
 
         return run_benchmark(args.component, quick=args.quick, output=args.output, peers=args.peers)
     if args.command == "plugins":

@@ -1,7 +1,7 @@
 """The operation history: one JSON line per committed change of a job or an attempt, appended to the file
 ``STRATA_HISTORY_LOG`` names (off when it is empty), by every control-plane process (web, scheduler) at once.
 
-It is what the chaos suite's checker (:mod:`strata.bench.history_check`) reads, Jepsen-style, next to the client's
+It is what the chaos suite's checker (:mod:`benchmarks.core.history_check`) reads, Jepsen-style, next to the client's
 own log of what it asked and what it was told; an operator can also keep it as an audit trail. Each line::
 
     {"op": "dispatch", "time": 1732700000.123, "pid": 4242, "job": "<uuid>", "attempt": "<uuid>",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from components.datacache import bench
-from components.runtime.benchkit import validate_document
+from benchmarks.benchkit import validate_document
+from benchmarks.datacache import bench
 
 
 def results() -> dict:

@@ -16,8 +16,7 @@ import time
 import pytest
 import torch
 
-from components.decentral.model import ModelConfig, build_model
-from components.decentral.pipeline import (
+from benchmarks.decentral.pipeline import (
     HEADER,
     HELLO_BYTES,
     KIND_ACTIVATION,
@@ -30,6 +29,7 @@ from components.decentral.pipeline import (
     run_pipeline,
     single_process_reference,
 )
+from components.decentral.model import ModelConfig, build_model
 
 TINY = ModelConfig.named("tiny")
 
@@ -194,7 +194,7 @@ def test_the_timeout_kills_the_stages():
 
 
 def test_a_stage_trusts_only_the_connection_with_the_token():
-    from components.decentral.pipeline import _accept_stage
+    from benchmarks.decentral.pipeline import _accept_stage
 
     token = bytes(range(HELLO_BYTES))
     server = socket.create_server(("127.0.0.1", 0))

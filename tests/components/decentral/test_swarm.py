@@ -11,7 +11,7 @@ import hivemind  # noqa: F401
 import pytest
 
 import components.decentral.peer  # noqa: F401
-from components.decentral.local import LocalSwarm
+from benchmarks.decentral.local import LocalSwarm
 
 pytestmark = pytest.mark.timeout(600)
 

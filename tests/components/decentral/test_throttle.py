@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from components.decentral.throttle import (
+from benchmarks.decentral.throttle import (
     ThrottledProxy,
     TokenBucket,
     default_burst,

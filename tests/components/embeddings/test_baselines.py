@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from components.embeddings.baselines import (
+from benchmarks.embeddings.baselines import (
     HASH_PRIME,
     HashedEmbedding,
     QREmbedding,

@@ -2,8 +2,8 @@
 
 import json
 
-from components.embeddings import bench
-from components.runtime.benchkit import validate_document
+from benchmarks.benchkit import validate_document
+from benchmarks.embeddings import bench
 
 
 def test_a_tiny_bench_writes_every_figure(tmp_path, monkeypatch, capsys):

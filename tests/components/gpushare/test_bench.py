@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from components.gpushare import bench
-from components.runtime.benchkit import document, validate_document
+from benchmarks.benchkit import document, validate_document
+from benchmarks.gpushare import bench
 
 TINY = {
     "switch_steps": 8, "checkpoint_switches": 6,

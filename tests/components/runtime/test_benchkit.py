@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from components.runtime import benchkit
-from components.runtime.benchkit import Figure, percentile
+from benchmarks import benchkit
+from benchmarks.benchkit import Figure, percentile
 
 
 def test_percentile_interpolates_between_order_statistics():

@@ -90,7 +90,7 @@ def test_builtins_are_plugins_and_gpushare_is_not_a_kind():
     assert {"train", "serving", "gpushare"} <= set(found)
     assert found["gpushare"].kinds == {}
     assert registry.kind_plugin("serve") == "serving" and registry.kind_plugin("train") == "train"
-    assert registry.benchmarks()["gpushare"] == "components.gpushare.bench:main"
+    assert registry.benchmarks()["gpushare"] == "benchmarks.gpushare.bench:main"
     assert "infer" in registry.commands()
     assert registry.problems() == {}
 
@@ -144,7 +144,7 @@ class Hello2Spec(TrainSpec):
 
 
 def test_the_cli_offers_plugin_commands_and_benchmarks(install_plugins, capsys):
-    from strata.bench import benchmarks
+    from strata.cli.bench import benchmarks
     from strata.cli.main import main
 
     install_plugins(f"{__name__}:HELLO")

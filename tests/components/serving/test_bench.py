@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from components.runtime.benchkit import document, validate_document
-from components.serving import bench
+from benchmarks.benchkit import document, validate_document
+from benchmarks.serving import bench
 
 TINY = {"model_steps": 2, "requests": 8, "request_interval_ms": 10.0, "warmup_requests": 1, "train_alone_s": 0.2}
 
@@ -47,7 +47,7 @@ def test_bench_tiny_smoke():
 def test_sla_and_emoe_parts_tiny_smoke():
     """The SLA part's harness (server and load-generator processes, calibration, every policy, the figures) and
     the eMoE part's, at tiny sizes: counts and shapes, not speed."""
-    from components.serving import emoebench, slabench
+    from benchmarks.serving import emoebench, slabench
 
     lines = []
     sizes = {"requests": 12, "warmup": 6, "calibration": 3, "overhead_calls": 5, "patterns": ["poisson"],

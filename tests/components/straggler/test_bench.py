@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from components.runtime.benchkit import validate_document
-from components.straggler import bench
+from benchmarks.benchkit import validate_document
+from benchmarks.straggler import bench
 
 
 def gang(seconds: float, steps: int, evaluations: list, **extra) -> dict:

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from components.runtime.benchkit import Figure, document, validate_document
-from components.straggler import simulator as sim
-from components.straggler.bench_sas import sas_figures
+from benchmarks.benchkit import Figure, document, validate_document
+from benchmarks.straggler import simulator as sim
+from benchmarks.straggler.bench_sas import sas_figures
 
 SMALL = sim.Config(nodes=30, arrivals_s=5400.0, drain_s=7200.0)
 TINY = sim.Config(nodes=12, warmup_s=3600.0, arrivals_s=1800.0, drain_s=3600.0, history=360, refit_every_s=900.0)

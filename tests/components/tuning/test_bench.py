@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from components.runtime.benchkit import validate_document
-from components.tuning.bench import main, simulate
+from benchmarks.benchkit import validate_document
+from benchmarks.tuning.bench import main, simulate
 
 
 def test_the_quick_bench_writes_the_common_document(tmp_path, capsys):
@@ -38,7 +38,7 @@ def test_peers_without_their_interpreter_fail_in_one_line_before_anything_runs(t
 
 
 def test_gpu_seconds_integrate_each_trials_shares():
-    from components.tuning.bench import gpu_seconds
+    from benchmarks.tuning.bench import gpu_seconds
 
     table = {"trials": [{"shares": [[0.0, 0.25], [4.0, 0.5], [6.0, 0.0]]},  # 1 + 1
                         {"shares": [[1.0, 1.0], [3.0, 0.0]]}, {"shares": []}]}
@@ -46,7 +46,7 @@ def test_gpu_seconds_integrate_each_trials_shares():
 
 
 def test_real_figures_compare_medians_and_need_equal_accuracy():
-    from components.tuning.bench import _real_figures
+    from benchmarks.tuning.bench import _real_figures
 
     def runs(*makespans, best=0.95, gpu=10.0):
         return [{"makespan_s": m, "best": best, "trials": 16, "gpu_seconds": gpu} for m in makespans]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from components.runtime.benchkit import validate_document
+from benchmarks.benchkit import validate_document
 from strata.cli.main import main
 
 

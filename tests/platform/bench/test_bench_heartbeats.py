@@ -1,13 +1,13 @@
-"""Smoke test of the heartbeat part of ``strata bench control-plane`` (strata.bench.heartbeats): a real stack on
+"""Smoke test of the heartbeat part of ``strata bench control-plane`` (benchmarks.core.heartbeats): a real stack on
 PostgreSQL + Redis, a few simulated nodes heartbeating at the real interval, a short window, the passes."""
 
 from __future__ import annotations
 
 import pytest
 
-from components.runtime import benchkit
-from strata.bench import heartbeats
-from strata.bench.control_plane import _services_available
+from benchmarks import benchkit
+from benchmarks.core import heartbeats
+from benchmarks.core.control_plane import _services_available
 
 TINY = {"sizes": [20], "window_s": {20: 5.0}, "warmup_s": 2.0, "jobs_per_node": 5, "max_pass_runs": 1,
         "quiet_pass_runs": 1}

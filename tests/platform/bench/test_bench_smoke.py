@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from strata.bench import run_benchmark
-from strata.bench.control_plane import DEVICES_PER_NODE, measure_pass
+from benchmarks.core.control_plane import DEVICES_PER_NODE, measure_pass
+from strata.cli.bench import run_benchmark
 
 
 @pytest.mark.django_db

@@ -1,12 +1,13 @@
-"""Smoke test of ``strata bench storage`` (strata.bench.storage): it is a core benchmark, and its figures, built
+"""Smoke test of ``strata bench storage`` (benchmarks.core.storage): it is a core benchmark, and its figures, built
 from a made-up result, have the common document's shape (no store is started and nothing is timed here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from components.runtime import benchkit
-from strata.bench import benchmarks, storage
+from benchmarks import benchkit
+from benchmarks.core import storage
+from strata.cli.bench import benchmarks as all_benchmarks
 
 MIB = 1 << 20
 
@@ -18,7 +19,7 @@ def part(cpu: list[float], direct: bool) -> dict:
 
 
 def test_storage_is_a_core_benchmark_and_its_figures_have_the_common_shape():
-    assert benchmarks()["storage"] == "strata.bench.storage:main"
+    assert all_benchmarks()["storage"] == "benchmarks.core.storage:main"
     result = {"bytes": 256 * MIB, "runs": 3, "direct": part([0.2, 0.3, 0.25], True),
               "through": part([5.0, 6.0, 5.5], False)}
     made = storage.figures(result)

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from strata.bench.history_check import CHECKS, check, read_lines
+from benchmarks.core.history_check import CHECKS, check, read_lines
 
 
 def clean():

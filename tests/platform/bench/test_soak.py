@@ -1,4 +1,4 @@
-"""The soak test (strata.bench.soak), bounded: a real ``strata server`` + ``strata scheduler`` + ``strata node`` on
+"""The soak test (benchmarks.core.soak), bounded: a real ``strata server`` + ``strata scheduler`` + ``strata node`` on
 whatever the suite runs on (PostgreSQL + Redis when STRATA_DATABASE_URL / STRATA_BROKER_URL say so, else SQLite
 and the embedded broker), half a minute of the mixed load of two teams' users, then: no 5xx, connection error or
 timeout, no unexpected answer (a 4xx the call may not give, the other team's job readable, an idempotent replay
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.runtime import benchkit
-from strata.bench import soak
+from benchmarks import benchkit
+from benchmarks.core import soak
 
 MB = 2**20
 

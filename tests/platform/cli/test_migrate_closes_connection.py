@@ -2,7 +2,7 @@
 connection open behind it. The server's main thread never serves a request, so a connection left there stayed
 open for the life of the process: an idle PostgreSQL backend per server, and on SQLite its POSIX locks made
 SQLite defer closing every request thread's connection, so the server kept one open descriptor of the database
-file per thread that had ever served a request (found by the soak test, strata.bench.soak)."""
+file per thread that had ever served a request (found by the soak test, benchmarks.core.soak)."""
 
 from __future__ import annotations
 

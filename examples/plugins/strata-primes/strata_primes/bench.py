@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from components.runtime.benchkit import Figure, document, figures_table, progress, repeat, write
+from benchmarks.benchkit import Figure, document, figures_table, progress, repeat, write
 from strata_primes.sieve import base_primes, count_segment, count_trial_division
 
 TARGET = 5.0  # the sieve should be at least 5x faster than trial division

@@ -1,0 +1,669 @@
+"""``strata bench control-plane``: how fast the control plane turns a submit into a running attempt, and how
+long one scheduling pass over a large queue takes.
+
+1. Submit -> RUNNING latency (``job.started_at - job.created_at``, both stamped by the server): a real stack
+   (``strata up`` as a subprocess in its own process group) on the embedded defaults (SQLite + filesystem
+   broker) and on PostgreSQL + Redis (a fresh database and a fresh Redis key prefix, removed at the end).
+   Short jobs are submitted at a steady rate well under the node's capacity, so the figure is latency,
+   not queueing behind busy slots.
+2. One scheduling pass with many queued jobs and many simulated nodes, timed in a separate process against
+   a fresh database (``python -m benchmarks.core.control_plane pass ...``) with ``dispatch=False``.
+
+This module imports neither torch nor Django at import time: Django is set up only in the pass worker
+process, after STRATA_HOME and the database URL are in its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks import benchkit
+from benchmarks.benchkit import percentile
+
+LATENCY_P50_TARGET = 0.100  # seconds, submit -> RUNNING, median
+PASS_TARGET = 1.0  # seconds, one scheduling pass at full size
+POSTGRES_ADMIN_URL = os.environ.get("STRATA_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("STRATA_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEVICE_MEMORY = 16 * 2**30
+DEVICES_PER_NODE = 4
+
+FULL_SIZES = {"latency_jobs": 200, "rate": 1.0, "virtual_gpus": 8, "pass_jobs": 10_000, "pass_nodes": 1_000,
+              "sandbox_jobs": 20}
+QUICK_SIZES = {"latency_jobs": 20, "rate": 2.0, "virtual_gpus": 8, "pass_jobs": 1_000, "pass_nodes": 100,
+               "sandbox_jobs": 5}
+# Requests of the pass benchmark, cycled in submission order: whole, half, quarter, memory-sized
+# (4 GiB of a 16 GiB device = a quarter) and two-device jobs. 8 GPUs of demand per 10 jobs.
+MIXED_REQUESTS = [
+    {"gpus": 1.0, "gpu_memory": None, "workers": 1}, {"gpus": 1.0, "gpu_memory": None, "workers": 1},
+    {"gpus": 1.0, "gpu_memory": None, "workers": 1}, {"gpus": 1.0, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.5, "gpu_memory": None, "workers": 1}, {"gpus": 0.5, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.5, "gpu_memory": None, "workers": 1}, {"gpus": 0.25, "gpu_memory": None, "workers": 1},
+    {"gpus": 0.0, "gpu_memory": 4 * 2**30, "workers": 1}, {"gpus": 2.0, "gpu_memory": None, "workers": 1},
+]
+
+
+def noop(ctx) -> None:
+    """What the latency benchmark's jobs run: returns at once, so the child never imports torch."""
+    return None
+
+
+NOOP = "benchmarks.core.control_plane:noop"
+SANDBOX_START_TARGET = 0.050  # seconds the sandbox may add to an attempt's start (median)
+
+
+def stamp(ctx) -> None:
+    """The sandbox benchmark's start probe: records when the job's own code began (unix seconds, the node's clock:
+    the same machine as the control plane's here), to compare with the attempt's ``started_at``."""
+    ctx.metrics({"entered_at": time.time()}, step=0)
+
+
+def steps(ctx) -> None:
+    """The sandbox benchmark's step probe: 40 steps of the same numpy work (a 384x384 float32 matmul chain, what a
+    small model's step costs on a CPU), each step's milliseconds recorded."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((384, 384), dtype=np.float32)
+    b = rng.standard_normal((384, 384), dtype=np.float32)
+    for step in range(40):
+        began = time.perf_counter()
+        for _ in range(8):
+            a = np.tanh(a @ b)
+        ctx.metrics({"step_ms": (time.perf_counter() - began) * 1000}, step=step)
+
+
+def bench_job() -> tuple[str, dict]:
+    """``(kind, spec)`` of a job that runs :func:`noop`: the first registered kind that can run a bare function
+    (``KindSpec.entrypoint_spec``)."""
+    from components.runtime import registry
+
+    for kind, spec in registry.kinds().items():
+        found = spec.entrypoint_spec(NOOP)
+        if found is not None:
+            return kind, found
+    raise RuntimeError("no registered job kind can run a bare function (KindSpec.entrypoint_spec)")
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """The harness's percentile, NaN (shown as n/a) when there are no values."""
+    value = percentile(values, fraction)
+    return float("nan") if value is None else value
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _clean_env() -> dict:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("STRATA_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# --- PostgreSQL and Redis scratch space ----------------------------------------------------------------------
+
+def _services_available() -> str | None:
+    """None when PostgreSQL and Redis answer; otherwise why not."""
+    try:
+        import psycopg
+
+        with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3):
+            pass
+    except Exception as error:  # noqa: BLE001 - any failure means "skip this backend"
+        return f"PostgreSQL at {POSTGRES_ADMIN_URL} not reachable: {error}"
+    try:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except Exception as error:  # noqa: BLE001
+        return f"Redis at {REDIS_URL} not reachable: {error}"
+    return None
+
+
+def _database_url(name: str) -> str:
+    base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
+    return f"{base}/{name}"
+
+
+def _create_database() -> str:
+    import psycopg
+
+    name = f"strata_bench_{secrets.token_hex(4)}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return name
+
+
+def _drop_database(name: str) -> None:
+    import psycopg
+
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception as error:  # noqa: BLE001
+        _say(f"  warning: could not drop database {name}: {error}")
+
+
+def _clear_redis_prefix(prefix: str) -> None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start:start + 500])
+    except Exception as error:  # noqa: BLE001
+        _say(f"  warning: could not clear Redis keys {prefix}*: {error}")
+
+
+# --- part 1: submit -> RUNNING latency on a real stack ------------------------------------------------------
+
+class Stack:
+    """``strata up`` in its own process group; ``stop()`` kills the whole group."""
+
+    def __init__(self, home: Path, port: int, virtual_gpus: int, extra_env: dict):
+        self.home, self.port = home, port
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**_clean_env(), **extra_env, "STRATA_HOME": str(home), "STRATA_PUBLIC_URL": self.url}
+        self.log_path = home / "up.log"
+        home.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "strata.cli.main", "up", "--home", str(home), "--port", str(port),
+             "--virtual-gpus", str(virtual_gpus), "--node-name", "bench"],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 120.0) -> dict:
+        import requests
+
+        deadline = time.monotonic() + timeout
+        credentials = self.home / "credentials.json"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"strata up exited with {self.process.returncode}; see {self.log_path}")
+            if credentials.exists():
+                try:
+                    if requests.get(f"{self.url}/healthz", timeout=1).ok:
+                        return json.loads(credentials.read_text())
+                except (requests.RequestException, ValueError):
+                    pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the stack did not come up within {timeout:g} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever is left in the group (workers, attempt children)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+
+def _job_body(name: str) -> dict:
+    kind, spec = bench_job()
+    return {"name": name, "kind": kind, "max_attempts": 1, "time_limit": 300, "resources": {"gpus": 0.125},
+            "spec": spec}
+
+
+def _wait_started(client, job_ids: list[str], timeout: float) -> dict[str, dict]:
+    """Poll until every job has started_at (or ended without one); returns the job records."""
+    done: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while len(done) < len(job_ids) and time.monotonic() < deadline:
+        for job_id in job_ids:
+            if job_id in done:
+                continue
+            job = client.get(f"jobs/{job_id}/")
+            if job.get("started_at") or job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+                done[job_id] = job
+        if len(done) < len(job_ids):
+            time.sleep(0.5)
+    return done
+
+
+def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> dict:
+    """Start a stack on ``backend`` ("embedded" or "postgres+redis"), submit ``jobs`` short jobs at ``rate``
+    per second, and return submit -> RUNNING statistics."""
+    from components.runtime.client import ControlPlaneClient
+
+    home = Path(tempfile.mkdtemp(prefix=f"strata-bench-{backend.replace('+', '-')}-"))
+    extra_env, database, prefix = {}, None, None
+    if backend == "postgres+redis":
+        database = _create_database()
+        prefix = f"strata-bench-{secrets.token_hex(4)}:"
+        extra_env = {"STRATA_DATABASE_URL": _database_url(database), "STRATA_BROKER_URL": REDIS_URL,
+                     "STRATA_BROKER_PREFIX": prefix}
+    port = _free_port()
+    _say(f"  starting strata up ({backend}) on port {port}, {virtual_gpus} virtual GPUs, state in {home}")
+    stack = Stack(home, port, virtual_gpus, extra_env)
+    try:
+        credentials = stack.wait_ready()
+        client = ControlPlaneClient(stack.url, credentials["token"], retries=3, timeout=30)
+        # Warm-up: the node registers, its worker starts, and the first passes and claims run.
+        warm = [client.post("jobs/", _job_body(f"warmup-{i}"))["id"] for i in range(2)]
+        warmed = _wait_started(client, warm, timeout=120)
+        if len(warmed) < len(warm) or not all(job.get("started_at") for job in warmed.values()):
+            raise RuntimeError(f"warm-up jobs did not start; see {home / 'logs'}")
+        time.sleep(3.0)  # let the warm-up children finish so the measured run starts idle
+        _say(f"  stack ready; submitting {jobs} jobs at a steady {rate:g}/s "
+             f"(0.125 GPU each, {2 * virtual_gpus} worker slots on the node)")
+        ids: list[str] = []
+        submit_seconds: list[float] = []
+        started = time.monotonic()
+        for index in range(jobs):
+            delay = started + index / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter()
+            ids.append(client.post("jobs/", _job_body(f"bench-{index}"))["id"])
+            submit_seconds.append(time.perf_counter() - sent)
+            if (index + 1) % max(1, jobs // 10) == 0:
+                _say(f"    submitted {index + 1}/{jobs}")
+        records = _wait_started(client, ids, timeout=180)
+        latencies = [(_parse_time(job["started_at"]) - _parse_time(job["created_at"])).total_seconds()
+                     for job in records.values() if job.get("started_at")]
+        missing = len(ids) - len(latencies)
+        result = {
+            "backend": backend, "jobs": jobs, "rate_per_s": rate, "started": len(latencies),
+            "not_started": missing,
+            "p50_s": _percentile(latencies, 0.50), "p90_s": _percentile(latencies, 0.90),
+            "p99_s": _percentile(latencies, 0.99), "max_s": max(latencies) if latencies else float("nan"),
+            "mean_s": statistics.fmean(latencies) if latencies else float("nan"),
+            "submit_http_p50_s": _percentile(submit_seconds, 0.50),
+            "submit_http_p99_s": _percentile(submit_seconds, 0.99),
+        }
+        _say(f"  {backend}: p50 {result['p50_s'] * 1000:.1f} ms, p99 {result['p99_s'] * 1000:.1f} ms "
+             f"({len(latencies)}/{jobs} started; submit HTTP p50 {result['submit_http_p50_s'] * 1000:.1f} ms)")
+        return result
+    finally:
+        stack.stop()
+        _say(f"  stack ({backend}) stopped")
+        if database:
+            _drop_database(database)
+        if prefix:
+            _clear_redis_prefix(prefix)
+
+
+# --- the sandbox's cost: start and step time of a job's own code, with and without it ---------------------------
+
+def _entrypoint_body(name: str, function: str) -> dict:
+    from components.runtime import registry
+
+    for kind, spec in registry.kinds().items():
+        found = spec.entrypoint_spec(function)
+        if found is not None:
+            return {"name": name, "kind": kind, "max_attempts": 1, "time_limit": 300, "resources": {"gpus": 0.125},
+                    "spec": found}
+    raise RuntimeError("no registered job kind can run a bare function (KindSpec.entrypoint_spec)")
+
+
+def _wait_ended(client, job_id: str, timeout: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"jobs/{job_id}/")
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return job
+        time.sleep(0.2)
+    raise RuntimeError(f"job {job_id} did not end within {timeout:g} s")
+
+
+def _points(client, job_id: str, name: str) -> list[float]:
+    answer = client.get(f"jobs/{job_id}/metrics/", params={"name": name})
+    points = answer.get("points", answer) if isinstance(answer, dict) else answer
+    return [float(p["value"]) for p in points if p.get("name", name) == name]
+
+
+def measure_sandbox(jobs: int) -> dict:
+    """``jobs`` start probes and 2 step probes, run one at a time (entry points: a job's own code, so the node
+    sandboxes them), on a node with the sandbox off and on (``STRATA_SANDBOX``). Start = when the job's code began
+    minus the attempt's ``started_at`` (its claim): the worker's preparation, the process, bwrap, Python."""
+    from components.runtime import sandbox
+    from components.runtime.client import ControlPlaneClient
+
+    modes = ["none"] + (["bwrap"] if sandbox.resolve_mode("auto") == "bwrap" else [])
+    out: dict = {"jobs": jobs, "modes": {}}
+    for mode in modes:
+        home = Path(tempfile.mkdtemp(prefix=f"strata-bench-sandbox-{mode}-"))
+        stack = Stack(home, _free_port(), 2, {"STRATA_SANDBOX": mode})
+        try:
+            credentials = stack.wait_ready()
+            client = ControlPlaneClient(stack.url, credentials["token"], retries=3, timeout=30)
+            starts: list[float] = []
+            for index in range(jobs + 1):  # the first warms the node up: not counted
+                job = _wait_ended(client, client.post("jobs/", _entrypoint_body(f"start-{index}", "benchmarks.core.control_plane:stamp"))["id"])
+                entered = _points(client, job["id"], "entered_at")
+                if job["state"] != "SUCCEEDED" or not entered:
+                    raise RuntimeError(f"the start probe failed ({job['state']}: {job.get('reason')}); see {home}")
+                if index:
+                    started = client.get(f"jobs/{job['id']}/")["attempts"][-1]["started_at"]
+                    starts.append(entered[0] - _parse_time(started).timestamp())
+            step_ms: list[float] = []
+            for index in range(2):
+                job = _wait_ended(client, client.post("jobs/", _entrypoint_body(f"steps-{index}", "benchmarks.core.control_plane:steps"))["id"])
+                step_ms.extend(_points(client, job["id"], "step_ms")[5:])  # past the first steps' warm-up
+            out["modes"][mode] = {"start_p50_s": statistics.median(starts), "start_min_s": min(starts),
+                                  "start_max_s": max(starts), "step_p50_ms": statistics.median(step_ms),
+                                  "step_p10_ms": _percentile(step_ms, 0.10), "step_p90_ms": _percentile(step_ms, 0.90)}
+            _say(f"  sandbox {mode}: start p50 {out['modes'][mode]['start_p50_s'] * 1000:.0f} ms "
+                 f"[{min(starts) * 1000:.0f}-{max(starts) * 1000:.0f}], step p50 "
+                 f"{out['modes'][mode]['step_p50_ms']:.2f} ms")
+        finally:
+            stack.stop()
+    if "bwrap" in out["modes"]:
+        out["spawn"] = measure_sandbox_spawn()
+        _say(f"  spawn of python -I -c pass: {out['spawn']['plain_p50_ms']:.1f} ms plain, "
+             f"{out['spawn']['sandboxed_p50_ms']:.1f} ms in the sandbox (p50 of {out['spawn']['runs']})")
+        off, on = out["modes"]["none"], out["modes"]["bwrap"]
+        out["start_added_s"] = on["start_p50_s"] - off["start_p50_s"]
+        out["step_ratio"] = on["step_p50_ms"] / off["step_p50_ms"]
+    return out
+
+
+def measure_sandbox_spawn(runs: int = 30) -> dict:
+    """What bwrap itself adds to starting a process, without the rest of an attempt's start around it: ``python -I
+    -c pass`` spawned and waited for, plain and in a sandbox laid out as a worker lays one out, alternated."""
+    from components.runtime import sandbox
+
+    root = Path(tempfile.mkdtemp(prefix="strata-bench-spawn-"))
+    work = root / "state" / "work" / "a-0"
+    work.mkdir(parents=True)
+    box = sandbox.Sandbox(bwrap=sandbox.find_bwrap() or "bwrap", hide=[root / "state", Path.home()],
+                          writable=[work], uid=sandbox.team_uid(1) if os.geteuid() == 0 else None, cwd=work)
+    box.prepare()
+    argv = [sys.executable, "-I", "-c", "pass"]
+    plain: list[float] = []
+    boxed: list[float] = []
+    for _ in range(runs):
+        for times, command, preexec in ((plain, argv, None), (boxed, box.command(argv), box.preexec())):
+            began = time.perf_counter()
+            subprocess.run(command, check=True, preexec_fn=preexec, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - began)
+    return {"runs": runs, "plain_p50_ms": statistics.median(plain) * 1000,
+            "sandboxed_p50_ms": statistics.median(boxed) * 1000,
+            "added_p50_ms": (statistics.median(boxed) - statistics.median(plain)) * 1000,
+            "plain_range_ms": [min(plain) * 1000, max(plain) * 1000],
+            "sandboxed_range_ms": [min(boxed) * 1000, max(boxed) * 1000]}
+
+
+# --- part 2: one scheduling pass at scale -------------------------------------------------------------------
+
+def populate(jobs: int, nodes: int, mix: str = "mixed", teams: int = 4) -> dict:
+    """Create ``nodes`` nodes of DEVICES_PER_NODE virtual devices and ``jobs`` QUEUED jobs (Django must be
+    set up and migrated). Returns the capacity in GPUs."""
+    from datetime import timedelta
+
+    from django.utils import timezone as dj_timezone
+
+    from strata.accounts import services as accounts
+    from strata.cluster.models import Device, Node
+    from strata.jobs.models import Job, JobState
+
+    now = dj_timezone.now()
+    user = accounts.user_create(f"bench-{secrets.token_hex(3)}", secrets.token_urlsafe(12))
+    team_objects = [accounts.team_create(f"bench-{secrets.token_hex(3)}-{i}") for i in range(teams)]
+    node_objects = [Node(name=f"bench-node-{secrets.token_hex(3)}-{i:05d}", state=Node.State.UP,
+                         lease_expires_at=now + timedelta(hours=1)) for i in range(nodes)]
+    Node.objects.bulk_create(node_objects, batch_size=500)
+    Device.objects.bulk_create([
+        Device(node=node, index=index, kind=Device.Kind.VIRTUAL, name=f"virtual-{index}", memory_total=DEVICE_MEMORY)
+        for node in node_objects for index in range(DEVICES_PER_NODE)
+    ], batch_size=1000)
+    requests = MIXED_REQUESTS if mix == "mixed" else [{"gpus": 1.0, "gpu_memory": None, "workers": 1}]
+    kind, spec = bench_job()
+    Job.objects.bulk_create([
+        Job(team=team_objects[i % teams], owner=user, kind=kind, name=f"bench-{i}",
+            spec=spec, resources=dict(requests[i % len(requests)]),
+            state=JobState.QUEUED, queued_at=now + timedelta(microseconds=i), created_at=now)
+        for i in range(jobs)
+    ], batch_size=1000)
+    return {"capacity_gpus": float(nodes * DEVICES_PER_NODE)}
+
+
+def measure_pass(jobs: int, nodes: int, mix: str = "mixed", profile: str | None = None) -> dict:
+    """Populate, then time one ``schedule_pass(dispatch=False)``. Django must be set up and migrated."""
+    from django.db import connection
+    from django.db.models import Sum
+
+    from strata.jobs.models import Allocation, Job, JobState
+    from strata.scheduling.services import schedule_pass
+
+    created = time.perf_counter()
+    capacity = populate(jobs, nodes, mix)
+    populate_seconds = time.perf_counter() - created
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    begin = time.perf_counter()
+    result = schedule_pass(dispatch=False)
+    seconds = time.perf_counter() - begin
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    placed_gpus = Allocation.objects.filter(active=True).aggregate(total=Sum("share"))["total"] or 0.0
+    return {
+        "database": connection.vendor, "jobs": jobs, "nodes": nodes, "devices": nodes * DEVICES_PER_NODE,
+        "mix": mix, "seconds": seconds, "placed": result.placed, "waiting": result.waiting,
+        "still_queued": Job.objects.filter(state=JobState.QUEUED).count(),
+        "placed_gpus": round(placed_gpus, 6), **capacity, "populate_seconds": populate_seconds,
+    }
+
+
+def _pass_worker(argv: list[str]) -> int:
+    """``python -m benchmarks.core.control_plane pass ...``: set Django up on this process's environment, migrate
+    a fresh database, measure one pass and print the result as JSON on the last line."""
+    parser = argparse.ArgumentParser(prog="benchmarks.core.control_plane pass")
+    parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--mix", choices=["mixed", "uniform"], default="mixed")
+    parser.add_argument("--profile", help="write cProfile stats of the pass here")
+    args = parser.parse_args(argv)
+    # Never the user's ~/.strata: without an explicit STRATA_HOME, a throw-away one.
+    os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-bench-pass-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    print(json.dumps(measure_pass(args.jobs, args.nodes, args.mix, args.profile)), flush=True)
+    return 0
+
+
+def run_pass_subprocess(jobs: int, nodes: int, backend: str, mix: str = "mixed") -> dict:
+    home = Path(tempfile.mkdtemp(prefix="strata-bench-pass-"))
+    env = {**_clean_env(), "STRATA_HOME": str(home)}
+    database = None
+    if backend == "postgresql":
+        database = _create_database()
+        env["STRATA_DATABASE_URL"] = _database_url(database)
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.core.control_plane", "pass", "--jobs", str(jobs), "--nodes", str(nodes),
+             "--mix", mix], env=env, capture_output=True, text=True, timeout=900)
+        if completed.returncode != 0:
+            raise RuntimeError(f"the pass benchmark failed ({backend}):\n{completed.stderr[-3000:]}")
+        return json.loads(completed.stdout.strip().splitlines()[-1])
+    finally:
+        if database:
+            _drop_database(database)
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+def _ratio(target: float, measured: float) -> float:
+    return target / measured if measured and measured == measured else float("nan")
+
+
+def _table(rows: list[dict]) -> str:
+    return benchkit.table([[row["measurement"], row["backend"], row["measured_text"], row["target_text"],
+                            f"{row['ratio']:.3g}" if row["ratio"] == row["ratio"] else "n/a",
+                            "-" if row["met"] is None else ("yes" if row["met"] else "NO")] for row in rows],
+                          ["measurement", "backend", "measured", "target", "ratio target/measured", "met"])
+
+
+def _figures(results: dict, quick: bool) -> list[benchkit.Figure]:
+    """The common figures: each measurement against its target (the control plane has no peer to run here)."""
+    figures = []
+    for item in results["latency"]:
+        figures.append(benchkit.Figure(
+            f"latency_p50_{item['backend']}", f"submit -> RUNNING p50 ({item['backend']}), against the 100 ms target",
+            item["p50_s"], LATENCY_P50_TARGET, "s", target=1.0, baseline_text="target 100 ms"))
+    for item in results["scheduling_pass"]:
+        figures.append(benchkit.Figure(
+            f"pass_{item['database']}", f"one scheduling pass, {item['jobs']:,} jobs / {item['nodes']:,} nodes "
+            f"({item['database']}), against the 1 s target", item["seconds"], PASS_TARGET, "s",
+            target=None if quick else 1.0, baseline_text="target 1 s"))
+    sandbox = results.get("sandbox") or {}
+    if "start_added_s" in sandbox:
+        off, on = sandbox["modes"]["none"], sandbox["modes"]["bwrap"]
+        figures.append(benchkit.Figure(
+            "sandbox_start", "an attempt's start (claim -> its code runs) in the sandbox, against no sandbox + 50 ms",
+            on["start_p50_s"], off["start_p50_s"] + SANDBOX_START_TARGET, "s", target=1.0,
+            baseline_text=f"no sandbox {off['start_p50_s'] * 1000:.0f} ms + 50 ms"))
+        figures.append(benchkit.Figure(
+            "sandbox_step", "step time of a job's code in the sandbox, against no sandbox (within noise: 5 %)",
+            on["step_p50_ms"], off["step_p50_ms"], "ms", target=0.95, baseline_text="no sandbox"))
+    if results.get("heartbeats"):  # simulated nodes heartbeating at the real interval (benchmarks.core.heartbeats)
+        from benchmarks.core import heartbeats
+
+        figures.extend(heartbeats.figures(results["heartbeats"], quick))
+    return figures
+
+
+def main(quick: bool = False, output: str | None = None) -> int:
+    sizes = QUICK_SIZES if quick else FULL_SIZES
+    started = datetime.now(UTC)
+    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+               "platform": platform.platform(), "python": platform.python_version()}
+    _say(f"strata bench control-plane{' --quick' if quick else ''}: {started:%Y-%m-%d %H:%M} UTC, "
+         f"{machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}")
+    services_problem = _services_available()
+    if services_problem:
+        _say(f"  note: PostgreSQL/Redis parts skipped: {services_problem}")
+    results: dict = {"quick": quick, "date": started.isoformat(), "machine": machine, "sizes": sizes,
+                     "latency": [], "scheduling_pass": [], "skipped": services_problem}
+
+    _say(f"\n[1/2] submit -> RUNNING latency, {sizes['latency_jobs']} short jobs per backend")
+    for backend in ("embedded", "postgres+redis"):
+        if backend == "postgres+redis" and services_problem:
+            continue
+        results["latency"].append(measure_latency(backend, sizes["latency_jobs"], sizes["rate"],
+                                                  sizes["virtual_gpus"]))
+    # The same jobs with the control plane and the node on separate hosts (network namespaces on a bridge).
+    from benchmarks.core import hosts, multihost
+
+    cross_problem = services_problem or hosts.unavailable()
+    if cross_problem:
+        _say(f"  note: the cross-host measurement is skipped: {cross_problem}")
+        results["cross_host_skipped"] = cross_problem
+    else:
+        _say("  two-hosts: control plane and node on separate hosts (PostgreSQL + Redis)")
+        results["latency"].append(multihost.measure_cross_host_latency(sizes["latency_jobs"], sizes["rate"],
+                                                                       sizes["virtual_gpus"]))
+
+    _say(f"\n[sandbox] what the node's sandbox costs a job's own code: {sizes['sandbox_jobs']} starts and 80 steps, "
+         "with it off and on")
+    results["sandbox"] = measure_sandbox(sizes["sandbox_jobs"])
+
+    _say(f"\n[2/2] one scheduling pass: {sizes['pass_jobs']:,} queued jobs, {sizes['pass_nodes']:,} nodes x "
+         f"{DEVICES_PER_NODE} devices (mixed whole/fractional/2-GPU requests)")
+    for backend in ("sqlite", "postgresql"):
+        if backend == "postgresql" and services_problem:
+            continue
+        _say(f"  {backend}: creating rows and running the pass ...")
+        outcome = run_pass_subprocess(sizes["pass_jobs"], sizes["pass_nodes"], backend)
+        results["scheduling_pass"].append(outcome)
+        _say(f"  {backend}: pass {outcome['seconds']:.3f} s, placed {outcome['placed']:,} jobs "
+             f"({outcome['placed_gpus']:g} of {outcome['capacity_gpus']:g} GPUs), "
+             f"{outcome['still_queued']:,} still queued (rows created in {outcome['populate_seconds']:.1f} s)")
+
+    if not services_problem:
+        from benchmarks.core import heartbeats
+
+        _say("\n[heartbeats] simulated nodes heartbeating at the real interval while scheduling passes run")
+        results["heartbeats"] = heartbeats.main(quick)
+
+    rows = []
+    for item in results["latency"]:
+        rows.append({"measurement": "submit->RUNNING p50", "backend": item["backend"], "measured": item["p50_s"],
+                     "measured_text": f"{item['p50_s'] * 1000:.1f} ms", "target_text": "<= 100 ms",
+                     "ratio": _ratio(LATENCY_P50_TARGET, item["p50_s"]), "met": item["p50_s"] <= LATENCY_P50_TARGET})
+        rows.append({"measurement": "submit->RUNNING p99", "backend": item["backend"], "measured": item["p99_s"],
+                     "measured_text": f"{item['p99_s'] * 1000:.1f} ms", "target_text": "(none)",
+                     "ratio": float("nan"), "met": None})
+    for item in results["scheduling_pass"]:
+        size = f"{item['jobs']:,} jobs / {item['nodes']:,} nodes"
+        rows.append({"measurement": f"schedule_pass ({size})", "backend": item["database"],
+                     "measured": item["seconds"], "measured_text": f"{item['seconds']:.3f} s "
+                     f"({item['placed']:,} placed)", "target_text": "<= 1 s",
+                     "ratio": _ratio(PASS_TARGET, item["seconds"]),
+                     "met": item["seconds"] <= PASS_TARGET if not quick else None})
+    sandbox = results.get("sandbox") or {}
+    if "start_added_s" in sandbox:
+        added = sandbox["start_added_s"]
+        rows.append({"measurement": "sandbox: start added (p50)", "backend": "embedded", "measured": added,
+                     "measured_text": f"{added * 1000:.0f} ms", "target_text": "<= 50 ms",
+                     "ratio": _ratio(SANDBOX_START_TARGET, added) if added > 0 else float("inf"),
+                     "met": added <= SANDBOX_START_TARGET})
+        rows.append({"measurement": "sandbox: step time on/off (p50)", "backend": "embedded",
+                     "measured": sandbox["step_ratio"], "measured_text": f"{sandbox['step_ratio']:.3f}x",
+                     "target_text": "within noise (<= 1.05x)", "ratio": 1 / sandbox["step_ratio"],
+                     "met": sandbox["step_ratio"] <= 1.05})
+    results["table"] = [{k: v for k, v in row.items() if not k.endswith("_text")} for row in rows]
+    _say("\nResults" + (" (quick: small sizes, targets are for the full run)" if quick else ""))
+    _say(_table(rows))
+    _say(f"latency: jobs submitted at a steady {sizes['rate']:g}/s (not in bursts), each 0.125 GPU on a node with "
+         f"{sizes['virtual_gpus']} virtual GPUs and {2 * sizes['virtual_gpus']} slots: sized so no job queues behind "
+         "capacity if each child exits promptly (on a CPU-starved machine the slots fill and dispatches wait for one); latency = job.started_at - job.created_at (both server clock).")
+    if output:
+        benchkit.write(benchkit.document("control-plane", quick, _figures(results, quick), details=results,
+                                         machine=machine), output)
+        _say(f"results written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "pass":
+        sys.exit(_pass_worker(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "sandbox":  # the sandbox's part alone: ... sandbox [JOBS]
+        print(json.dumps(measure_sandbox(int(sys.argv[2]) if len(sys.argv) > 2 else 5), indent=2))
+        sys.exit(0)
+    sys.exit(main(quick="--quick" in sys.argv[1:]))

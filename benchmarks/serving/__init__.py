@@ -1,0 +1,1 @@
+"""The serving plugin's benchmark (``strata bench``, named in components/serving/plugin.py) and what only it uses."""
