@@ -16,7 +16,7 @@ check every answer against it:
   hook): 400 with field errors, 401, 403, 404, 413, 415, 429 where they apply, each with a JSON error schema
   (``Error``: ``{"detail": "..."}``; ``ValidationError``: one key per bad field). Codes particular to a view
   (409 for a stale attempt or session, 422 for an idempotency conflict) are declared on the view with
-  :func:`error_response`.
+  :func:`strata.api.error_answers.error_response`.
 
 SPECTACULAR_SETTINGS (settings.py) names this module's hooks; naming it there also imports this module before
 any view is inspected, which registers the extensions below.
@@ -36,57 +36,17 @@ from drf_spectacular.extensions import (
 from drf_spectacular.hooks import postprocess_schema_enums
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.settings import spectacular_settings
-from drf_spectacular.utils import OpenApiResponse
 from rest_framework.permissions import AllowAny
 
 from components.runtime.registry import kinds
-
-# --- error answers --------------------------------------------------------------------------------------
-
-ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "An error that is not about one field: what went wrong, in words.",
-    "properties": {"detail": {"type": "string"}},
-    "required": ["detail"],
-}
-VALIDATION_ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": (
-        "A request that was refused as invalid: one key per bad field, named by its dotted path "
-        "(`spec.epochs`, `resources.gpus`, `Idempotency-Key`, a query parameter), each with a list of messages "
-        "(a nested object or list for a nested field, as in `{\"reports\": {\"primes\": {\"disks\": [...]}}}`); "
-        "`non_field_errors` for the body as a whole; `detail` alone for a request that could not be read "
-        "(malformed JSON, a bad Content-Length, text that cannot be stored)."
-    ),
-    "properties": {
-        "detail": {"type": "string"},
-        "non_field_errors": {"type": "array", "items": {"type": "string"}},
-    },
-    "additionalProperties": {"anyOf": [{"type": "array", "items": {}}, {"type": "object"}, {"type": "string"}]},
-    "example": {"spec.epochs": ["must be >= 1"], "resources.gpus": ["must be between 0 and 64"]},
-}
-ERROR_REF = {"$ref": "#/components/schemas/Error"}
-VALIDATION_ERROR_REF = {"$ref": "#/components/schemas/ValidationError"}
-
-ERROR_DESCRIPTIONS = {
-    400: "Invalid request: one key per bad field (see ValidationError).",
-    401: "No valid credentials: the bearer token is missing, malformed, unknown, expired or revoked.",
-    403: "Not allowed: a node token on a user route (or a user on a node route), not a cluster admin, or a "
-         "session request without its CSRF token.",
-    404: "No such object, or one of another team (never told apart), or no such page of a list.",
-    409: "Conflict with the object's current state.",
-    413: "The request body is larger than the limit (STRATA_MAX_BODY_BYTES, 1 MiB by default).",
-    415: "Unsupported Content-Type (send application/json), or a charset that is not a text encoding.",
-    422: "Idempotency-Key was already used with a different request body.",
-    429: "Too many requests: throttled; retry after Retry-After seconds.",
-}
-RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}}
-
-
-def error_response(code: int, description: str | None = None) -> OpenApiResponse:
-    """An error answer for ``extend_schema(responses={...})``, for a code particular to a view."""
-    return OpenApiResponse(VALIDATION_ERROR_REF if code == 400 else ERROR_REF,
-                           description=description or ERROR_DESCRIPTIONS[code])
+from strata.api.error_answers import (
+    ERROR_DESCRIPTIONS,
+    ERROR_REF,
+    ERROR_SCHEMA,
+    RETRY_AFTER,
+    VALIDATION_ERROR_REF,
+    VALIDATION_ERROR_SCHEMA,
+)
 
 
 def _error_response_object(code: int) -> dict[str, Any]:

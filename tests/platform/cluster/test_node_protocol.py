@@ -177,7 +177,7 @@ def test_register_and_heartbeat_via_api(db, node_token, api):
 def test_a_claim_that_cannot_be_answered_does_not_commit(cluster, submit, run_pass, monkeypatch):
     """The claim and its answer go together: if the answer cannot be encoded, the attempt is not started and
     the job is not RUNNING (the node retries the claim; nothing holds a device with no process)."""
-    from strata.cluster.api import views
+    from strata.jobs.api import node_views as views
 
     job, attempt = _placed(cluster, submit, run_pass)
 

@@ -21,8 +21,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from strata.accounts.selectors import visible_team_ids
+from strata.api.error_answers import error_response
 from strata.api.permissions import IsUser
-from strata.api.schema import error_response
 from strata.jobs.models import PluginRecord
 from strata.jobs.selectors import SubmitTeamError, submit_team
 

@@ -22,23 +22,23 @@ from rest_framework.views import APIView
 from strata.accounts.authentication import bearer_value
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
+from strata.api.error_answers import error_response
 from strata.api.permissions import IsUser
-from strata.api.schema import error_response
 from strata.api.throttles import SubmitThrottle
-from strata.cluster.api.serializers import StoredArtifactSerializer
-from strata.cluster.api.views import (
+from strata.cluster.api.views import NodeAPIView
+from strata.jobs import data as data_sets
+from strata.jobs import participants, services, transfers
+from strata.jobs.api.node_serializers import StoredArtifactSerializer
+from strata.jobs.api.node_views import (
     ARTIFACT_NAME,
     ATTEMPT_QUERY,
     DIRECT_LINK,
     NO_FILE,
     STALE_ATTEMPT,
     AttemptAPIView,
-    NodeAPIView,
-    _attempt_from_query,
-    _bytes_or_link,
+    attempt_from_query,
+    bytes_or_link,
 )
-from strata.jobs import data as data_sets
-from strata.jobs import participants, services, transfers
 from strata.jobs.api.serializers import (
     ArtifactSerializer,
     CodeBundleDetailSerializer,
@@ -697,7 +697,7 @@ class AttemptUploadStartView(AttemptAPIView):
         name = str(_transfer_body(request).get("name") or "")
         if not ARTIFACT_NAME.match(name) or ".." in name:
             raise serializers.ValidationError({"name": ["letters, digits, '.', '_' and '-' only"]})
-        attempt = _attempt_from_query(request, attempt_id)
+        attempt = attempt_from_query(request, attempt_id)
         try:
             return Response(transfers.upload_start(attempt, name, _transfer_body(request).get("kind", Artifact.Kind.ARTIFACT),
                                                    _transfer_body(request).get("size"), _transfer_body(request).get("sha256")))
@@ -712,7 +712,7 @@ class AttemptUploadPartsView(AttemptAPIView):
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
                    responses={200: OpenApiTypes.OBJECT, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
+        attempt = attempt_from_query(request, attempt_id)
         try:
             return Response(transfers.upload_parts(attempt, _transfer_body(request).get("upload", ""),
                                                    _transfer_body(request).get("parts", [])))
@@ -726,7 +726,7 @@ class AttemptUploadCompleteView(AttemptAPIView):
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
                    responses={201: StoredArtifactSerializer, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
+        attempt = attempt_from_query(request, attempt_id)
         try:
             artifact = transfers.upload_complete(attempt, _transfer_body(request).get("upload", ""))
         except transfers.TransferRejected as error:
@@ -740,7 +740,7 @@ class AttemptUploadAbortView(AttemptAPIView):
     @extend_schema(request=OpenApiTypes.OBJECT, parameters=ATTEMPT_QUERY,
                    responses={204: None, 409: STALE_ATTEMPT})
     def post(self, request, attempt_id):
-        attempt = _attempt_from_query(request, attempt_id)
+        attempt = attempt_from_query(request, attempt_id)
         try:
             transfers.upload_abort(attempt, _transfer_body(request).get("upload", ""))
         except transfers.TransferRejected as error:
@@ -757,9 +757,9 @@ class AttemptDataView(NodeAPIView):
                    responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 404: NO_FILE,
                               409: STALE_ATTEMPT})
     def get(self, request, attempt_id, digest):
-        attempt = _attempt_from_query(request, attempt_id)
+        attempt = attempt_from_query(request, attempt_id)
         data_set = data_sets.data_for_attempt(attempt.job, str(digest).lower())
         if data_set is None:
             raise Http404("the job mounts no such data set")
         # The node checks the bytes against the data set's digest as it unpacks them.
-        return _bytes_or_link(request, data_set.storage_key, data_set.size, None)
+        return bytes_or_link(request, data_set.storage_key, data_set.size, None)
