@@ -14,7 +14,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.contrib import messages
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
@@ -25,8 +25,9 @@ from dashboard.cluster_figures import GIB, bucket_means, gpu_hours_figure, gpus_
 from dashboard.views.cluster import RANGES, bad_range, duration_text, selected_range
 from dashboard.views.common import admin_required, figure_json, login_required, page_context, visible_teams
 from strata.accounts.models import Team
-from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState
+from strata.jobs.models import ADMITTED_STATES, Job, JobState
 from strata.quotas.models import Quota
+from strata.quotas.selectors import gpu_spans
 from strata.quotas.services import QUOTA_FIELDS, ROOTS_FIELD, QuotaInvalid, quota_update, team_usage
 from strata.telemetry.selectors import grid_layout
 
@@ -100,16 +101,17 @@ def usage_meters(quota: Quota, usage: dict) -> list[dict]:
 # --- usage over time ----------------------------------------------------------------------------------------
 
 def _intervals(team_id: int, since, until) -> list[tuple[float, float | None, float]]:
-    attempts = (Attempt.objects.filter(job__team_id=team_id, dispatched_at__isnull=False, dispatched_at__lt=until,
-                                       gpu_share__gt=0)
-                .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since)))
-    return [(dispatched.timestamp(), ended.timestamp() if ended else None, share)
-            for dispatched, ended, share in attempts.values_list("dispatched_at", "ended_at", "gpu_share")]
+    """What the team held in the range as (start, end or None while held, GPUs) in Unix seconds: the spans the
+    quota counts (``quotas.selectors.gpu_spans``: its attempts and its participants), so the chart and the
+    GPU-hours meter beside it agree."""
+    return [(began.timestamp(), ended.timestamp() if ended else None, share)
+            for began, ended, share in gpu_spans(team_id, since, until)]
 
 
 def usage_figures(team_id: int, quota: Quota, range_key: str, now=None) -> dict[str, dict]:
     """GPUs held over the range (peak and mean per bucket, with max_gpus) and GPU-hours per day (per hour for
-    ranges of a day or less), both from attempts' dispatch-to-end intervals times their GPU share."""
+    ranges of a day or less), both from what the quota counts: attempts' dispatch-to-end intervals times their
+    GPU share, and participants' GPUs from join to end."""
     now = now or timezone.now()
     since = now - RANGES[range_key]
     intervals = _intervals(team_id, since, now)

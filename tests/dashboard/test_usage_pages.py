@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from strata.jobs.models import Attempt, Job, JobState
+from strata.jobs.models import Attempt, Job, JobState, Participant
 from strata.quotas.models import Quota
 
 GIB = 2**30
@@ -128,6 +128,26 @@ def test_usage_chart_steps_with_attempts(demo):
     bars = embedded(html, "fig-gpu-hours")["data"][0]["y"]
     assert sum(bars) == pytest.approx(0.5 * 2 + 1.0 * 2, abs=0.05)
     assert client.get("/usage/", {"range": "forever"}).status_code == 400
+
+
+def test_gpu_hours_chart_and_meter_agree_with_participants(demo):
+    """The GPU-hours chart counts what the meter beside it (and the quota) counts: the team's attempts and the GPUs
+    its participants brought (quotas.selectors.gpu_spans)."""
+    Quota.objects.filter(team=demo["team"]).update(gpu_hours=100, window_hours=24)
+    now = timezone.now()
+    job = demo["first"]
+    Attempt.objects.create(job=job, number=1, fencing_token="a", gpu_share=1.0,
+                           dispatched_at=now - timedelta(hours=3), ended_at=now - timedelta(hours=1))
+    Participant.objects.create(job=job, name="volunteer", gpus=2.0, secret_digest="a" * 64, state="left",
+                               joined_at=now - timedelta(hours=3), last_seen=now - timedelta(hours=1),
+                               ended_at=now - timedelta(hours=1))
+    html = logged_in(demo["alice"]).get("/usage/", {"range": "24h"}).content.decode()
+    used = float(meter(html, "gpu_hours")["used"])
+    assert used == pytest.approx(1.0 * 2 + 2.0 * 2, abs=1e-3)
+    bars = embedded(html, "fig-gpu-hours")["data"][0]["y"]
+    assert sum(bars) == pytest.approx(used, abs=0.05)
+    peak = embedded(html, "fig-usage")["data"][0]["y"]
+    assert max(peak) == 3.0  # the attempt's GPU and the participant's two, held together
 
 
 def test_no_team_is_an_empty_state(make_user):

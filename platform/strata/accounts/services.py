@@ -9,15 +9,16 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from strata.accounts import signals
 from strata.accounts.models import ApiToken, Membership, Team, token_digest
 
 
 @transaction.atomic
 def team_create(slug: str, name: str | None = None) -> Team:
-    from strata.quotas.models import Quota
-
+    """The team ``slug`` (created if new); ``signals.team_created`` gives it what the layers above keep per team
+    (its quota)."""
     team, _ = Team.objects.get_or_create(slug=slug, defaults={"name": name or slug})
-    Quota.objects.get_or_create(team=team)
+    signals.team_created.send(sender=Team, team=team)
     return team
 
 

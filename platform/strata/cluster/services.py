@@ -14,9 +14,8 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from strata.cluster import signals
 from strata.cluster.models import CPU_INDEX, Device, DevicePool, Node, gpu_devices, node_pool
-from strata.jobs.models import Allocation, Attempt
-from strata.jobs.services import STOPPED_STATES
 
 log = logging.getLogger(__name__)
 SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,200}$")
@@ -43,7 +42,6 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
     rather than when the old lease would have expired.
     """
     from strata.celery import request_pass
-    from strata.scheduling.services import release_node_attempts
 
     now = timezone.now()
     with transaction.atomic():
@@ -67,9 +65,9 @@ def node_register(*, name: str, hostname: str = "", address: str = "", labels: d
                 node=node, index=CPU_INDEX,
                 defaults={"kind": Device.Kind.CPU, "name": f"{cpus:g} CPUs", "memory_total": int(memory or 0)})
         gone = Device.objects.filter(node=node).exclude(index__in=seen)
-        Allocation.objects.filter(device__in=gone, active=True).update(active=False)
+        signals.answers(signals.devices_removed, node=node, devices=gone)
         gone.delete()
-        release_node_attempts(node, "node restarted", keep_session=node.session)
+        signals.answers(signals.node_lost, node=node, reason="node restarted", keep_session=node.session)
     transaction.on_commit(request_pass)
     return node
 
@@ -167,8 +165,9 @@ def reports_record(node: Node, devices: dict[int, Device], reports: dict, now) -
              if (parts := _parts(plugin, payload)) is not None}
     wanted = {str(entry.get("attempt")) for parts in split.values() for entry in parts.attempts}
     wanted |= {str(row["attempt"]) for parts in split.values() for row in parts.series if row.get("attempt")}
-    owned = {str(attempt_id): (job_id, stored) for attempt_id, job_id, stored in
-             Attempt.objects.filter(pk__in=wanted, node=node).values_list("id", "job_id", "reports")} if wanted else {}
+    owned = {}
+    for answer in signals.answers(signals.node_attempts, node=node, attempt_ids=wanted) if wanted else ():
+        owned.update(answer)
 
     node_reports = dict(node.reports or {})
     device_reports = {index: dict(device.reports or {}) for index, device in devices.items()}
@@ -240,8 +239,8 @@ def reports_record(node: Node, devices: dict[int, Device], reports: dict, now) -
         if device_reports[index] != (device.reports or {}):
             Device.objects.filter(pk=device.pk).update(reports=device_reports[index])
             device.reports = device_reports[index]
-    for attempt, update in attempt_updates.items():
-        Attempt.objects.filter(pk=attempt).update(**update)
+    if attempt_updates:
+        signals.answers(signals.attempt_reports, updates=attempt_updates)
     ReportSeries.objects.bulk_create([row for _, _, row in series], batch_size=1000)
 
 
@@ -355,12 +354,10 @@ def samples_record_at(rows: list[tuple[int, float, int, datetime]]) -> None:
 def _beat_answer(node: Node, attempt_ids: list[str], now) -> dict:
     """What a heartbeat and a lease renewal answer: the attempts the node must stop (of those it listed), its
     pool's sharing policy, its state, the full-telemetry cadence; ``stalled`` and ``attempts_left`` when they
-    apply. Holds the node to the attempts it listed (``_reconcile_attempts``)."""
-    stalled = _reconcile_attempts(node, {str(attempt_id) for attempt_id in attempt_ids}, now)
-    known = {str(attempt_id): ended is not None or state in STOPPED_STATES
-             for attempt_id, ended, state in Attempt.objects.filter(pk__in=attempt_ids)
-             .values_list("id", "ended_at", "job__state")} if attempt_ids else {}
-    stop = [attempt_id for attempt_id in attempt_ids if known.get(attempt_id, True)]
+    apply. Holds the node to the attempts it listed (``signals.node_beat``, answered by the jobs app)."""
+    stop, stalled = list(attempt_ids), 0  # no attempt runs where nothing answers: stop what it lists
+    for answer in signals.answers(signals.node_beat, node=node, attempt_ids=attempt_ids, now=now):
+        stop, stalled = answer["stop"], answer["stalled"]
     return _answer(node, stop, stalled)
 
 
@@ -438,28 +435,9 @@ def node_renew(node_id, session, attempt_ids: list[str], token_id=None) -> dict:
     if isinstance(labels, str | bytes):
         labels = json.loads(labels)
     node = Node(pk=uuid.UUID(str(node_id)), session=session, state=state, labels=labels or {})
-    if attempt_ids or _holds_allocations(node_key):
+    if attempt_ids or any(signals.answers(signals.node_holds_work, node_key=node_key)):
         return _beat_answer(Node.objects.get(pk=node.pk), [str(a) for a in attempt_ids], now)
     return _answer(node, [], 0)
-
-
-def _holds_allocations(node_key) -> bool:
-    """Whether any active allocation of an attempt that has not ended is on the node (its devices)."""
-    allocation = connection.ops.quote_name(Allocation._meta.db_table)
-    device = connection.ops.quote_name(Device._meta.db_table)
-    attempt = connection.ops.quote_name(Attempt._meta.db_table)
-    q = connection.ops.quote_name
-    a_device = q(Allocation._meta.get_field("device").column)
-    a_attempt = q(Allocation._meta.get_field("attempt").column)
-    a_active = q(Allocation._meta.get_field("active").column)
-    d_node = q(Device._meta.get_field("node").column)
-    t_ended = q(Attempt._meta.get_field("ended_at").column)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {allocation} a JOIN {device} d ON a.{a_device} = d.id JOIN {attempt} t "
-            f"ON a.{a_attempt} = t.id WHERE d.{d_node} = %s AND a.{a_active} = %s AND t.{t_ended} IS NULL LIMIT 1",
-            [node_key, True])
-        return cursor.fetchone() is not None
 
 
 def _renewal_refused(node_id, session, token_id, now) -> None:
@@ -476,38 +454,6 @@ def _renewal_refused(node_id, session, token_id, now) -> None:
         raise TokenRefused("Token has been revoked.")
     # The row changed between the UPDATE and this look (a registration, the reaper): the node must start over.
     raise StaleSession("this node session changed while its lease was renewed; register again")
-
-
-def _reconcile_attempts(node: Node, listed: set[str], now) -> int:
-    """Hold a node to the attempts it says it runs; returns how many attempts dispatched to it it has left
-    unclaimed for longer than ``STRATA_CLAIM_TIMEOUT_SECONDS`` (its worker takes no work: the agent restarts it).
-
-    A heartbeat lists the attempts its node runs. One the node claimed but has not listed for a whole node lease is
-    no longer run there -- its worker died and restarted without it, say, or could not report its end -- and
-    ends as for a lost node (requeued without counting a failure, or as the kind's failure policy says), instead
-    of holding its devices while the node lives on. Tracked per allocation (``claimed_at``, ``unreported_since``),
-    so each node of a gang answers for its own ranks."""
-    from strata.scheduling.services import release_node_attempts
-
-    rows = list(Allocation.objects.filter(device__node=node, active=True, attempt__ended_at__isnull=True)
-                .values_list("id", "attempt_id", "unreported_since", "claimed_at", "attempt__dispatched_at"))
-    if not rows:
-        return 0
-    cutoff = now - timedelta(seconds=settings.STRATA_NODE_LEASE_SECONDS)
-    claimed = [(row, str(attempt), since) for row, attempt, since, claimed_at, _ in rows if claimed_at is not None]
-    clear = [row for row, attempt, since in claimed if attempt in listed and since is not None]
-    mark = [row for row, attempt, since in claimed if attempt not in listed and since is None]
-    lost = {attempt for _, attempt, since in claimed if attempt not in listed and since is not None and since < cutoff}
-    if clear:
-        Allocation.objects.filter(pk__in=clear).update(unreported_since=None)
-    if mark:
-        Allocation.objects.filter(pk__in=mark, unreported_since__isnull=True).update(unreported_since=now)
-    if lost:
-        release_node_attempts(node, f"node {node.name} no longer runs it (not in its heartbeats for "
-                                    f"{settings.STRATA_NODE_LEASE_SECONDS:g} s)", only=lost)
-    overdue = now - timedelta(seconds=settings.STRATA_CLAIM_TIMEOUT_SECONDS)
-    return len({attempt for _, attempt, _, claimed_at, dispatched in rows
-                if claimed_at is None and dispatched is not None and dispatched < overdue})
 
 
 def _devices_update(devices: list[Device]) -> None:
@@ -535,8 +481,7 @@ def _check_session(node: Node, session) -> None:
 
 def node_attempts_left(node: Node) -> int:
     """How many attempts that have not ended hold a device on ``node`` (dispatched, claimed or running)."""
-    return (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node, allocations__active=True)
-            .distinct().count())
+    return sum(signals.answers(signals.node_work_left, node=node))
 
 
 def node_drain(node: Node, session) -> dict:
@@ -559,7 +504,6 @@ def node_leave(node: Node, session, reason: str = "node left") -> dict:
     policy says otherwise), so the worker's late reports about them are refused as stale. A pass is requested.
     Leaving again (the same session, already DOWN) is harmless. Raises StaleSession (another session)."""
     from strata.celery import request_pass
-    from strata.scheduling.services import release_node_attempts
 
     if str(node.session) != str(session):
         raise StaleSession("this node session was replaced; register again")
@@ -567,7 +511,7 @@ def node_leave(node: Node, session, reason: str = "node left") -> dict:
         left = Node.objects.filter(pk=node.pk, session=node.session).exclude(state=Node.State.DOWN).update(
             state=Node.State.DOWN, lease_expires_at=timezone.now())
         # Attempts of every session: a node that leaves has nothing running any more.
-        released = release_node_attempts(node, reason)
+        released = sum(signals.answers(signals.node_lost, node=node, reason=reason))
     if left:
         log.info("node %s left; %d attempt(s) requeued", node.name, released)
     transaction.on_commit(request_pass)

@@ -12,17 +12,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
-from strata.cluster.models import Device
-from strata.jobs.models import ADMITTED_STATES, Allocation, Attempt, Job, JobState, Participant
+from strata.cluster.capacity import FULL, gpu_free, placement_problem, share_to_milli
+from strata.jobs.models import ADMITTED_STATES, Attempt, Job, JobState
 from strata.jobs.selectors import participants_active
 from strata.jobs.states import transition
 from strata.quotas.models import Quota
-from strata.scheduling.capacity import FULL, gpu_free, placement_problem, share_to_milli
+from strata.quotas.selectors import cpu_seconds, gpu_seconds
 
 # The smallest share of a device the scheduler places (one thousandth): a job always holds at least this.
 MIN_SHARE = 0.001
@@ -86,48 +85,6 @@ class TeamLoad:
 def job_cpus(resources: dict) -> float:
     """The CPUs a job with ``resources`` reserves, all workers together (0 for a GPU job that states none)."""
     return float(resources.get("cpus") or 0) * int(resources.get("workers", 1))
-
-
-def gpu_seconds(team_id: int, since=None, until=None) -> float:
-    """GPU-seconds billed to a team, clipped to [since, until]: attempt durations (dispatch to release) times the
-    share held, plus participants' (joined to ended, or to last seen while active; never past their lease) times
-    the GPUs they brought."""
-    until = until or timezone.now()
-    attempts = Attempt.objects.filter(job__team_id=team_id, dispatched_at__isnull=False, gpu_share__gt=0)
-    if since is not None:
-        attempts = attempts.filter(Q(ended_at__isnull=True) | Q(ended_at__gt=since))
-    spans = [(dispatched, min(ended or until, until), share)
-             for dispatched, ended, share in attempts.values_list("dispatched_at", "ended_at", "gpu_share")]
-    lease = timedelta(seconds=settings.STRATA_PARTICIPANT_LEASE_S)
-    participants = Participant.objects.filter(job__team_id=team_id, gpus__gt=0, joined_at__lt=until)
-    if since is not None:
-        participants = participants.filter(last_seen__gt=since - lease)
-    for joined, last_seen, ended, gpus in participants.values_list("joined_at", "last_seen", "ended_at", "gpus"):
-        spans.append((joined, min(min(ended, last_seen + lease) if ended else last_seen, until), gpus))
-    total = 0.0
-    for began, end, share in spans:
-        start = max(began, since) if since is not None else began
-        if end > start:
-            total += (end - start).total_seconds() * share
-    return total
-
-
-def cpu_seconds(team_id: int, since=None, until=None) -> float:
-    """CPU-seconds billed to a team, clipped to [since, until]: like GPU-seconds, each attempt's time from dispatch
-    to its end times the CPUs it reserved (its allocations on the nodes' CPU devices; a nested child's are inside
-    its parent's, which is billed for them)."""
-    until = until or timezone.now()
-    rows = Allocation.objects.filter(attempt__job__team_id=team_id, attempt__dispatched_at__isnull=False,
-                                     device__kind=Device.Kind.CPU, nested=False)
-    if since is not None:
-        rows = rows.filter(Q(attempt__ended_at__isnull=True) | Q(attempt__ended_at__gt=since))
-    total = 0.0
-    for dispatched, ended, cpus in rows.values_list("attempt__dispatched_at", "attempt__ended_at", "share"):
-        start = max(dispatched, since) if since is not None else dispatched
-        end = min(ended or until, until)
-        if end > start:
-            total += (end - start).total_seconds() * cpus
-    return total
 
 
 def team_load(team_id: int, view: ClusterView | None = None) -> TeamLoad:

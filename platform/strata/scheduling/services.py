@@ -22,15 +22,7 @@ from django.db.models import F, Max, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from strata.cluster.models import LIVE_STATES, Device, Node, gpu_devices
-from strata.jobs import history
-from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
-from strata.jobs.participants import participants_expire
-from strata.jobs.services import attempt_drop_node, attempt_lost
-from strata.jobs.states import InvalidTransition, transition
-from strata.quotas.models import Quota
-from strata.quotas.services import admit_pending, teams_with_pending
-from strata.scheduling.capacity import (
+from strata.cluster.capacity import (
     FULL,
     CapacityIndex,
     DeviceSlot,
@@ -39,6 +31,14 @@ from strata.scheduling.capacity import (
     gpu_free,
     host_slot,
 )
+from strata.cluster.models import LIVE_STATES, Device, Node, gpu_devices
+from strata.jobs import history
+from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
+from strata.jobs.node_work import release_node_attempts
+from strata.jobs.participants import participants_expire
+from strata.jobs.states import InvalidTransition, transition
+from strata.quotas.models import Quota
+from strata.quotas.services import admit_pending, teams_with_pending
 from strata.telemetry.metrics import timed_pass
 
 log = logging.getLogger(__name__)
@@ -681,44 +681,6 @@ def reap(now=None) -> dict:
     participants = participants_expire(now)
     return {"lost_nodes": len(lost_nodes), "requeued": requeued, "overdue": overdue,
             "lost_participants": participants["lost"], "stopped_participants": participants["stopped"]}
-
-
-def release_node_attempts(node: Node, reason: str, *, keep_session=None, only=None) -> int:
-    """End (or, where a plugin's failure policy carries on, shrink) every active attempt that has a device on
-    ``node``, except those of session ``keep_session`` (``only``: just these attempt ids). Without a
-    ``FailurePolicy`` hook for its kind an attempt ends ``node_lost`` and its job is requeued. Returns how many
-    attempts were affected."""
-    from components.runtime import registry
-    from components.runtime.policies import FailurePolicy, LostAttempt, NodeLoss, node_loss
-
-    hooks = registry.hooks(FailurePolicy)
-    attempts = (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node).distinct()
-                .select_related("job"))
-    if keep_session is not None:
-        attempts = attempts.exclude(node_session=keep_session)
-    if only is not None:
-        attempts = attempts.filter(pk__in=list(only))
-    count = 0
-    for attempt in attempts:
-        decision, primary, left = NodeLoss.REQUEUE, attempt.node_id == node.pk, 0
-        if hooks and any(hook.applies(attempt.job.kind) for hook in hooks):
-            others = (Allocation.objects.filter(attempt=attempt, active=True).exclude(device__node=node)
-                      .values_list("device__node_id", flat=True).distinct())
-            left = Node.objects.filter(pk__in=list(others), state__in=LIVE_STATES).count()
-            decision = node_loss(LostAttempt(
-                job_id=str(attempt.job_id), attempt_id=str(attempt.pk), team_id=attempt.job.team_id,
-                kind=attempt.job.kind, number=attempt.number, node=node.name, primary=primary,
-                nodes_left=left), hooks)
-        if decision == NodeLoss.CARRY_ON and not primary and left:
-            attempt_drop_node(attempt, node, reason)
-        elif decision == NodeLoss.REQUEUE:
-            attempt_lost(attempt, reason)
-        else:
-            why = ("its kind's failure policy fails the job" if decision == NodeLoss.FAIL
-                   else "nothing left to carry on with; not requeued (its kind's failure policy)")
-            attempt_lost(attempt, f"{reason}; {why}", requeue=False)
-        count += 1
-    return count
 
 
 def reconcile(now=None) -> int:

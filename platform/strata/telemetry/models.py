@@ -21,7 +21,6 @@ from django.db import models
 from django.utils import timezone
 
 from strata.cluster.models import Device
-from strata.jobs.models import Attempt, Job
 
 
 class DeviceSample(models.Model):
@@ -77,9 +76,11 @@ class ReportSeries(models.Model):
 
     plugin = models.CharField(max_length=40)
     device = models.ForeignKey(Device, on_delete=models.CASCADE, null=True, blank=True, related_name="report_series")
-    attempt = models.ForeignKey(Attempt, on_delete=models.CASCADE, null=True, blank=True,
+    # The jobs app's models by name ("app.Model"), not by import: the cluster's heartbeat stores these rows, and
+    # the cluster layer may not import the jobs layer (pyproject.toml, the layers contract).
+    attempt = models.ForeignKey("jobs.Attempt", on_delete=models.CASCADE, null=True, blank=True,
                                 related_name="report_series")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, null=True, blank=True, related_name="report_series")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, null=True, blank=True, related_name="report_series")
     start = models.DateTimeField()
     end = models.DateTimeField()
     data = models.JSONField(default=dict, blank=True)

@@ -250,7 +250,7 @@ class JobListShareSerializer(serializers.ListSerializer):
     """Loads the shares of a whole page of jobs at once (a fixed number of queries, not one per job)."""
 
     def to_representation(self, data):
-        from strata.cluster.selectors import job_shares
+        from strata.jobs.selectors import job_shares
 
         jobs = list(data.all() if hasattr(data, "all") else data)
         self.context.setdefault("job_shares", {}).update(job_shares(jobs))
@@ -311,7 +311,7 @@ class JobSerializer(serializers.ModelSerializer):
         "shared": {"type": "boolean"}, "policy": {"type": "string"},
         "measured_memory": {"type": "integer", "nullable": True}}})
     def get_share(self, job):
-        from strata.cluster.selectors import job_shares
+        from strata.jobs.selectors import job_shares
 
         shares = self.context.get("job_shares") if isinstance(self.context, dict) else None
         if shares is not None and job.pk in shares:

@@ -1,4 +1,6 @@
-"""An in-memory index of free device capacity, built once per scheduling pass.
+"""An in-memory index of free device capacity, built once per scheduling pass (and, with every device free, what
+admission asks whether a job could ever fit in). Plain data, no models: in the cluster layer, the lowest that
+reads it.
 
 Shares are kept in thousandths so free capacity can be bucketed exactly; lookups are best-fit and cost
 O(distinct free levels) instead of a scan over every device, which keeps a pass over thousands of devices
