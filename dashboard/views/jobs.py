@@ -43,7 +43,13 @@ from strata.api.values import value_problems
 from strata.jobs import services
 from strata.jobs.api.serializers import JobSerializer
 from strata.jobs.models import Artifact, Job, JobState
-from strata.jobs.selectors import jobs_visible, jobs_with_attempts, serving_endpoint
+from strata.jobs.selectors import (
+    JOB_FILTERS,
+    jobs_filtered,
+    jobs_visible,
+    jobs_with_attempts,
+    serving_endpoint,
+)
 
 PAGE_SIZE = 50
 INITIAL_LOG_LINES = 2000
@@ -55,7 +61,7 @@ LIVE_METRIC_POINTS = 20_000
 
 # --- list ----------------------------------------------------------------------------------------------------
 
-FILTERS = ("state", "kind", "team", "owner", "parent")
+FILTERS = JOB_FILTERS
 
 
 def _filters(request) -> dict[str, str]:
@@ -63,22 +69,8 @@ def _filters(request) -> dict[str, str]:
 
 
 def filtered_jobs(team_ids, filters: dict[str, str]):
-    jobs = jobs_visible(team_ids)
-    if filters["state"]:
-        states = [state for state in filters["state"].upper().split(",") if state in JobState.values]
-        jobs = jobs.filter(state__in=states)
-    if filters["kind"]:
-        jobs = jobs.filter(kind=filters["kind"])
-    if filters["team"]:
-        jobs = jobs.filter(team__slug=filters["team"])
-    if filters["owner"]:
-        jobs = jobs.filter(owner__username=filters["owner"])
-    if filters["parent"]:  # the child jobs of one job (not a job id: nothing)
-        try:
-            jobs = jobs.filter(parent_id=uuid.UUID(filters["parent"]))
-        except ValueError:
-            jobs = jobs.none()
-    return jobs.order_by("-created_at", "-id")
+    """The jobs list's rows: the API's filters (``jobs.selectors.jobs_filtered``), lenient with bad values."""
+    return jobs_filtered(jobs_visible(team_ids), filters, strict=False).order_by("-created_at", "-id")
 
 
 def _rows_context(request) -> dict[str, Any]:

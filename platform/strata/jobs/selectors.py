@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -10,7 +11,7 @@ from strata.accounts.models import Team
 from strata.accounts.selectors import request_token, visible_team_ids
 from strata.cluster.models import Device
 from strata.cluster.selectors import device_policy, pool_policies
-from strata.jobs.models import Allocation, Attempt, Job
+from strata.jobs.models import Allocation, Attempt, Job, JobState
 
 
 class SubmitTeamError(ValueError):
@@ -19,6 +20,42 @@ class SubmitTeamError(ValueError):
 
 def jobs_visible(team_ids) -> QuerySet[Job]:
     return Job.objects.filter(team_id__in=list(team_ids)).select_related("team", "owner")
+
+
+JOB_FILTERS = ("state", "kind", "team", "owner", "parent")
+
+
+class JobFilterInvalid(ValueError):
+    """A job filter that names no state, or a parent that is not a job id (reported on ``field``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def jobs_filtered(queryset: QuerySet[Job], filters: dict, *, strict: bool = True) -> QuerySet[Job]:
+    """``queryset`` narrowed by the job list's filters (``JOB_FILTERS``; blank or missing: no filter), as the
+    API (``GET /api/v1/jobs/?state=...``, which the CLI calls) and the dashboard's job list apply them: ``state``
+    a comma-separated list of states (any case), ``kind``, ``team`` (slug), ``owner`` (username), ``parent`` (the
+    children of one job). ``strict`` (the API) raises JobFilterInvalid for an unknown state or a parent that is
+    not a job id; otherwise (the web page) an unknown state is left out and such a parent matches nothing."""
+    if state := filters.get("state"):
+        states = [name.strip().upper() for name in state.split(",")]
+        bad = [name for name in states if name not in JobState.values]
+        if bad and strict:
+            raise JobFilterInvalid("state", f"unknown state(s): {', '.join(bad)}")
+        queryset = queryset.filter(state__in=[name for name in states if name in JobState.values])
+    for name, lookup in (("kind", "kind"), ("team", "team__slug"), ("owner", "owner__username")):
+        if value := filters.get(name):
+            queryset = queryset.filter(**{lookup: value})
+    if parent := filters.get("parent"):
+        try:
+            queryset = queryset.filter(parent_id=uuid.UUID(parent))
+        except ValueError:
+            if strict:
+                raise JobFilterInvalid("parent", "must be a job id") from None
+            queryset = queryset.none()
+    return queryset
 
 
 def jobs_with_attempts(queryset: QuerySet[Job]) -> QuerySet[Job]:

@@ -66,8 +66,16 @@ from strata.jobs.api.serializers import (
     ParticipantSerializer,
 )
 from strata.jobs.code import CodeRejected, code_delete, code_store
-from strata.jobs.models import Artifact, CodeBundle, DataSet, DataUpload, JobState
-from strata.jobs.selectors import SubmitTeamError, jobs_visible, jobs_with_attempts, submit_team
+from strata.jobs.models import Artifact, CodeBundle, DataSet, DataUpload
+from strata.jobs.selectors import (
+    JOB_FILTERS,
+    JobFilterInvalid,
+    SubmitTeamError,
+    jobs_filtered,
+    jobs_visible,
+    jobs_with_attempts,
+    submit_team,
+)
 from strata.jobs.storage import get_storage
 from strata.telemetry.metrics import SUBMIT_SECONDS
 
@@ -100,24 +108,10 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     def get_queryset(self):
         queryset = jobs_visible(visible_team_ids(self.request))
-        params = self.request.query_params
-        if state := params.get("state"):
-            states = [s.strip().upper() for s in state.split(",")]
-            bad = [s for s in states if s not in JobState.values]
-            if bad:
-                raise serializers.ValidationError({"state": [f"unknown state(s): {', '.join(bad)}"]})
-            queryset = queryset.filter(state__in=states)
-        if kind := params.get("kind"):
-            queryset = queryset.filter(kind=kind)
-        if team := params.get("team"):
-            queryset = queryset.filter(team__slug=team)
-        if owner := params.get("owner"):
-            queryset = queryset.filter(owner__username=owner)
-        if parent := params.get("parent"):
-            try:
-                queryset = queryset.filter(parent_id=uuid.UUID(parent))
-            except ValueError:
-                raise serializers.ValidationError({"parent": ["must be a job id"]}) from None
+        try:
+            queryset = jobs_filtered(queryset, {name: self.request.query_params.get(name) for name in JOB_FILTERS})
+        except JobFilterInvalid as error:
+            raise serializers.ValidationError({error.field: [error.message]}) from None
         if self.action == "retrieve":
             queryset = jobs_with_attempts(queryset)
         return queryset
