@@ -30,7 +30,13 @@ def run_benchmark(component: str, quick: bool = False, output: str | None = None
     known = benchmarks()
     if component not in known:
         raise ValueError(f"unknown benchmark {component!r}; known benchmarks: {', '.join(sorted(known))}")
-    function = registry.import_path(known[component])
+    try:
+        function = registry.import_path(known[component])
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "benchmarks":
+            raise
+        raise ValueError(f"benchmark {component!r} is not installed here: the benchmarks ship with a source checkout "
+                         "(make install), not with the product's image") from error
     if not peers:
         return function(quick=quick, output=output)
     if "peers" not in inspect.signature(function).parameters:

@@ -42,3 +42,14 @@ def test_unknown_benchmark_lists_known_ones():
 def test_peers_are_refused_by_a_benchmark_that_has_none():
     with pytest.raises(ValueError, match="runs no peer systems"):
         run_benchmark("control-plane", quick=True, peers=True)
+
+
+def test_a_product_without_the_benchmarks_package_says_so(monkeypatch):
+    """The product's image leaves benchmarks/ out: ``strata bench`` names the fix instead of a traceback."""
+    import sys
+
+    for name in [name for name in sys.modules if name == "benchmarks" or name.startswith("benchmarks.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "benchmarks", None)  # import benchmarks.* now raises ModuleNotFoundError
+    with pytest.raises(ValueError, match="not installed here"):
+        run_benchmark("dashboard", quick=True)
