@@ -20,8 +20,6 @@ import json
 import os
 import platform
 import secrets
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,11 +30,20 @@ from pathlib import Path
 
 from benchmarks import benchkit
 from benchmarks.benchkit import percentile
+from benchmarks.stack import (
+    REDIS_URL,
+    Stack,
+    clean_env,
+    clear_redis_prefix,
+    create_database,
+    database_url,
+    drop_database,
+    free_port,
+    services_available,
+)
 
 LATENCY_P50_TARGET = 0.100  # seconds, submit -> RUNNING, median
 PASS_TARGET = 1.0  # seconds, one scheduling pass at full size
-POSTGRES_ADMIN_URL = os.environ.get("STRATA_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("STRATA_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DEVICE_MEMORY = 16 * 2**30
 DEVICES_PER_NODE = 4
 
@@ -107,131 +114,11 @@ def _percentile(values: list[float], fraction: float) -> float:
     return float("nan") if value is None else value
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _clean_env() -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("STRATA_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-# --- PostgreSQL and Redis scratch space ----------------------------------------------------------------------
-
-def _services_available() -> str | None:
-    """None when PostgreSQL and Redis answer; otherwise why not."""
-    try:
-        import psycopg
-
-        with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3):
-            pass
-    except Exception as error:  # noqa: BLE001 - any failure means "skip this backend"
-        return f"PostgreSQL at {POSTGRES_ADMIN_URL} not reachable: {error}"
-    try:
-        import redis
-
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
-    except Exception as error:  # noqa: BLE001
-        return f"Redis at {REDIS_URL} not reachable: {error}"
-    return None
-
-
-def _database_url(name: str) -> str:
-    base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
-    return f"{base}/{name}"
-
-
-def _create_database() -> str:
-    import psycopg
-
-    name = f"strata_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def _drop_database(name: str) -> None:
-    import psycopg
-
-    try:
-        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    except Exception as error:  # noqa: BLE001
-        _say(f"  warning: could not drop database {name}: {error}")
-
-
-def _clear_redis_prefix(prefix: str) -> None:
-    try:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for start in range(0, len(keys), 500):
-            client.delete(*keys[start:start + 500])
-    except Exception as error:  # noqa: BLE001
-        _say(f"  warning: could not clear Redis keys {prefix}*: {error}")
-
-
 # --- part 1: submit -> RUNNING latency on a real stack ------------------------------------------------------
-
-class Stack:
-    """``strata up`` in its own process group; ``stop()`` kills the whole group."""
-
-    def __init__(self, home: Path, port: int, virtual_gpus: int, extra_env: dict):
-        self.home, self.port = home, port
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**_clean_env(), **extra_env, "STRATA_HOME": str(home), "STRATA_PUBLIC_URL": self.url}
-        self.log_path = home / "up.log"
-        home.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "strata.cli.main", "up", "--home", str(home), "--port", str(port),
-             "--virtual-gpus", str(virtual_gpus), "--node-name", "bench"],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout: float = 120.0) -> dict:
-        import requests
-
-        deadline = time.monotonic() + timeout
-        credentials = self.home / "credentials.json"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"strata up exited with {self.process.returncode}; see {self.log_path}")
-            if credentials.exists():
-                try:
-                    if requests.get(f"{self.url}/healthz", timeout=1).ok:
-                        return json.loads(credentials.read_text())
-                except (requests.RequestException, ValueError):
-                    pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the stack did not come up within {timeout:g} s; see {self.log_path}")
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # whatever is left in the group (workers, attempt children)
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-
 
 def _job_body(name: str) -> dict:
     kind, spec = bench_job()
@@ -263,11 +150,11 @@ def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> 
     home = Path(tempfile.mkdtemp(prefix=f"strata-bench-{backend.replace('+', '-')}-"))
     extra_env, database, prefix = {}, None, None
     if backend == "postgres+redis":
-        database = _create_database()
+        database = create_database()
         prefix = f"strata-bench-{secrets.token_hex(4)}:"
-        extra_env = {"STRATA_DATABASE_URL": _database_url(database), "STRATA_BROKER_URL": REDIS_URL,
+        extra_env = {"STRATA_DATABASE_URL": database_url(database), "STRATA_BROKER_URL": REDIS_URL,
                      "STRATA_BROKER_PREFIX": prefix}
-    port = _free_port()
+    port = free_port()
     _say(f"  starting strata up ({backend}) on port {port}, {virtual_gpus} virtual GPUs, state in {home}")
     stack = Stack(home, port, virtual_gpus, extra_env)
     try:
@@ -313,9 +200,9 @@ def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> 
         stack.stop()
         _say(f"  stack ({backend}) stopped")
         if database:
-            _drop_database(database)
+            drop_database(database)
         if prefix:
-            _clear_redis_prefix(prefix)
+            clear_redis_prefix(prefix)
 
 
 # --- the sandbox's cost: start and step time of a job's own code, with and without it ---------------------------
@@ -358,7 +245,7 @@ def measure_sandbox(jobs: int) -> dict:
     out: dict = {"jobs": jobs, "modes": {}}
     for mode in modes:
         home = Path(tempfile.mkdtemp(prefix=f"strata-bench-sandbox-{mode}-"))
-        stack = Stack(home, _free_port(), 2, {"STRATA_SANDBOX": mode})
+        stack = Stack(home, free_port(), 2, {"STRATA_SANDBOX": mode})
         try:
             credentials = stack.wait_ready()
             client = ControlPlaneClient(stack.url, credentials["token"], retries=3, timeout=30)
@@ -509,11 +396,11 @@ def _pass_worker(argv: list[str]) -> int:
 
 def run_pass_subprocess(jobs: int, nodes: int, backend: str, mix: str = "mixed") -> dict:
     home = Path(tempfile.mkdtemp(prefix="strata-bench-pass-"))
-    env = {**_clean_env(), "STRATA_HOME": str(home)}
+    env = {**clean_env(), "STRATA_HOME": str(home)}
     database = None
     if backend == "postgresql":
-        database = _create_database()
-        env["STRATA_DATABASE_URL"] = _database_url(database)
+        database = create_database()
+        env["STRATA_DATABASE_URL"] = database_url(database)
     try:
         completed = subprocess.run(
             [sys.executable, "-m", "benchmarks.core.control_plane", "pass", "--jobs", str(jobs), "--nodes", str(nodes),
@@ -523,7 +410,7 @@ def run_pass_subprocess(jobs: int, nodes: int, backend: str, mix: str = "mixed")
         return json.loads(completed.stdout.strip().splitlines()[-1])
     finally:
         if database:
-            _drop_database(database)
+            drop_database(database)
 
 
 # --- the report ---------------------------------------------------------------------------------------------
@@ -575,7 +462,7 @@ def main(quick: bool = False, output: str | None = None) -> int:
                "platform": platform.platform(), "python": platform.python_version()}
     _say(f"strata bench control-plane{' --quick' if quick else ''}: {started:%Y-%m-%d %H:%M} UTC, "
          f"{machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}")
-    services_problem = _services_available()
+    services_problem = services_available()
     if services_problem:
         _say(f"  note: PostgreSQL/Redis parts skipped: {services_problem}")
     results: dict = {"quick": quick, "date": started.isoformat(), "machine": machine, "sizes": sizes,

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from benchmarks import benchkit
 from benchmarks.benchkit import percentile
+from benchmarks.stack import clean_env
 
 RENDER_TARGET_S = 1.0
 PAYLOAD_TARGET_BYTES = 1_000_000
@@ -369,12 +370,6 @@ def _worker(argv: list[str]) -> int:
 
 # --- the parent process: one worker per backend, then the report -------------------------------------------
 
-def _clean_env() -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("STRATA_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _scratch_database(url: str) -> tuple[str, str]:
     """Create an empty database on the PostgreSQL server of ``url``; returns (its URL, its name)."""
     import psycopg
@@ -398,7 +393,7 @@ def _drop_database(url: str, name: str) -> None:
 
 def run_worker(backend: str, quick: bool, database_url: str | None = None) -> dict:
     home = Path(tempfile.mkdtemp(prefix="strata-bench-dashboard-"))
-    env = {**_clean_env(), "STRATA_HOME": str(home), "STRATA_LOG_LEVEL": "WARNING"}
+    env = {**clean_env(), "STRATA_HOME": str(home), "STRATA_LOG_LEVEL": "WARNING"}
     if database_url:
         env["STRATA_DATABASE_URL"] = database_url
     command = [sys.executable, "-m", "benchmarks.core.dashboard", "worker"] + (["--quick"] if quick else [])

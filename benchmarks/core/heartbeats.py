@@ -548,32 +548,32 @@ def measure(quick: bool = False, sizes: dict | None = None, server_workers: int 
     """Start a stack on PostgreSQL + Redis, run the heartbeat load at each size, return everything measured.
     ``server_workers``: the server's processes on its port (``strata server --workers``); ``protocol``: "lean"
     (renewals, a full heartbeat per telemetry cadence) or "full" (a full heartbeat every beat)."""
-    from benchmarks.core.control_plane import (
+    from benchmarks.stack import (
         REDIS_URL,
         Stack,
-        _clean_env,
-        _clear_redis_prefix,
-        _create_database,
-        _database_url,
-        _drop_database,
-        _free_port,
+        clean_env,
+        clear_redis_prefix,
+        create_database,
+        database_url,
+        drop_database,
+        free_port,
     )
 
     sizes = sizes or (QUICK if quick else FULL)
-    database = _create_database()
+    database = create_database()
     prefix = f"strata-bench-{secrets.token_hex(4)}:"
     home = Path(tempfile.mkdtemp(prefix="strata-bench-heartbeats-"))
-    database_url = _database_url(database)
+    database_url = database_url(database)
     extra_env = {"STRATA_DATABASE_URL": database_url, "STRATA_BROKER_URL": REDIS_URL, "STRATA_BROKER_PREFIX": prefix,
                  "STRATA_SERVER_WORKERS": str(server_workers)}
-    port = _free_port()
+    port = free_port()
     _say(f"  starting strata up --virtual-gpus 0 (server + scheduler, PostgreSQL + Redis) on port {port}, "
          f"state in {home}")
     stack = Stack(home, port, 0, extra_env)
     ok = False
     try:
         credentials = stack.wait_ready()
-        env = {**_clean_env(), **extra_env}
+        env = {**clean_env(), **extra_env}
         try:
             import uvloop  # noqa: F401 - optional: a cheaper event loop for the generator
 
@@ -589,8 +589,8 @@ def measure(quick: bool = False, sizes: dict | None = None, server_workers: int 
     finally:
         stack.stop()
         _say("  stack stopped")
-        _drop_database(database)
-        _clear_redis_prefix(prefix)
+        drop_database(database)
+        clear_redis_prefix(prefix)
         if ok:
             shutil.rmtree(home, ignore_errors=True)
         else:
@@ -684,7 +684,7 @@ def _standalone(argv: list[str]) -> int:
     figures as medians over the runs in the common document (benchmark ``control-plane-heartbeats``)."""
     import platform
 
-    from benchmarks.core.control_plane import _services_available
+    from benchmarks.stack import services_available
 
     parser = argparse.ArgumentParser(prog="benchmarks.core.heartbeats")
     parser.add_argument("--quick", action="store_true")
@@ -701,7 +701,7 @@ def _standalone(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    problem = _services_available()
+    problem = services_available()
     if problem:
         _say(f"needs PostgreSQL and Redis: {problem}")
         return 2

@@ -96,8 +96,9 @@ def _standalone(argv: list[str]) -> int:
     import argparse
 
     from benchmarks import benchkit
-    from benchmarks.core.control_plane import LATENCY_P50_TARGET, _services_available, measure_latency
+    from benchmarks.core.control_plane import LATENCY_P50_TARGET, measure_latency
     from benchmarks.core.hosts import unavailable
+    from benchmarks.stack import services_available
 
     parser = argparse.ArgumentParser(prog="benchmarks.core.multihost")
     parser.add_argument("--runs", type=int, default=3)
@@ -105,7 +106,7 @@ def _standalone(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--output")
     args = parser.parse_args(argv)
-    problem = _services_available() or unavailable()
+    problem = services_available() or unavailable()
     if problem:
         _say(f"the cross-host figure needs PostgreSQL, Redis and network namespaces: {problem}")
         return 2

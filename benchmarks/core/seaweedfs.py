@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stack import free_port
+
 ACCESS_KEY = "strata-test"
 SECRET_KEY = "strata-test-secret-key"
 BUCKET = "strata-test"
@@ -91,12 +93,6 @@ def reaper(grace: float = 2.0) -> Iterator[Callable[..., subprocess.Popen]]:
             process.wait(timeout=10)
 
 
-def _free_port() -> int:
-    from benchmarks.core.control_plane import _free_port as free
-
-    return free()
-
-
 @contextlib.contextmanager
 def started(home: Path | None = None, ports: dict[str, int] | None = None) -> Iterator[SeaweedFS]:
     """A SeaweedFS master, volume server, filer and S3 gateway in one process, with one identity and a bucket;
@@ -113,7 +109,7 @@ def started(home: Path | None = None, ports: dict[str, int] | None = None) -> It
         "name": "strata", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
     names = ["master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"]
-    ports = dict(ports) if ports else {name: _free_port() for name in names}
+    ports = dict(ports) if ports else {name: free_port() for name in names}
     command = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={home / 'data'}",
                "-master.telemetry=false", "-master.electionTimeout=1s", "-master.volumeSizeLimitMB=256", "-volume.max=0",
                "-s3", f"-s3.config={home / 's3.json'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]

@@ -57,6 +57,7 @@ from urllib.parse import urlsplit, urlunsplit
 from benchmarks import benchkit
 from benchmarks.benchkit import percentile
 from benchmarks.core.http1 import Connection, HttpError
+from benchmarks.stack import clean_env, free_port
 
 REQUEST_TIMEOUT_S = 30.0
 CONNECTIONS_PER_USER = 4
@@ -127,22 +128,8 @@ def _setup_worker(argv: list[str]) -> int:
     return 0
 
 
-def _clean_env() -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("STRATA_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _strata() -> list[str]:
     return [sys.executable, "-m", "strata.cli.main"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -213,9 +200,9 @@ class Platform:
 
     def __init__(self, home: Path, backend: Backend):
         self.home, self.backend = home, backend
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**_clean_env(), **backend.env, "STRATA_HOME": str(home), "STRATA_PUBLIC_URL": self.url}
+        self.env = {**clean_env(), **backend.env, "STRATA_HOME": str(home), "STRATA_PUBLIC_URL": self.url}
         self.processes: dict[str, subprocess.Popen] = {}
         self.logs = home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)

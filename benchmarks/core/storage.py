@@ -176,12 +176,12 @@ class StorageStack:
     transfers, or the bytes through the control plane), and a :class:`Node` holding an attempt on it."""
 
     def __init__(self, store, prefix: str, direct: bool, size: int):
-        from benchmarks.core.control_plane import Stack, _free_port
+        from benchmarks.stack import Stack, free_port
 
         self.home = Path(tempfile.mkdtemp(prefix=f"strata-bench-storage-{'direct' if direct else 'through'}-"))
         env = {**store.settings(prefix), "STRATA_DIRECT_TRANSFERS": "true" if direct else "false",
                "STRATA_MAX_UPLOAD_BYTES": str(max(512 * MIB, 2 * size))}
-        self.stack = Stack(self.home, _free_port(), 0, env)
+        self.stack = Stack(self.home, free_port(), 0, env)
         self.node: Node | None = None
         try:
             credentials = self.stack.wait_ready()

@@ -35,6 +35,7 @@ from pathlib import Path
 import requests
 
 from benchmarks import benchkit
+from benchmarks.stack import free_port
 
 RUNS = 3
 BUNDLE_BYTES = 20 * 2**20
@@ -46,14 +47,6 @@ SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", 
 # Its first line carries the wall time it started at (the setup figure reads it against the attempt's start).
 MAIN = "import time\nprint('program-ready', time.time(), flush=True)\nimport {module}\nprint('imported', {module}.NAME, flush=True)\n"
 say = benchkit.progress("  ")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -68,7 +61,7 @@ class LocalCluster:
 
     def __init__(self, home: Path, node_env: dict[str, str]):
         self.home, self.node_env = home, node_env
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
         self.session = requests.Session()
@@ -297,7 +290,7 @@ def _ray_jobs_runs(work: Path, index_env: dict[str, str], packages: list[str]) -
     server), started and stopped here."""
     python = benchkit.peers_python()
     ray = str(Path(python).with_name("ray"))
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     env = _env(**index_env, RAY_USAGE_STATS_ENABLED="0")
     subprocess.run([ray, "start", "--head", f"--port={port}", f"--dashboard-port={dashboard}",
                     "--include-dashboard=true", "--num-cpus=2", "--disable-usage-stats"],

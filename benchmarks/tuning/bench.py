@@ -216,12 +216,12 @@ class StrataSweeps:
         import tempfile
         from pathlib import Path
 
-        from benchmarks.core.control_plane import Stack, _free_port
+        from benchmarks.stack import Stack, free_port
         from components.runtime.client import ControlPlaneClient
 
         self.gpus = gpus
         self.home = Path(tempfile.mkdtemp(prefix="strata-bench-tuning-"))
-        self.stack = Stack(self.home, _free_port(), gpus, {})
+        self.stack = Stack(self.home, free_port(), gpus, {})
         try:
             self.client = ControlPlaneClient(self.stack.url, self.stack.wait_ready()["token"], retries=3, timeout=30)
         except BaseException:

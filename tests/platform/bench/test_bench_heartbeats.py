@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks import benchkit
 from benchmarks.core import heartbeats
-from benchmarks.core.control_plane import _services_available
+from benchmarks.stack import services_available
 
 TINY = {"sizes": [20], "window_s": {20: 5.0}, "warmup_s": 2.0, "jobs_per_node": 5, "max_pass_runs": 1,
         "quiet_pass_runs": 1}
@@ -15,7 +15,7 @@ TINY = {"sizes": [20], "window_s": {20: 5.0}, "warmup_s": 2.0, "jobs_per_node": 
 
 @pytest.mark.postgres
 def test_heartbeat_load_on_a_real_stack():
-    problem = _services_available()
+    problem = services_available()
     if problem:
         pytest.skip(problem)
     result = heartbeats.measure(sizes=TINY)
