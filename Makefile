@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser slurm run test chaos lint bench soak bench-peers screenshots protos clean
+.PHONY: install browser slurm run test test-fast chaos lint bench soak bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ TEST_WORKERS ?= 2
 test: install browser slurm
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The quick loop: every test the last recorded full run (tests/durations.json; STRATA_TEST_DURATIONS=1 make test
+# records one) measured under a second, without the end-to-end ones. A test the record does not know runs.
+test-fast: install
+	STRATA_FAST=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist load -q
 
 # The chaos suite (tests/chaos): a stream of real jobs of every kind on a multi-host cluster (network namespaces, as
 # root) over the machine's PostgreSQL and a Redis of its own, under faults; the history is checked at the end.

@@ -7,9 +7,11 @@ them, on the embedded defaults (SQLite and the filesystem broker).
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
+from pathlib import Path
 
 os.environ.setdefault("STRATA_HOME", tempfile.mkdtemp(prefix="strata-test-home-"))
 os.environ.setdefault("STRATA_SCHEDULE_INLINE", "1")
@@ -28,6 +30,39 @@ django.setup()
 collect_ignore = [] if os.environ.get("STRATA_CHAOS") else ["chaos"]
 
 
+# -- make test-fast: the tests that take under a second each, by the durations of the last recorded full run ------
+DURATIONS = Path(__file__).with_name("durations.json")
+FAST_LIMIT_S = 1.0
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add up each test's setup, call and teardown (in the xdist controller too: workers forward their reports)."""
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """``STRATA_TEST_DURATIONS=1 make test`` records every test's seconds in tests/durations.json (what ``make
+    test-fast`` selects by), from a run of the whole suite."""
+    if not os.environ.get("STRATA_TEST_DURATIONS") or hasattr(session.config, "workerinput") or not _durations:
+        return
+    ordered = {nodeid: round(seconds, 3) for nodeid, seconds in sorted(_durations.items())}
+    DURATIONS.write_text(json.dumps(ordered, indent=0) + "\n")
+
+
+def fast_only(config, items) -> None:
+    """``make test-fast`` (STRATA_FAST=1): deselect end-to-end tests and every test the recorded run measured at
+    FAST_LIMIT_S or more; a test the record does not know (a new one) runs."""
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    keep, drop = [], []
+    for item in items:
+        slow = item.get_closest_marker("e2e") or recorded.get(item.nodeid, 0.0) >= FAST_LIMIT_S
+        (drop if slow else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
     """End-to-end test files run first (under pytest-xdist each worker takes a whole file at a time: the long
     files first, then the many short ones fill in, so no worker is left alone with a long file at the end).
@@ -36,6 +71,8 @@ def pytest_collection_modifyitems(config, items):
     STRATA_REQUIRE_SERVICES=1 (CI) a missing PostgreSQL is a failure, never a skip."""
     # Stable: the file order is kept within each group. The plugins' tests (benchmarks, swarms) are next longest.
     items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1 if "/components/" in str(item.path) else 2)
+    if os.environ.get("STRATA_FAST"):
+        fast_only(config, items)
     if os.environ.get("STRATA_DATABASE_URL", "").startswith("postgres"):
         return
     if os.environ.get("STRATA_REQUIRE_SERVICES") == "1":
