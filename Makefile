@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser slurm run test test-fast chaos lint bench soak bench-peers screenshots protos clean
+.PHONY: install browser slurm run test test-fast chaos lint docs bench soak bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ chaos: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+
+# Rewrites the docs' generated tables (plugin seams and built-in plugins in docs/plugins.md, routes in docs/api.md,
+# settings in docs/settings.md, CLI verbs in docs/cli.md) from the code: strata.docs_tables; tests/test_docs_tables.py
+# fails while one is stale.
+docs: install
+	$(BIN)/python -m strata.docs_tables
 
 bench: install
 	$(BIN)/strata bench control-plane

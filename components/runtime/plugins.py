@@ -12,22 +12,8 @@ reading it costs nothing: the control plane imports only the *light* parts (kind
 scheduler hooks, lifecycle subscribers, CLI commands) and never torch, hivemind or grpc; a node imports the
 heavy ones (components, node services) and a benchmark is imported only when it is run.
 
-=================  =============================================================  ======  =================
-seam               path points at                                                 light   read by
-=================  =============================================================  ======  =================
-``kinds``          a :class:`~components.runtime.spec.KindSpec` subclass          yes     API, UI, node
-``panels``         a :class:`~components.runtime.panels.Panel` subclass           yes     dashboard
-``reports``        a :class:`ReportSchema` subclass (the plugin's report)          yes     API (heartbeats)
-``hooks``          a scheduler policy class (``components.runtime.policies``)     yes     scheduler
-``subscribers``    a callable ``(event) -> None`` (``components.runtime.events``)  yes     control plane
-``commands``       a :class:`Command` subclass (one ``strata`` verb)               yes     CLI
-``node_services``  a ``components.runtime.services.NodeService`` subclass         no      node agent
-``data_providers`` a ``components.runtime.data.DataProvider`` subclass           yes     API, job process
-``benchmarks``     ``{name: "module:main"}``; ``main(quick, output) -> int``       no      ``strata bench``
-``job_routes``     ``{name: "module:function"}``; ``function(PanelData) -> JSON``  yes     API
-``collections``    ``{name: "module:Class"}``: a ``collections.Collection``       yes     API, CLI
-``metrics``        a callable ``(report) -> Iterable[Sample]`` (node metrics)       yes     node agent
-=================  =============================================================  ======  =================
+What each seam's path points at, whether it is light and who reads it is the metadata of the seam's field of
+:class:`Plugin` (:func:`seams`); the table of seams in docs/plugins.md is generated from it (``make docs``).
 
 The registry (:mod:`components.runtime.registry`) reads every manifest once, checks it, and freezes the result.
 A plugin whose manifest or light parts are broken is left out whole, with its problem recorded
@@ -40,11 +26,28 @@ import abc
 import argparse
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 """Plugin, kind, benchmark and command names: lower case, digits and dashes, starting with a letter."""
+
+
+def _seam(default: Any, points_at: str, light: bool | str, read_by: str) -> Any:
+    """A manifest field that is a seam, with what its paths point at, whether they are light and who reads them.
+
+    ``default`` is the field's default; ``dict`` makes it a fresh empty mapping (a seam of named paths).
+    """
+    metadata = {"seam": True, "points_at": points_at, "light": light, "read_by": read_by}
+    if default is dict:
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def seams() -> list[tuple[str, dict[str, Any]]]:
+    """Every seam of the manifest, in declaration order: ``(field name, metadata)``."""
+    return [(item.name, dict(item.metadata)) for item in fields(Plugin) if item.metadata.get("seam")]
+
 
 
 @dataclass(frozen=True)
@@ -53,31 +56,50 @@ class Plugin:
 
     name: str
     description: str = ""
-    kinds: tuple[str, ...] = ()
-    panels: tuple[str, ...] = ()
-    reports: str | None = None
-    hooks: tuple[str, ...] = ()
-    subscribers: tuple[str, ...] = ()
-    commands: tuple[str, ...] = ()
-    node_services: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = _seam(
+        (), "a `KindSpec` subclass (`components/runtime/spec.py`): one job kind", True, "API, web UI, nodes")
+    panels: tuple[str, ...] = _seam(
+        (), "a `Panel` subclass (`components/runtime/panels.py`), job or cluster placement", True, "web UI")
+    reports: str | None = _seam(
+        None, "a `ReportSchema` subclass (`components/runtime/plugins.py`): the plugin's reports", True,
+        "API (heartbeats, attempt reports)")
+    hooks: tuple[str, ...] = _seam(
+        (), "a scheduler policy class (`components/runtime/policies.py`)", True, "scheduler")
+    subscribers: tuple[str, ...] = _seam(
+        (), "a callable taking a lifecycle event (`components/runtime/events.py`)", True, "control plane")
+    commands: tuple[str, ...] = _seam(
+        (), "a `Command` subclass (`components/runtime/plugins.py`): one `strata` verb", True, "CLI")
+    node_services: tuple[str, ...] = _seam(
+        (), "a `NodeService` subclass (`components/runtime/services.py`)", False, "node agent")
     # Sources of prepared (preprocessed) training data that jobs opt into with their spec's ``data`` options.
-    data_providers: tuple[str, ...] = ()
+    data_providers: tuple[str, ...] = _seam(
+        (), "a `DataProvider` subclass (`components/runtime/data.py`): options of a spec's `data`", True,
+        "API (spec check), the job's process")
     # Ways to fit one model on the workers of a gang, named by a spec's ``distributed.strategy``
     # (components.runtime.distributed.Strategy subclasses).
-    strategies: tuple[str, ...] = ()
-    benchmarks: Mapping[str, str] = field(default_factory=dict)
+    strategies: tuple[str, ...] = _seam(
+        (), "a `Strategy` subclass (`components/runtime/distributed.py`); its `runtime` names the node-side "
+        "`StrategyRuntime`", "yes (the runtime: no)", "API (spec check); the runtime: the job's ranks")
+    benchmarks: Mapping[str, str] = _seam(
+        dict, "`{name: \"module:main\"}`, `main(quick, output) -> int`", False, "`strata bench NAME`")
     # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
     # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
     # The function may carry ``function.schema``, the JSON Schema (2020-12) of its answer (an object): the
     # served OpenAPI schema then declares it for the route's own path (checked by the conformance suite
     # components.runtime.conformance.job_routes and by the API fuzzer).
-    job_routes: Mapping[str, str] = field(default_factory=dict)
+    job_routes: Mapping[str, str] = _seam(
+        dict, "`{name: \"module:function\"}`, `function(data: PanelData) -> JSON`: `GET /api/v1/jobs/{id}/{name}/`",
+        True, "API")
     # Team-owned named records served at ``/api/v1/{name}/`` (components.runtime.collections.Collection).
-    collections: Mapping[str, str] = field(default_factory=dict)
+    collections: Mapping[str, str] = _seam(
+        dict, "`{name: \"module:Class\"}`, a `Collection` subclass (`components/runtime/collections.py`): "
+        "`/api/v1/{name}/`", True, "API, CLI")
     # The plugin's own Prometheus metrics on the node's /metrics: a light callable ``metrics(report) ->
     # Iterable[Sample]`` turning the plugin's latest node-services report (what its services' report() sent with
     # the last heartbeat, merged) into samples named ``strata_<plugin>_...`` (components.runtime.metrics).
-    metrics: str | None = None
+    metrics: str | None = _seam(
+        None, "a function `metrics(report) -> Iterable[Sample]` (`components/runtime/plugins.py`): the plugin's "
+        "node metrics", True, "node agent (`/metrics`)")
 
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""

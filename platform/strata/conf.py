@@ -67,6 +67,14 @@ def env_float(name: str, default: float, minimum: float | None = None) -> float:
     return number
 
 
+def env_float_or_none(name: str, default: float | None, minimum: float | None = None) -> float | None:
+    """A number that may be switched off: unset gives ``default``, an empty value None."""
+    value = _raw(name)
+    if value is not None and not value.strip():
+        return None
+    return env_float(name, default, minimum) if value is not None else default
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = _raw(name)
     if value is None:

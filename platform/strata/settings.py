@@ -10,7 +10,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from components.runtime.broker import celery_broker_options
-from strata.conf import env_bool, env_float, env_int, env_list, env_str, strata_home
+from strata.conf import env_bool, env_float, env_float_or_none, env_int, env_list, env_str, strata_home
 
 HOME = strata_home()
 BASE_DIR = Path(__file__).resolve().parent
@@ -31,8 +31,10 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 # Rotating the key: the old one here keeps sessions and signed values valid until they expire (docs/operations.md).
 SECRET_KEY_FALLBACKS = env_list("STRATA_SECRET_KEY_FALLBACKS", [])
-DEBUG = env_bool("STRATA_DEBUG", False)
+DEBUG = env_bool("STRATA_DEBUG", False)  # Django's DEBUG: never in production
+# The host names the server answers (Django's ALLOWED_HOSTS); never "*" in production.
 ALLOWED_HOSTS = env_list("STRATA_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+# The URL users and nodes reach the control plane at; its https origin is trusted for CSRF.
 STRATA_PUBLIC_URL = env_str("STRATA_PUBLIC_URL", "http://127.0.0.1:8000")
 
 
@@ -191,11 +193,10 @@ STRATA_MAX_OPEN_UPLOADS = env_int("STRATA_MAX_OPEN_UPLOADS", 16, minimum=1)
 # job keeps its newest), all, best:N or best:N:METRIC:min|max (the N best of a job and its child jobs, by the metric
 # or else by the kind's objective). Artifacts of ended jobs: kept this many days; unset: forever.
 STRATA_RETENTION_CHECKPOINTS = env_str("STRATA_RETENTION_CHECKPOINTS", "latest")
-STRATA_RETENTION_ARTIFACTS_DAYS = (env_float("STRATA_RETENTION_ARTIFACTS_DAYS", 0.0, minimum=0)
-                                   if env_str("STRATA_RETENTION_ARTIFACTS_DAYS") else None)
-# A code bundle that no job ever referenced is deleted this many days after its upload; unset: never.
-STRATA_RETENTION_UNUSED_CODE_DAYS = (env_float("STRATA_RETENTION_UNUSED_CODE_DAYS", 7.0, minimum=0)
-                                     if env_str("STRATA_RETENTION_UNUSED_CODE_DAYS", "7") else None)
+# Artifacts of ended jobs are kept this many days; unset or empty: forever.
+STRATA_RETENTION_ARTIFACTS_DAYS = env_float_or_none("STRATA_RETENTION_ARTIFACTS_DAYS", None, minimum=0)
+# A code bundle that no job ever referenced is deleted this many days after its upload; empty: never.
+STRATA_RETENTION_UNUSED_CODE_DAYS = env_float_or_none("STRATA_RETENTION_UNUSED_CODE_DAYS", 7.0, minimum=0)
 # How often the scheduler leader's beat runs the collector.
 STRATA_RETENTION_INTERVAL_SECONDS = env_float("STRATA_RETENTION_INTERVAL_SECONDS", 3600.0, minimum=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
@@ -203,9 +204,13 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 FILE_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
 
 # --- HTTP server (strata server: waitress hardened in strata/api/server.py) ------------------------------
+# Open connections one process keeps; at the limit the oldest idle ones are evicted.
 STRATA_SERVER_CONNECTION_LIMIT = env_int("STRATA_SERVER_CONNECTION_LIMIT", 1000, minimum=16)
+# Seconds an idle connection is kept.
 STRATA_SERVER_IDLE_TIMEOUT = env_float("STRATA_SERVER_IDLE_TIMEOUT", 30.0, minimum=1.0)
+# Seconds a request's headers may take to arrive (not its body).
 STRATA_SERVER_HEADER_TIMEOUT = env_float("STRATA_SERVER_HEADER_TIMEOUT", 10.0, minimum=1.0)
+# Threads kept for requests under /api/v1/node/, which user requests cannot take.
 STRATA_SERVER_NODE_THREADS = env_int("STRATA_SERVER_NODE_THREADS", 4, minimum=0)
 # `strata server` processes sharing the port (SO_REUSEPORT): one waitress process is one interpreter, ~one core.
 STRATA_SERVER_WORKERS = env_int("STRATA_SERVER_WORKERS", 1, minimum=1)
@@ -221,12 +226,12 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {
-        "user": env_str("STRATA_THROTTLE_USER", "20000/hour"),
-        "submit": env_str("STRATA_THROTTLE_SUBMIT", "600/min"),
+        "user": env_str("STRATA_THROTTLE_USER", "20000/hour"),  # per user, every API request
+        "submit": env_str("STRATA_THROTTLE_SUBMIT", "600/min"),  # per user, POST /api/v1/jobs/
     },
     "EXCEPTION_HANDLER": "strata.api.errors.exception_handler",
     "DEFAULT_PARSER_CLASSES": ["strata.api.parsers.StrictJSONParser", "rest_framework.parsers.FormParser", "rest_framework.parsers.MultiPartParser"],
-    "NUM_PROXIES": env_int("STRATA_NUM_PROXIES", 0, minimum=0),
+    "NUM_PROXIES": env_int("STRATA_NUM_PROXIES", 0, minimum=0),  # proxies in front: X-Forwarded-For
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Strata API",
@@ -256,19 +261,22 @@ SPECTACULAR_SETTINGS = {
     },
 }
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# A shared cache (redis://...) so request throttles count for the cluster, not per process.
 if env_str("STRATA_CACHE_URL"):
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": env_str("STRATA_CACHE_URL")}}
 
 # --- Celery ---------------------------------------------------------------------------------------------
+# Redis or AMQP; unset: kombu's filesystem transport in $STRATA_HOME/broker (one machine).
 CELERY_BROKER_URL = env_str("STRATA_BROKER_URL") or f"filesystem://{HOME / 'broker'}"
-STRATA_BROKER_PREFIX = env_str("STRATA_BROKER_PREFIX")
+STRATA_BROKER_PREFIX = env_str("STRATA_BROKER_PREFIX")  # namespaces Strata's Redis keys
 CELERY_BROKER_OPTIONS = celery_broker_options(CELERY_BROKER_URL, STRATA_BROKER_PREFIX)
 # What nodes are told to connect to (the control plane may see the broker under another address).
 STRATA_NODE_BROKER_URL = env_str("STRATA_NODE_BROKER_URL") or CELERY_BROKER_URL
 
 # --- cluster behaviour ----------------------------------------------------------------------------------
+# A node whose lease runs out is lost: its attempts end and are requeued.
 STRATA_NODE_LEASE_SECONDS = env_float("STRATA_NODE_LEASE_SECONDS", 15.0, minimum=1.0)
-STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.1)
+STRATA_HEARTBEAT_SECONDS = env_float("STRATA_HEARTBEAT_SECONDS", 3.0, minimum=0.1)  # nodes' interval
 # An agent renews its lease every heartbeat with the lean node/renew/ and sends its batched device samples and its
 # plugins' reports in a full heartbeat this often (None: five heartbeat intervals; never less than one interval).
 STRATA_NODE_TELEMETRY_SECONDS = env_float("STRATA_NODE_TELEMETRY_SECONDS", None, minimum=0.1)
@@ -276,14 +284,17 @@ STRATA_NODE_TELEMETRY_SECONDS = env_float("STRATA_NODE_TELEMETRY_SECONDS", None,
 # (accounts.node_tokens): a revoked node token's other calls stop within it on every process (at once on the one
 # that revoked it); a lease renewal checks its token in its own UPDATE and is refused at once. 0: no cache.
 STRATA_NODE_TOKEN_CACHE_SECONDS = env_float("STRATA_NODE_TOKEN_CACHE_SECONDS", 5.0, minimum=0.0)
+# The scheduler's beat: a scheduling pass, and the leader's reaper and reconciler, this often.
 STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
 # Of several `strata scheduler` replicas one leads (reaper, reconciler, telemetry rollups): its lease lasts this
 # long and is renewed every tick, so a dead leader is replaced within it (scheduling/leader.py).
 STRATA_LEADER_LEASE_SECONDS = env_float("STRATA_LEADER_LEASE_SECONDS", 15.0, minimum=1.0)
+# A dispatch not claimed this long is published again by the reconciler.
 STRATA_DISPATCH_REPUBLISH_SECONDS = env_float("STRATA_DISPATCH_REPUBLISH_SECONDS", 30.0, minimum=1.0)
 # A node that leaves an attempt dispatched to it unclaimed this long is told so in its heartbeat answer, and its
 # agent restarts its worker (a worker that lives on but takes no work, as after some broker outages).
 STRATA_CLAIM_TIMEOUT_SECONDS = env_float("STRATA_CLAIM_TIMEOUT_SECONDS", 120.0, minimum=5.0)
+# The default lifetime of a new API token.
 STRATA_TOKEN_TTL_DAYS = env_int("STRATA_TOKEN_TTL_DAYS", 90, minimum=1)
 # Participants (machines outside the cluster that joined a running job): one whose last heartbeat is older than
 # this is no longer active (it stops counting against the quota at once; the reaper marks it lost). They are
@@ -294,6 +305,7 @@ STRATA_CREDENTIAL_TTL_S = env_float("STRATA_CREDENTIAL_TTL_S", 60.0, minimum=5.0
 # How long an attempt credential (what an attempt's processes use instead of the node token,
 # strata.accounts.attempt_credentials) stays valid; attempts renew it at a quarter of this.
 STRATA_ATTEMPT_CREDENTIAL_TTL_S = env_float("STRATA_ATTEMPT_CREDENTIAL_TTL_S", 3600.0, minimum=10.0)
+# Where LocalArtifactStorage keeps every stored byte; STRATA_ARTIFACT_STORAGE names the backend class.
 STRATA_ARTIFACT_ROOT = Path(env_str("STRATA_ARTIFACT_ROOT", str(HOME / "artifacts")))
 STRATA_ARTIFACT_STORAGE = env_str("STRATA_ARTIFACT_STORAGE", "strata.jobs.storage.LocalArtifactStorage")
 # S3-compatible object storage (AWS S3, MinIO, SeaweedFS, Ceph RGW), used with
@@ -314,8 +326,9 @@ if STRATA_S3_ADDRESSING not in ("path", "virtual"):
 STRATA_DIRECT_TRANSFERS = env_bool("STRATA_DIRECT_TRANSFERS", True)
 STRATA_DIRECT_MIN_BYTES = env_int("STRATA_DIRECT_MIN_BYTES", 1 * 2**20, minimum=0)
 STRATA_PRESIGN_EXPIRY_S = env_int("STRATA_PRESIGN_EXPIRY_S", 900, minimum=10)
+# Log lines stored per job (later ones are dropped).
 STRATA_MAX_LOG_LINES_PER_JOB = env_int("STRATA_MAX_LOG_LINES_PER_JOB", 100_000, minimum=100)
-STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)
+STRATA_MAX_TIME_LIMIT_SECONDS = env_int("STRATA_MAX_TIME_LIMIT_SECONDS", 7 * 86400, minimum=60)  # the longest a job may ask for
 # The operation history (strata.jobs.history): one JSON line per committed job and attempt change, appended to this
 # file by every control-plane process. Off when empty. The chaos suite checks it (benchmarks.core.history_check).
 STRATA_HISTORY_LOG = env_str("STRATA_HISTORY_LOG", "") or ""
@@ -332,6 +345,7 @@ LOGGING = {
         "kombu.connection": {"level": "ERROR"},  # the embedded broker has no host name to announce
     },
 }
+# Run scheduling passes in the web process after each submit (tests), not through the broker.
 STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)  # hour rollups
 STRATA_TELEMETRY_RAW_DAYS = env_int("STRATA_TELEMETRY_RAW_DAYS", 2, minimum=1)  # raw heartbeat samples
