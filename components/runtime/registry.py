@@ -221,9 +221,10 @@ def _try(load):
 
 
 # Names core commands already use: a plugin may not shadow them.
+# (tests/platform/cli/test_reserved_verbs.py checks every core verb of the CLI's parser is here.)
 RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
                                "cancel", "quota", "bench", "plugins", "job-token", "participants", "code", "env",
-                               "data"})
+                               "data", "migrate", "check", "secrets", "artifacts"})
 # The core's own benchmarks (strata.cli.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 # The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
