@@ -232,9 +232,10 @@ RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "l
                                  "children", "attempts", "tokens", "participants"})
 
 # The core's own top-level API resources (/api/v1/<name>/): a plugin's collection may not take these names.
+# (tests/platform/api/test_reserved_names.py checks this and RESERVED_JOB_ROUTES against the URL map.)
 RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
                                   "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants",
-                                  "code", "data", "uploads"})
+                                  "code", "data", "uploads", "secrets"})
 
 
 def _load() -> _State:
