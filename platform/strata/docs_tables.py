@@ -90,6 +90,8 @@ def plugins_table() -> str:
                 uses.append(f"`{seam}`")
             elif seam == "commands":
                 uses.append("`commands`: " + ", ".join(f"`strata {name}`" for name in loaded.commands))
+            elif seam == "strategies":
+                uses.append("`strategies`: " + ", ".join(f"`{name}`" for name in loaded.strategies))
             elif isinstance(value, tuple | list):
                 uses.append(f"`{seam}` ({len(value)})")
             else:
