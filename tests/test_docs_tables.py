@@ -45,3 +45,48 @@ def test_a_stale_table_is_rewritten_and_an_unknown_one_refused():
     assert docs_tables.rewrite(new, {"cli": "| new |\n"}) == new
     with pytest.raises(KeyError, match="nope"):
         docs_tables.rewrite("<!-- generated:nope -->\n<!-- /generated:nope -->", {})
+
+
+def _api_routes() -> dict[str, set[str]]:
+    """``{path with {} for each parameter, relative to /api/v1: methods}`` from the URL resolver."""
+    import re
+
+    from django.urls import get_resolver
+
+    routes: dict[str, set[str]] = {}
+    for raw, pattern in docs_tables._walk(get_resolver().url_patterns):
+        path = docs_tables._route_path(raw)
+        if path.startswith("/api/v1/"):
+            key = re.sub(r"\{[^}]*\}", "{}", path[len("/api/v1"):])
+            routes.setdefault(key, set()).update(docs_tables._view_facts(pattern.callback)[0])
+    return routes
+
+
+def _documented_operations() -> list[tuple[str, list[str], str]]:
+    """Every ``METHOD /path/`` the hand-written tables of docs/api.md name: ``(as written, methods, key)``."""
+    import re
+
+    text = (docs_tables.ROOT / "docs" / "api.md").read_text().split("## Route index")[0]
+    found = []
+    for row in re.finditer(r"^\| `([^|]*?)` \|", text, re.M):
+        for part in re.split(r"`(?:,| and) `", row.group(1)):
+            match = re.match(r"((?:GET|POST|PUT|PATCH|DELETE)(?:/(?:GET|POST|PUT|PATCH|DELETE))*) (/\S*)", part)
+            if match:
+                key = re.sub(r"\{[^}]*\}", "{}", match.group(2).split("?")[0])
+                found.append((part, match.group(1).split("/"), key))
+    return found
+
+
+def test_every_operation_api_md_documents_is_served():
+    routes = _api_routes()
+    operations = _documented_operations()
+    wrong = []
+    for written, methods, key in operations:
+        # A plugin's collection (/datasets/...) is served by the generic /{collection}/ routes.
+        served = routes.get(key) or routes.get("/{}/" + key.split("/", 2)[2] if key.count("/") > 1 else key)
+        if not served:
+            wrong.append(f"{written}: no such route")
+        elif set(methods) - served:
+            wrong.append(f"{written}: the route answers {' '.join(sorted(served))}")
+    assert len(operations) > 50 and not wrong, "docs/api.md names operations the API does not serve:\n" + "\n".join(
+        wrong)
