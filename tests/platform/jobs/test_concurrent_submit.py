@@ -87,4 +87,4 @@ def test_concurrent_api_submits_admit_exactly_one(make_team, make_user, make_tok
     assert not errors, errors
     assert codes == [201] * count
     _assert_one_admitted(team, count)
-    assert Job.objects.filter(team=team, state=JobState.SCHEDULED).count() == 1
+    assert Job.objects.filter(team=team, state=JobState.SCHEDULED).count() == 1, [(j.state, j.reason) for j in Job.objects.filter(team=team).exclude(state=JobState.PENDING)]
