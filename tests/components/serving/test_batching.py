@@ -42,11 +42,11 @@ def block_the_device(executor):
 
     def long_unit():
         running.set()
-        release.wait(20)
+        release.wait(180)  # until the test releases it (a bound, so a failed test does not hang)
         return True
 
     executor.submit("long-unit", long_unit, MemoryRequest(2**10, 2**10))
-    assert running.wait(5)
+    assert running.wait(60)
     return release
 
 
@@ -71,7 +71,7 @@ def test_queued_requests_of_different_lengths_run_as_one_batch_with_their_own_an
                 # Generous deadlines: only the order and grouping are under test.
                 futures = [pool.submit(predict, handle.address, tokens, timeout=60) for tokens in requests]
                 # The first call may already be on the device (blocked behind the long unit); the rest queue.
-                wait_for(lambda: handle.stats()["in_flight"] == len(requests), 20, "every call to reach the endpoint")
+                wait_for(lambda: handle.stats()["in_flight"] == len(requests), 120, "every call to reach the endpoint")
             finally:
                 release.set()
             answers = [future.result() for future in futures]
@@ -104,7 +104,7 @@ def test_a_batch_never_exceeds_max_rows(executor, digits_model):
             try:
                 futures = [pool.submit(predict, handle.address, np.ones((3, 64), np.float32), timeout=60)
                            for _ in range(6)]
-                wait_for(lambda: handle.stats()["in_flight"] == 6, 20, "every call to reach the endpoint")
+                wait_for(lambda: handle.stats()["in_flight"] == 6, 120, "every call to reach the endpoint")
             finally:
                 release.set()
             assert all(future.result().shape == (3, 10) for future in futures)
@@ -124,7 +124,7 @@ def test_a_full_queue_is_resource_exhausted_and_the_endpoint_recovers(executor, 
                 # One goes to the (blocked) device, three wait in the queue; the rest find it full.
                 first = [pool.submit(predict, handle.address, rows, timeout=60) for _ in range(4)]
                 wait_for(lambda: handle.stats()["in_flight"] == 4 and handle.stats()["queue_depth"] == 3,
-                         20, "one call on the device and three queued")
+                         120, "one call on the device and three queued")
                 for _ in range(3):
                     try:
                         predict(handle.address, rows, timeout=60)
@@ -187,10 +187,10 @@ def test_orloj_preempts_a_long_batch_between_layers_for_a_request_that_cannot_wa
         session.stages[1].register_forward_pre_hook(lambda *_: queued.wait(20) and None)
         with ThreadPoolExecutor(2) as pool:
             long_call = pool.submit(predict, handle.address, long_tokens, timeout=60)
-            wait_for(lambda: handle.stats()["in_flight"] == 1 and dispatcher.depth() == 0, 20, "the long batch to run")
+            wait_for(lambda: handle.stats()["in_flight"] == 1 and dispatcher.depth() == 0, 120, "the long batch to run")
             # 5 s: too short to wait for the rest of a 10-s batch, long enough to run now on a loaded machine.
             short_call = pool.submit(predict, handle.address, short_tokens, timeout=5)
-            wait_for(lambda: dispatcher.depth() == 1, 20, "the short request to queue")
+            wait_for(lambda: dispatcher.depth() == 1, 120, "the short request to queue")
             queued.set()
             short_answer = short_call.result()
             long_answer = long_call.result()

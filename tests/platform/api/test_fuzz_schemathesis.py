@@ -29,8 +29,8 @@ broker in that home, and scheduling passes run inline (STRATA_SCHEDULE_INLINE), 
 through admission and placement on the registered node (two virtual GPUs).
 
 Bounded: STRATA_FUZZ_MAX_EXAMPLES examples per operation and phase (default 15; 10 for the user run), each
-run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 240 s: a loaded machine runs them several times
-slower); the three runs take one to two minutes on two idle cores, seeding and the server's start included.
+run killed (and failed) after STRATA_FUZZ_MAX_SECONDS (default 420 s: the user run alone takes 200 to 240 s on a
+2-core CI machine busy with the suite's other worker, and a loaded machine runs it slower still).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "15"))
 # scheduling pass) draws 10 per operation and phase unless STRATA_FUZZ_MAX_EXAMPLES says otherwise; its coverage
 # phase (the boundary and negative cases) is whole either way.
 USER_MAX_EXAMPLES = int(os.environ.get("STRATA_FUZZ_MAX_EXAMPLES", "10"))
-MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "240"))
+MAX_SECONDS = int(os.environ.get("STRATA_FUZZ_MAX_SECONDS", "420"))
 SEED = int(os.environ.get("STRATA_FUZZ_SEED", "20240601"))
 # Every check of schemathesis but the two that test the schema's strictness rather than the API's answers:
 # positive_data_acceptance (a valid-looking job is still refused when it names a job or team that does not
@@ -282,6 +282,7 @@ def fuzz_server(tmp_path_factory):
             drop_database()
 
 
+@pytest.mark.timeout(MAX_SECONDS + 180)  # the run's own bound, and the server's start and seeding
 @pytest.mark.parametrize("run", list(RUNS))
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(fuzz_server, run):
     url, seeded, home = fuzz_server
