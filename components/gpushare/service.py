@@ -124,7 +124,7 @@ class DeviceService:
                 import torch
 
                 from components.gpushare.executor import DeviceExecutor
-                from components.train.component import torch_threads
+                from components.runtime.component import torch_threads
 
                 torch.set_num_threads(torch_threads())
                 device = f"cuda:{self.device_index}" if self.kind == "cuda" else "cpu"
