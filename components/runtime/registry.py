@@ -240,32 +240,35 @@ RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "no
 
 def _load_order(candidates: list[tuple[str, Plugin]]) -> tuple[list[tuple[str, Plugin]], dict[str, str]]:
     """The well-formed manifests in loading order -- every plugin after the plugins it requires, otherwise in
-    registration order -- and ``{name: problem}`` for those whose requirements form a cycle."""
-    index = {plugin.name: position for position, (_, plugin) in enumerate(candidates)}
+    registration order -- and ``{name: problem}`` for those whose requirements form a cycle (placed where the
+    cycle stops the order, so that the plugins requiring them come after them)."""
+    index = {plugin.name for _, plugin in candidates}
     needs = {plugin.name: {r.name for r in plugin.requirements() if r.name in index} for _, plugin in candidates}
     order: list[tuple[str, Plugin]] = []
     done: set[str] = set()
+    cycles: dict[str, str] = {}
     waiting = list(candidates)
     while waiting:
         ready = next((entry for entry in waiting if needs[entry[1].name] <= done), None)
-        if ready is None:
+        if ready is not None:
+            waiting.remove(ready)
+            order.append(ready)
+            done.add(ready[1].name)
+            continue
+        # Every waiting plugin waits on another waiting one: some of them form cycles.
+        stuck = {plugin.name for _, plugin in waiting}
+        before = len(waiting)
+        for entry in list(waiting):
+            cycle = _cycle(entry[1].name, {name: needs[name] & stuck for name in stuck})
+            if cycle:
+                cycles[entry[1].name] = "its requirements form a cycle: " + " -> ".join(cycle)
+                waiting.remove(entry)
+                order.append(entry)
+                done.add(entry[1].name)
+        if len(waiting) == before:  # cannot happen (a stuck set holds a cycle); never loop forever
+            order.extend(waiting)
             break
-        waiting.remove(ready)
-        order.append(ready)
-        done.add(ready[1].name)
-    problems: dict[str, str] = {}
-    stuck = {plugin.name for _, plugin in waiting}
-    for _, plugin in waiting:
-        cycle = _cycle(plugin.name, {name: needs[name] & stuck for name in stuck})
-        if cycle:
-            problems[plugin.name] = "its requirements form a cycle: " + " -> ".join(cycle)
-        else:  # it waits on a plugin of a cycle: left out when that one is
-            order.append((_source(candidates, plugin.name), plugin))
-    return order, problems
-
-
-def _source(candidates: list[tuple[str, Plugin]], name: str) -> str:
-    return next(source for source, plugin in candidates if plugin.name == name)
+    return order, cycles
 
 
 def _cycle(start: str, needs: dict[str, set[str]]) -> list[str] | None:

@@ -297,6 +297,7 @@ NEEDS_BROKEN = Plugin(name="needs-broken", requires=("shadow",))  # SHADOW is le
 CYCLE_A = Plugin(name="cycle-a", requires=("cycle-b",))
 CYCLE_B = Plugin(name="cycle-b", requires=("cycle-a",))
 ON_CYCLE = Plugin(name="on-cycle", requires=("cycle-a",))
+ON_ON_CYCLE = Plugin(name="on-on-cycle", requires=("on-cycle",))  # registered before the plugin it requires
 BAD_REQUIRES = Plugin(name="bad-requires", version="one", requires="train")
 SELF_REQUIRING = Plugin(name="self-requiring", requires=("self-requiring", "train>>1"))
 
@@ -332,12 +333,15 @@ def test_a_present_requirement_is_loaded_first(install_plugins):
 
 
 def test_a_cycle_of_requirements_is_reported(install_plugins):
-    install_plugins(f"{__name__}:CYCLE_A", f"{__name__}:CYCLE_B", f"{__name__}:ON_CYCLE", f"{__name__}:HELLO")
+    install_plugins(f"{__name__}:ON_ON_CYCLE", f"{__name__}:CYCLE_A", f"{__name__}:CYCLE_B", f"{__name__}:ON_CYCLE",
+                    f"{__name__}:HELLO")
     problems = registry.problems()
     assert problems["cycle-a"] == "ValueError: its requirements form a cycle: cycle-a -> cycle-b -> cycle-a"
     assert problems["cycle-b"] == "ValueError: its requirements form a cycle: cycle-b -> cycle-a -> cycle-b"
     assert problems["on-cycle"] == "ValueError: it requires plugin 'cycle-a', which is left out"
-    assert "hello" in registry.plugins() and not {"cycle-a", "cycle-b", "on-cycle"} & set(registry.plugins())
+    assert problems["on-on-cycle"] == "ValueError: it requires plugin 'on-cycle', which is left out"
+    assert "hello" in registry.plugins()
+    assert not {"cycle-a", "cycle-b", "on-cycle", "on-on-cycle"} & set(registry.plugins())
 
 
 def test_requires_and_version_are_checked_in_the_manifest(install_plugins):
