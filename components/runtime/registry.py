@@ -6,6 +6,8 @@ Plugins (:class:`components.runtime.plugins.Plugin` manifests) come from :data:`
 
 The registry is read once, on first use, then frozen. Each plugin is checked on its own: its manifest, the
 uniqueness of its names (plugin, kinds, benchmarks, commands) and every light part, imported and type-checked.
+Plugins load after the plugins their manifest ``requires``; one whose requirement is not installed, is left out,
+is outside the required version range or is part of a cycle of requirements is left out too.
 A plugin that fails any check is left out whole and its problem is recorded (:func:`problems`): a broken plugin
 costs its own parts, never the platform. Heavy parts (components, node services, benchmarks) are imported only
 where they run.
