@@ -38,6 +38,7 @@ import re
 import resource
 import shutil
 import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,25 +258,46 @@ def cgroup_root() -> Path | None:
     return root
 
 
-def innermost(pid: int) -> int:
-    """The job's own process under a sandbox's bwrap ``pid``: two levels down (bwrap, then its PID namespace's
-    init, then the command, which setpriv became), or as deep as it goes while it is starting."""
-    current = pid
-    for _ in range(2):
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, oldest first, from each process's ``/proc/N/stat`` (the kernel's
+    ``children`` file may miss a child while the tree changes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            stat = (entry / "stat").read_text()
         except OSError:
-            break
-        if not children:
-            break
-        current = int(children[0])
-    return current
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid:
+            found.append((int(fields[19]), int(entry.name)))  # (start time, pid)
+    return [child for _, child in sorted(found)]
+
+
+def innermost(pid: int, wait: float = 0.0) -> int:
+    """The job's own process under a sandbox's bwrap ``pid``: two levels down (bwrap, then its PID namespace's
+    init, then the command, which setpriv became). While the sandbox is starting, waits up to ``wait`` seconds for
+    the command, then gives the deepest process there is."""
+    deadline = time.monotonic() + wait
+    while True:
+        current = pid
+        for _ in range(2):
+            children = children_of(current)
+            if not children:
+                break
+            current = children[0]
+        else:
+            return current
+        if time.monotonic() >= deadline:
+            return current
+        time.sleep(0.05)
 
 
 def signal_tree(pid: int, sig: int) -> None:
     """Send ``sig`` to the job's own process in the sandbox rooted at ``pid`` (SIGKILL: to bwrap, which takes the
-    whole namespace with it)."""
-    target = pid if sig == signal.SIGKILL else innermost(pid)
+    whole namespace with it). A sandbox whose command has not started within a few seconds gets ``sig`` at bwrap."""
+    target = pid if sig == signal.SIGKILL else innermost(pid, wait=5.0)
     try:
         os.kill(target, sig)
     except ProcessLookupError:
