@@ -6,6 +6,7 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="datacache",
+    version="0.1.0",
     description="Cached preprocessing (PerFect): a node-local cache of preprocessed samples shared by every job "
                 "on the node, and training on reused cached epochs, then fine-tuning on fresh data.",
     panels=("components.datacache.panels:DataStagePanel", "components.datacache.panels:PhaseTimelinePanel",

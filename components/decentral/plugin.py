@@ -13,6 +13,8 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="decentral",
+    version="0.1.0",
+    requires=("train",),
     description="Decentralized training on hivemind (Atom): elastic swarms of peers on cluster nodes and volunteer "
                 "machines, layer swapping, guarded asynchronous averaging, job-token membership.",
     kinds=("components.decentral.spec:DecentralizedTrainSpec",),

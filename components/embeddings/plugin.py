@@ -12,6 +12,8 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="embeddings",
+    version="0.1.0",
+    requires=("train",),
     description="Embedding compression for recommendation models (Saec): per-field clustering of feature "
                 "embeddings, head by KMeans and tail by nearest centroid, served like any other model.",
     kinds=("components.embeddings.spec:CompressEmbeddingsSpec",),

@@ -6,6 +6,8 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="gpushare",
+    version="0.1.0",
+    requires=("train",),
     description="Several jobs on one GPU: memory admission, fast switching at iteration boundaries.",
     panels=("components.gpushare.panels:GpuShareTimelinePanel", "components.gpushare.panels:GpuShareJobPanel"),
     node_services=("components.gpushare.node:DeviceSharingService",),

@@ -15,7 +15,7 @@ an ``op``; every request gets exactly one reply dict:
   builds the attempt's context with :func:`~components.runtime.context.context_from_payload` (as the child
   process does) and asks the kind's component for its session (``component.session(ctx, hosted=True)``;
   no kind is named here). A step-at-a-time session (a ``train`` attempt's
-  :class:`~components.gpushare.sessions.TrainLoopSession`) is submitted to the executor with its measured
+  :class:`~components.train.sessions.TrainLoopSession`) is submitted to the executor with its measured
   memory as its request and the allocation's share as its FAIR weight; a session with an ``attach`` hook (a
   ``serve`` attempt's endpoint) joins the executor by itself. ``session.prepare()`` (the checkpoint or model
   download) runs here, before admission, and checkpoint and artifact uploads run on the job's own host thread,
@@ -124,7 +124,7 @@ class DeviceService:
                 import torch
 
                 from components.gpushare.executor import DeviceExecutor
-                from components.train.component import torch_threads
+                from components.runtime.component import torch_threads
 
                 torch.set_num_threads(torch_threads())
                 device = f"cuda:{self.device_index}" if self.kind == "cuda" else "cpu"

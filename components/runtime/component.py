@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -21,6 +22,24 @@ class Progress(enum.Enum):
 
 def never() -> bool:
     return False
+
+
+THREADS_ENV = "STRATA_TORCH_THREADS"
+DEFAULT_THREADS = 2
+
+
+def torch_threads() -> int:
+    """Intra-op threads for one job process: ``STRATA_TORCH_THREADS`` or 2 (nodes run several jobs)."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_THREADS
+    try:
+        threads = int(raw)
+    except ValueError:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}") from None
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
+    return threads
 
 
 class NotHostable(Exception):

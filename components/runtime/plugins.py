@@ -31,6 +31,47 @@ from typing import Any, ClassVar
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 """Plugin, kind, benchmark and command names: lower case, digits and dashes, starting with a letter."""
+VERSION_RE = re.compile(r"^\d+(\.\d+)*$")
+"""A plugin's version: dotted whole numbers (``1``, ``0.1.0``)."""
+REQUIREMENT_RE = re.compile(r"^(?P<name>[a-z][a-z0-9-]{0,39})\s*(?P<range>(?:(?:>=|<=|==|!=|>|<)\s*\d+(?:\.\d+)*"
+                            r"\s*,?\s*)*)$")
+"""One entry of :attr:`Plugin.requires`: a plugin name, then an optional version range (``base``,
+``base>=0.1``, ``base>=0.1,<1``)."""
+_COMPARISONS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "==": lambda a, b: a == b,
+                "!=": lambda a, b: a != b, ">": lambda a, b: a > b, "<": lambda a, b: a < b}
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A version as a comparable tuple, trailing zeros dropped (``1.0`` is ``1``)."""
+    parts = [int(part) for part in version.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A parsed entry of :attr:`Plugin.requires`: the plugin ``name`` and the ``(operator, version)`` bounds its
+    version must satisfy (none: any version)."""
+
+    name: str
+    bounds: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Requirement:
+        match = REQUIREMENT_RE.match(text.strip()) if isinstance(text, str) else None
+        if not match:
+            raise ValueError(f"requirement {text!r} must be a plugin name with an optional version range, "
+                             "e.g. 'name' or 'name>=1.0,<2'")
+        bounds = tuple(re.findall(r"(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)", match.group("range")))
+        return cls(match.group("name"), bounds)
+
+    def accepts(self, version: str) -> bool:
+        """True when ``version`` is within every bound."""
+        return all(_COMPARISONS[op](version_key(version), version_key(bound)) for op, bound in self.bounds)
+
+    def __str__(self) -> str:
+        return self.name + ",".join(op + bound for op, bound in self.bounds)
 
 
 def _seam(default: Any, points_at: str, light: bool | str, read_by: str) -> Any:
@@ -56,6 +97,12 @@ class Plugin:
 
     name: str
     description: str = ""
+    # The plugin's version, dotted whole numbers; plugins that require this one may bound it.
+    version: str = "0"
+    # The plugins this one imports or builds on, by name, each with an optional version range
+    # ("base", "base>=0.1,<1"): the registry loads them first and leaves this plugin out when one is missing,
+    # left out or outside its range. The only plugin-to-plugin imports allowed (pyproject.toml's import contracts).
+    requires: tuple[str, ...] = ()
     kinds: tuple[str, ...] = _seam(
         (), "a `KindSpec` subclass (`components/runtime/spec.py`): one job kind", True, "API, web UI, nodes")
     panels: tuple[str, ...] = _seam(
@@ -114,6 +161,10 @@ class Plugin:
         found.extend(("collections", path) for path in self.collections.values())
         return found
 
+    def requirements(self) -> list[Requirement]:
+        """:attr:`requires`, parsed (call on a manifest whose :meth:`problems` are none)."""
+        return [Requirement.parse(text) for text in self.requires]
+
     def problems(self) -> list[str]:
         """What is malformed in the manifest itself (names and path shapes), without importing anything."""
         problems = []
@@ -134,6 +185,19 @@ class Plugin:
                     problems.append(f"{seam[:-1].replace('_', ' ')} name {name!r} must match {NAME_RE.pattern}")
         if self.metrics is not None and not isinstance(self.metrics, str):
             problems.append("metrics must be a 'module:function' path or None")
+        if not isinstance(self.version, str) or not VERSION_RE.match(self.version):
+            problems.append(f"version {self.version!r} must be dotted whole numbers, e.g. '1.0'")
+        if isinstance(self.requires, str) or not isinstance(self.requires, tuple | list):
+            problems.append("requires must be a tuple of plugin names (each with an optional version range)")
+        else:
+            for text in self.requires:
+                try:
+                    requirement = Requirement.parse(text)
+                except ValueError as error:
+                    problems.append(str(error))
+                    continue
+                if requirement.name == self.name:
+                    problems.append(f"a plugin cannot require itself ({text!r})")
         if problems:
             return problems
         for seam, path in self.paths():

@@ -6,6 +6,8 @@ Plugins (:class:`components.runtime.plugins.Plugin` manifests) come from :data:`
 
 The registry is read once, on first use, then frozen. Each plugin is checked on its own: its manifest, the
 uniqueness of its names (plugin, kinds, benchmarks, commands) and every light part, imported and type-checked.
+Plugins load after the plugins their manifest ``requires``; one whose requirement is not installed, is left out,
+is outside the required version range or is part of a cycle of requirements is left out too.
 A plugin that fails any check is left out whole and its problem is recorded (:func:`problems`): a broken plugin
 costs its own parts, never the platform. Heavy parts (components, node services, benchmarks) are imported only
 where they run.
@@ -238,22 +240,111 @@ RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "no
                                   "code", "data", "uploads", "secrets"})
 
 
+def _load_order(candidates: list[tuple[str, Plugin]]) -> tuple[list[tuple[str, Plugin]], dict[str, str]]:
+    """The well-formed manifests in loading order -- every plugin after the plugins it requires, otherwise in
+    registration order -- and ``{name: problem}`` for those whose requirements form a cycle (placed where the
+    cycle stops the order, so that the plugins requiring them come after them)."""
+    index = {plugin.name for _, plugin in candidates}
+    needs = {plugin.name: {r.name for r in plugin.requirements() if r.name in index} for _, plugin in candidates}
+    order: list[tuple[str, Plugin]] = []
+    done: set[str] = set()
+    cycles: dict[str, str] = {}
+    waiting = list(candidates)
+    while waiting:
+        ready = next((entry for entry in waiting if needs[entry[1].name] <= done), None)
+        if ready is not None:
+            waiting.remove(ready)
+            order.append(ready)
+            done.add(ready[1].name)
+            continue
+        # Every waiting plugin waits on another waiting one: some of them form cycles.
+        stuck = {plugin.name for _, plugin in waiting}
+        before = len(waiting)
+        for entry in list(waiting):
+            cycle = _cycle(entry[1].name, {name: needs[name] & stuck for name in stuck})
+            if cycle:
+                cycles[entry[1].name] = "its requirements form a cycle: " + " -> ".join(cycle)
+                waiting.remove(entry)
+                order.append(entry)
+                done.add(entry[1].name)
+        if len(waiting) == before:  # cannot happen (a stuck set holds a cycle); never loop forever
+            order.extend(waiting)
+            break
+    return order, cycles
+
+
+def _cycle(start: str, needs: dict[str, set[str]]) -> list[str] | None:
+    """A path of requirements from ``start`` back to itself (``[start, ..., start]``), or None."""
+    path = [start]
+    seen: set[str] = set()
+
+    def walk(name: str) -> bool:
+        for required in sorted(needs.get(name, ())):
+            if required == start:
+                path.append(start)
+                return True
+            if required in seen:
+                continue
+            seen.add(required)
+            path.append(required)
+            if walk(required):
+                return True
+            path.pop()
+        return False
+
+    return path if walk(start) else None
+
+
+def _requirement_problem(plugin: Plugin, loaded: dict[str, LoadedPlugin], problems: dict[str, str]) -> str | None:
+    """Why ``plugin`` cannot load given the plugins loaded so far, or None when every requirement is met."""
+    for requirement in plugin.requirements():
+        present = loaded.get(requirement.name)
+        if present is None:
+            if requirement.name in problems:
+                return f"it requires plugin {requirement.name!r}, which is left out"
+            return f"it requires plugin {requirement.name!r}, which is not installed"
+        if not requirement.accepts(present.plugin.version):
+            return f"it requires {requirement}, but {requirement.name} is version {present.plugin.version}"
+    return None
+
+
 def _load() -> _State:
-    plugins: dict[str, LoadedPlugin] = {}
+    loaded_plugins: dict[str, LoadedPlugin] = {}
     problems: dict[str, str] = {}
     owners: dict[tuple[str, str], str] = {("benchmark", name): "core" for name in RESERVED_BENCHMARKS}
     owners.update({("command", name): "core" for name in RESERVED_COMMANDS})
     owners.update({("job route", name): "core" for name in RESERVED_JOB_ROUTES})
     owners.update({("collection", name): "core" for name in RESERVED_COLLECTIONS})
     owners.update({("data option", "mount"): "core"})  # components.runtime.data.Mounts
-    for source, manifest in _manifests():
+    manifests = _manifests()
+    # Well-formed manifests load in the order of their requirements (a plugin after those it requires); the
+    # others are checked first, in registration order, and left out with their problem.
+    candidates: list[tuple[str, Plugin]] = []
+    seen: set[str] = set()
+    for source, manifest in manifests:
+        if isinstance(manifest, Plugin) and not manifest.problems() and manifest.name not in seen:
+            seen.add(manifest.name)
+            candidates.append((source, manifest))
+    order, cycles = _load_order(candidates)
+    chosen = {id(manifest) for _, manifest in candidates}
+    rest = [(source, manifest) for source, manifest in manifests if id(manifest) not in chosen]
+    malformed = [(source, manifest) for source, manifest in rest if not isinstance(manifest, Plugin)
+                 or manifest.problems()]
+    twice = [entry for entry in rest if entry not in malformed]  # a second manifest of one name: after the first
+    queue = malformed + order + twice
+    for source, manifest in queue:
         name = getattr(manifest, "name", None) or source
         if isinstance(manifest, Exception):
             problems[source] = f"cannot import the manifest: {type(manifest).__name__}: {manifest}"
             continue
         try:
+            if isinstance(manifest, Plugin) and not manifest.problems():
+                if manifest.name in cycles:
+                    raise ValueError(cycles[manifest.name])
+                if missing := _requirement_problem(manifest, loaded_plugins, problems):
+                    raise ValueError(missing)
             loaded = _load_plugin(manifest, source)
-            if loaded.name in plugins:
+            if loaded.name in loaded_plugins:
                 raise ValueError(f"plugin {loaded.name!r} is registered twice")
             claims = [("kind", kind) for kind in loaded.kinds] + \
                      [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
@@ -272,7 +363,13 @@ def _load() -> _State:
             continue
         for claim in claims:
             owners[claim] = loaded.name
-        plugins[loaded.name] = loaded
+        loaded_plugins[loaded.name] = loaded
+    # Loaded in the order of their requirements, listed in the order they are registered in.
+    plugins: dict[str, LoadedPlugin] = {}
+    for _, manifest in manifests:
+        loaded = loaded_plugins.get(getattr(manifest, "name", None)) if isinstance(manifest, Plugin) else None
+        if loaded is not None and loaded.plugin is manifest:
+            plugins[loaded.name] = loaded
     kinds = {kind: spec for loaded in plugins.values() for kind, spec in loaded.kinds.items()}
     return _State(plugins=plugins, problems=problems, kinds=kinds)
 

@@ -6,6 +6,9 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+# "package.module:function" -- dotted identifiers, one colon, one identifier after it (a spec naming user code).
+ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
 
 class SpecError(ValueError):
     """A spec failed validation. ``errors`` maps a dotted field path to a human message."""

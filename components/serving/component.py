@@ -315,7 +315,7 @@ class ServeComponent(Component):
 
     def run(self, ctx: Context) -> None:
         session = self.session(ctx)
-        from components.train.component import torch_threads
+        from components.runtime.component import torch_threads
 
         threads = torch_threads()
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))

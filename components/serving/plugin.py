@@ -5,6 +5,8 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="serving",
+    version="0.1.0",
+    requires=("gpushare", "train"),
     description="Serve a trained model over gRPC, on a whole GPU or a share of one.",
     kinds=("components.serving.spec:ServeSpec",),
     commands=("components.serving.commands:InferCommand",),

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from components.runtime.spec import Checker, KindSpec, SourceRef, SpecError
-from components.train.spec import ENTRYPOINT_PATTERN
+from components.runtime.spec import ENTRYPOINT_PATTERN, Checker, KindSpec, SourceRef, SpecError
 
 FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale",
           "emoe"}

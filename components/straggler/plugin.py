@@ -15,6 +15,8 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="straggler",
+    version="0.1.0",
+    requires=("train",),
     description="Straggler mitigation for data-parallel training: SMS (predicted stragglers shed near-duplicate "
                 "samples; gradient transfer control), Stanza (layer separation) and SAS (availability-aware "
                 "gang placement).",

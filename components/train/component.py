@@ -5,28 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from components.runtime.component import Component, NotHostable, Session, drive
+from components.runtime.component import Component, NotHostable, Session, drive, torch_threads
 from components.runtime.context import Context
 from components.runtime.project import UserError
 from components.runtime.registry import import_path
 from components.train.spec import TrainSpec
-
-THREADS_ENV = "STRATA_TORCH_THREADS"
-DEFAULT_THREADS = 2
-
-
-def torch_threads() -> int:
-    """Intra-op threads for one training process: ``STRATA_TORCH_THREADS`` or 2 (nodes run several jobs)."""
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_THREADS
-    try:
-        threads = int(raw)
-    except ValueError:
-        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}") from None
-    if threads < 1:
-        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
-    return threads
 
 
 class EntrypointImportError(UserError, ImportError):
@@ -74,7 +57,7 @@ class TrainComponent(Component):
     logs, checkpoints every ``checkpoint_every`` steps, stops early (after a checkpoint) when
     ``ctx.should_stop()`` turns true, and uploads ``model.pt`` and ``metrics.json`` when done.
 
-    The loop runs as a step-at-a-time session (:class:`~components.gpushare.sessions.TrainLoopSession`) on both
+    The loop runs as a step-at-a-time session (:class:`~components.train.sessions.TrainLoopSession`) on both
     paths: :meth:`run` drives it to the end in the attempt's child process; a device's sharing service gets it
     from :meth:`session` with ``hosted=True`` (no process-global RNG, uploads on a host thread, stage
     preemption) and interleaves it with other jobs. An entrypoint *function* may train by itself, so it
@@ -91,8 +74,8 @@ class TrainComponent(Component):
         import torch
         from sklearn.datasets import load_digits  # noqa: F401
 
-        import components.gpushare.sessions  # noqa: F401
         import components.train.loop  # noqa: F401
+        import components.train.sessions  # noqa: F401
         from components.train.workloads import make_optimizer
 
         weight = torch.nn.Parameter(torch.zeros(1))
@@ -130,8 +113,8 @@ class TrainComponent(Component):
     @staticmethod
     def _session(ctx: Context, spec: dict[str, Any], workload: Any, factory: Any = None, *,
                  hosted: bool) -> Session:
-        from components.gpushare.sessions import TrainLoopSession
         from components.train.loop import TrainLoop
+        from components.train.sessions import TrainLoopSession
 
         loop = TrainLoop(workload, spec, ctx, owns_process=not hosted)
         if hosted:

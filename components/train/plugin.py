@@ -4,6 +4,7 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="train",
+    version="0.1.0",
     description="Training jobs: built-in workloads or a user entrypoint, checkpointed and resumable.",
     kinds=("components.train.spec:TrainSpec",),
     strategies=("components.train.strategies:DDP", "components.train.strategies:PostLocalSGD"),

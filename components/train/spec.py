@@ -14,7 +14,7 @@ from components.runtime.project import (
     normalize_command,
     normalize_environment,
 )
-from components.runtime.spec import Checker, KindSpec
+from components.runtime.spec import ENTRYPOINT_PATTERN, Checker, KindSpec
 
 # The last two are the embeddings plugin's DLRMs on CTR data (components.train.workloads.PLUGIN_WORKLOADS).
 WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc",
@@ -24,8 +24,6 @@ STREAMING = ("cnn-dataset",)
 TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
-# "package.module:function" -- dotted identifiers, one colon, one identifier after it.
-ENTRYPOINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 
 DEFAULT_EPOCHS = 3

@@ -6,6 +6,7 @@ from components.runtime.plugins import Plugin
 
 PLUGIN = Plugin(
     name="tuning",
+    version="0.1.0",
     description="Hyperparameter tuning: trials water-filled onto the tune job's GPU shares (Fluid).",
     kinds=("components.tuning.spec:TuneSpec",),
     reports="components.tuning.report:TuningReport",

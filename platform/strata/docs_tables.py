@@ -97,8 +97,9 @@ def plugins_table() -> str:
             else:
                 uses.append(f"`{seam}`: " + ", ".join(f"`{name}`" for name in value))
         kinds = ", ".join(f"`{kind}`" for kind in loaded.kinds) or "—"
-        rows.append((f"`{plugin.name}`", kinds, "; ".join(uses), plugin.description))
-    return _table(("plugin", "job kinds", "other seams it uses", "what it is"), rows)
+        requires = ", ".join(f"`{requirement}`" for requirement in plugin.requires) or "—"
+        rows.append((f"`{plugin.name}`", plugin.version, requires, kinds, "; ".join(uses), plugin.description))
+    return _table(("plugin", "version", "requires", "job kinds", "other seams it uses", "what it is"), rows)
 
 
 # --- routes --------------------------------------------------------------------------------------------------

@@ -475,12 +475,14 @@ def cancel(args) -> int:
 
 
 def plugins(args) -> int:
-    """``strata plugins``: the installed plugins (this machine's registry) and what each contributes."""
+    """``strata plugins``: the installed plugins (this machine's registry), each with its version, the plugins it
+    requires and what it contributes."""
     from components.runtime import registry
 
     for name, loaded in sorted(registry.plugins().items()):
         parts = []
-        for label, values in (("kinds", sorted(loaded.kinds)), ("panels", [p for p, _ in loaded.panels]),
+        for label, values in (("requires", list(loaded.plugin.requires)),
+                              ("kinds", sorted(loaded.kinds)), ("panels", [p for p, _ in loaded.panels]),
                               ("report", [loaded.plugin.reports] if loaded.plugin.reports else []),
                               ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
                               ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
@@ -491,7 +493,7 @@ def plugins(args) -> int:
                               ("collections", [f"/{name}/" for name in sorted(loaded.collections)])):
             if values:
                 parts.append(f"{label}: {', '.join(value.rpartition(':')[2] for value in values)}")
-        print(f"{name:12} {'; '.join(parts) or '(nothing)'}")
+        print(f"{name:12} {loaded.plugin.version:8} {'; '.join(parts) or '(nothing)'}")
     for name, problem in sorted(registry.problems().items()):
         print(f"{name:12} LEFT OUT: {problem}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import components.gpushare.sessions  # noqa: F401 -- the host: installs its tools (memory profiling) into train's sessions
 from components.runtime.component import NotHostable
 from components.runtime.conformance.sessions import SessionConformance
 from components.runtime.context import LocalContext

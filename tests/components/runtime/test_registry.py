@@ -282,3 +282,110 @@ def test_strategies_are_checked_and_their_names_are_unique(install_plugins):
     # Left out whole: none of their parts is registered.
     assert set(registry.plugins()) & set(problems) == set()
     assert not {"Gossip Strategy", "", "no-runtime"} & set(found)
+
+
+# -- requirements between plugins ---------------------------------------------------------------------------
+
+from components.runtime.plugins import Requirement  # noqa: E402
+
+NEEDS_MISSING = Plugin(name="needs-missing", requires=("no-such-plugin",))
+NEEDS_TRAIN = Plugin(name="needs-train", version="1.2", requires=("train>=0.1,<1",))
+NEEDS_NEWER_TRAIN = Plugin(name="needs-newer-train", requires=("train>=99",))
+NEEDS_LATER = Plugin(name="needs-later", requires=("later",))  # registered before the plugin it requires
+LATER = Plugin(name="later", version="2.0", collections={"later-notes": f"{__name__}:Notes"})
+NEEDS_BROKEN = Plugin(name="needs-broken", requires=("shadow",))  # SHADOW is left out (it shadows a core verb)
+CYCLE_A = Plugin(name="cycle-a", requires=("cycle-b",))
+CYCLE_B = Plugin(name="cycle-b", requires=("cycle-a",))
+ON_CYCLE = Plugin(name="on-cycle", requires=("cycle-a",))
+ON_ON_CYCLE = Plugin(name="on-on-cycle", requires=("on-cycle",))  # registered before the plugin it requires
+BAD_REQUIRES = Plugin(name="bad-requires", version="one", requires="train")
+SELF_REQUIRING = Plugin(name="self-requiring", requires=("self-requiring", "train>>1"))
+
+
+def test_the_built_in_plugins_declare_what_they_import():
+    found = registry.plugins()
+    assert found["serving"].plugin.requires == ("gpushare", "train")
+    assert found["gpushare"].plugin.requires == ("train",)
+    assert all(found[name].plugin.requires == ("train",) for name in ("straggler", "decentral", "embeddings"))
+    assert found["train"].plugin.requires == () and found["train"].plugin.version == "0.1.0"
+    # Listed in the order they are registered in, whatever order their requirements loaded them in.
+    assert list(found)[:3] == ["train", "embeddings", "serving"]
+
+
+def test_a_missing_requirement_leaves_the_dependant_out(install_plugins):
+    install_plugins(f"{__name__}:NEEDS_MISSING", f"{__name__}:SHADOW", f"{__name__}:NEEDS_BROKEN",
+                    f"{__name__}:NEEDS_NEWER_TRAIN", f"{__name__}:HELLO")
+    problems = registry.problems()
+    assert problems["needs-missing"] == "ValueError: it requires plugin 'no-such-plugin', which is not installed"
+    assert problems["needs-broken"] == "ValueError: it requires plugin 'shadow', which is left out"
+    assert problems["needs-newer-train"] == "ValueError: it requires train>=99, but train is version 0.1.0"
+    assert not {"needs-missing", "needs-broken", "needs-newer-train"} & set(registry.plugins())
+    assert "hello" in registry.plugins() and registry.problems().keys() == {
+        "needs-missing", "shadow", "needs-broken", "needs-newer-train"}
+
+
+def test_a_present_requirement_is_loaded_first(install_plugins):
+    install_plugins(f"{__name__}:NEEDS_LATER", f"{__name__}:LATER", f"{__name__}:NEEDS_TRAIN")
+    assert registry.problems() == {}
+    found = list(registry.plugins())
+    assert found[-3:] == ["needs-later", "later", "needs-train"]  # registration order
+    assert "later-notes" in registry.collections()
+
+
+def test_a_cycle_of_requirements_is_reported(install_plugins):
+    install_plugins(f"{__name__}:ON_ON_CYCLE", f"{__name__}:CYCLE_A", f"{__name__}:CYCLE_B", f"{__name__}:ON_CYCLE",
+                    f"{__name__}:HELLO")
+    problems = registry.problems()
+    assert problems["cycle-a"] == "ValueError: its requirements form a cycle: cycle-a -> cycle-b -> cycle-a"
+    assert problems["cycle-b"] == "ValueError: its requirements form a cycle: cycle-b -> cycle-a -> cycle-b"
+    assert problems["on-cycle"] == "ValueError: it requires plugin 'cycle-a', which is left out"
+    assert problems["on-on-cycle"] == "ValueError: it requires plugin 'on-cycle', which is left out"
+    assert "hello" in registry.plugins()
+    assert not {"cycle-a", "cycle-b", "on-cycle", "on-on-cycle"} & set(registry.plugins())
+
+
+def test_requires_and_version_are_checked_in_the_manifest(install_plugins):
+    install_plugins(f"{__name__}:BAD_REQUIRES", f"{__name__}:SELF_REQUIRING")
+    problems = registry.problems()
+    assert "version 'one' must be dotted whole numbers" in problems["bad-requires"]
+    assert "requires must be a tuple of plugin names" in problems["bad-requires"]
+    assert "a plugin cannot require itself" in problems["self-requiring"]
+    assert "requirement 'train>>1' must be a plugin name" in problems["self-requiring"]
+
+
+def test_a_requirement_bounds_the_version():
+    requirement = Requirement.parse("train >= 0.1, <1")
+    assert (requirement.name, requirement.bounds) == ("train", ((">=", "0.1"), ("<", "1")))
+    assert str(requirement) == "train>=0.1,<1"
+    assert requirement.accepts("0.1.0") and requirement.accepts("0.9") and not requirement.accepts("1.0")
+    assert not requirement.accepts("0.0.9") and Requirement.parse("train").accepts("7")
+    with pytest.raises(ValueError):
+        Requirement.parse("Train")
+
+
+def test_strata_plugins_shows_versions_and_requirements(capsys):
+    from strata.cli.main import main
+
+    assert main(["plugins"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["serving"].split()[1] == "0.1.0" and "requires: gpushare, train;" in lines["serving"]
+    assert "requires" not in lines["train"]
+
+
+def test_the_import_contract_allows_exactly_the_declared_requirements():
+    import tomllib
+    from pathlib import Path
+
+    config = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    contract = next(contract for contract in config["tool"]["importlinter"]["contracts"]
+                    if contract["type"] == "independence")
+    builtins = {loaded.name: loaded for loaded in registry.plugins().values()
+                if loaded.source in registry.BUILTIN_PLUGINS}
+    assert set(contract["modules"]) == {f"components.{name}" for name in builtins}
+    allowed = set()
+    for line in contract["ignore_imports"]:
+        importer, _, imported = line.partition(" -> ")
+        allowed.add((importer.split(".")[1], imported.split(".")[1]))
+    declared = {(name, requirement.name) for name, loaded in builtins.items()
+                for requirement in loaded.plugin.requirements()}
+    assert allowed == declared
