@@ -17,6 +17,5 @@ PLUGIN = Plugin(
     node_services=("components.datacache.service:DataCacheService",),
     data_providers=("components.datacache.provider:DataCacheProvider",),
     collections={"datasets": "components.datacache.datasets:Datasets"},
-    metrics="components.datacache.metrics:metrics",
     benchmarks={"datacache": "benchmarks.datacache.bench:main"},
 )

@@ -65,6 +65,12 @@ class DataCacheReport(ReportSchema):
                "data": {name: payload[name] for name in ("bytes", "hits", "misses", "evictions", "corrupt")}}
         return ReportParts(node=payload, series=[row])
 
+    def metrics(self, report: Any):
+        """The plugin's node metrics (components.datacache.metrics)."""
+        from components.datacache.metrics import metrics
+
+        return metrics(report)
+
 
 def hit_rate(stats: dict[str, Any]) -> float | None:
     lookups = int(stats.get("hits", 0)) + int(stats.get("misses", 0))

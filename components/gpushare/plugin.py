@@ -13,6 +13,5 @@ PLUGIN = Plugin(
     node_services=("components.gpushare.node:DeviceSharingService",),
     reports="components.gpushare.report:GpuShareReport",
     hooks=("components.gpushare.scheduling:LendMeasuredMemory",),
-    metrics="components.gpushare.metrics:metrics",
     benchmarks={"gpushare": "benchmarks.gpushare.bench:main"},
 )

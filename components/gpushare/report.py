@@ -156,6 +156,12 @@ class GpuShareReport(ReportSchema):
                                  "end": piece["end"], "data": {}} for piece in entry["slices"])
         return parts
 
+    def metrics(self, report: Any):
+        """The plugin's node metrics (components.gpushare.metrics)."""
+        from components.gpushare.metrics import metrics
+
+        return metrics(report)
+
 
 def read(data: Any, since: float | None = None, job_id: str | None = None) -> dict[str, Any]:
     """gpushare's reports through the generic channel, scoped to the viewer by the dashboard."""

@@ -201,3 +201,16 @@ def name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not RECORD_NAME_RE.match(name):
         return f"must match {RECORD_NAME_RE.pattern} (lower case, at most 64 characters)"
     return None
+
+
+def check_job_route(function: Any, path: str, name: str | None) -> None:
+    """The registry's check of a ``job_routes`` part: the answer's schema, when it declares one."""
+    if problem := schema_problem(getattr(function, "schema", None)):
+        raise TypeError(f"{path}.schema: {problem}")
+
+
+def check_collection(collection: Collection, path: str, name: str | None) -> None:
+    """The registry's check of a ``collections`` part: it takes its name from the manifest; its schema."""
+    collection.name = name
+    if problem := schema_problem(collection.schema):
+        raise TypeError(f"{path}.schema: {problem}")

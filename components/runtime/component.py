@@ -163,8 +163,8 @@ class Component(abc.ABC):
 
     A component implements :meth:`run`, or :meth:`session` (then :meth:`run` drives the session to its end),
     or both. Long-lived per-node work belongs in a node service (:mod:`components.runtime.services`).
-    Dashboard panels are declared on the light ``KindSpec.panels`` instead, so the control plane can render
-    them without importing the component (see :mod:`components.runtime.panels`).
+    Dashboard panels are declared in the plugin's manifest instead (a panel's ``kinds`` names the kinds it is
+    shown on), so the control plane can render them without importing the component (:mod:`components.runtime.panels`).
     """
 
     kind: ClassVar[str]

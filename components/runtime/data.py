@@ -421,3 +421,10 @@ def prepare(recipe: dict[str, Any] | None, build: Callable[[], Any], data: dict[
         if found is not None:
             return found
     return (MEMO if memo is None else memo).get(key, build)
+
+
+def check_provider(provider: DataProvider, path: str, name: str | None) -> None:
+    """The registry's check of a ``data_providers`` part: its options are a set of option names."""
+    options = provider.options
+    if not isinstance(options, frozenset | set) or not all(isinstance(o, str) and o for o in options):
+        raise TypeError(f"{type(provider).__name__}.options must be a set of option names")

@@ -399,3 +399,13 @@ def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
     if world_size <= 1:
         return 0
     return int(2 * (world_size - 1) * nbytes / world_size)
+
+
+def check_strategy(strategy: Strategy, path: str, name: str | None) -> None:
+    """The registry's check of a ``strategies`` part: a name and the path of its node-side runtime."""
+    from components.runtime.plugins import NAME_RE
+
+    if not isinstance(strategy.name, str) or not NAME_RE.match(strategy.name):
+        raise ValueError(f"{path}: a strategy needs a name matching {NAME_RE.pattern}")
+    if not isinstance(strategy.runtime, str) or ":" not in strategy.runtime:
+        raise ValueError(f"{path}: runtime must be the 'module:Class' of a StrategyRuntime")

@@ -104,6 +104,8 @@ class Panel(abc.ABC):
     slug: ClassVar[str]
     title: ClassVar[str]
     placement: ClassVar[Placement] = "job"
+    # The job kinds a job panel is shown on (an empty tuple: every kind, and :meth:`applies` decides).
+    kinds: ClassVar[tuple[str, ...]] = ()
 
     def applies(self, job: dict[str, Any]) -> bool:
         """Whether this job panel has anything to say about ``job`` (a job of the panel's own kind)."""

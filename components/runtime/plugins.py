@@ -12,8 +12,9 @@ reading it costs nothing: the control plane imports only the *light* parts (kind
 scheduler hooks, lifecycle subscribers, CLI commands) and never torch, hivemind or grpc; a node imports the
 heavy ones (components, node services) and a benchmark is imported only when it is run.
 
-What each seam's path points at, whether it is light and who reads it is the metadata of the seam's field of
-:class:`Plugin` (:func:`seams`); the table of seams in docs/plugins.md is generated from it (``make docs``).
+What each seam's path points at, whether it is light, who reads it, how the registry checks and joins it and its
+conformance suite is the seam's row of :data:`SEAMS`, the one table the registry, the manifest's checker and the
+docs (``make docs``) read.
 
 The registry (:mod:`components.runtime.registry`) reads every manifest once, checks it, and freezes the result.
 A plugin whose manifest or light parts are broken is left out whole, with its problem recorded
@@ -25,8 +26,8 @@ from __future__ import annotations
 import abc
 import argparse
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
@@ -74,21 +75,110 @@ class Requirement:
         return self.name + ",".join(op + bound for op, bound in self.bounds)
 
 
-def _seam(default: Any, points_at: str, light: bool | str, read_by: str) -> Any:
-    """A manifest field that is a seam, with what its paths point at, whether they are light and who reads them.
+@dataclass(frozen=True)
+class Seam:
+    """One row of the seam table (:data:`SEAMS`): what a manifest field names and how the registry reads it.
 
-    ``default`` is the field's default; ``dict`` makes it a fresh empty mapping (a seam of named paths).
+    * ``shape``: ``"paths"`` (a tuple of paths), ``"mapping"`` (``{name: path}``) or ``"path"`` (one path or None);
+    * ``make``: what the registry keeps of each path -- ``"instance"`` (a ``base`` subclass, instantiated with no
+      arguments, or a ready ``base`` instance), ``"class"`` (a ``base`` subclass), ``"function"`` (a function, not
+      a class), ``"callable"`` (anything callable) or ``"path"`` (heavy: kept as the path, imported where it runs);
+    * ``check``: a ``"module:function"`` taking ``(part, path, name)`` that raises ``TypeError`` or ``ValueError``
+      on what the base class cannot say (and may complete the part, e.g. give a collection its name);
+    * ``named``: the namespace the part's names claim (two plugins, or a plugin and the core, may not claim one
+      name); the names are the mapping's keys, or ``name_from``, an attribute of the part (a string or strings);
+    * ``combine``: how the registry joins the plugins' parts (:func:`components.runtime.registry.contributions`):
+      ``"list"`` (every part, plugins in order), ``"by name"`` (``{name: part}``) or ``"by plugin"``
+      (``{plugin: part}``);
+    * ``suite``: the conformance suite of the seam (``components.runtime.conformance``), or None.
+
+    Adding a seam is one row here, the manifest field that :func:`seam_field` makes for it, and its suite.
     """
-    metadata = {"seam": True, "points_at": points_at, "light": light, "read_by": read_by}
-    if default is dict:
-        return field(default_factory=dict, metadata=metadata)
-    return field(default=default, metadata=metadata)
+
+    name: str
+    shape: str
+    points_at: str
+    light: bool | str
+    read_by: str
+    make: str = "instance"
+    base: str | None = None
+    check: str | None = None
+    named: str | None = None
+    name_from: str | None = None
+    combine: str = "list"
+    suite: str | None = None
+
+
+SHAPES = ("paths", "mapping", "path")
+MAKES = ("instance", "class", "function", "callable", "path")
+COMBINES = ("list", "by name", "by plugin")
+
+SEAMS: tuple[Seam, ...] = (
+    Seam("kinds", "paths", "a `KindSpec` subclass (`components/runtime/spec.py`): one job kind", True,
+         "API, web UI, nodes", base="components.runtime.spec:KindSpec", check="components.runtime.spec:check_kind",
+         named="kind", name_from="kind", combine="by name", suite="components.runtime.conformance.kinds"),
+    Seam("panels", "paths", "a `Panel` subclass (`components/runtime/panels.py`), job or cluster placement; its "
+         "`kinds` limit a job panel to those kinds", True, "web UI", make="class",
+         base="components.runtime.panels:Panel", suite="components.runtime.conformance.panels"),
+    Seam("reports", "path", "a `ReportSchema` subclass (`components/runtime/plugins.py`): the plugin's reports, "
+         "and its node metrics (`metrics(report)`)", True, "API (heartbeats, attempt reports), node agent "
+         "(`/metrics`)", base="components.runtime.plugins:ReportSchema", combine="by plugin",
+         suite="components.runtime.conformance.reports"),
+    Seam("hooks", "paths", "a scheduler policy class (`components/runtime/policies.py`)", True, "scheduler",
+         base="components.runtime.policies:Policy", suite="components.runtime.conformance.policies"),
+    Seam("subscribers", "paths", "a callable taking a lifecycle event (`components/runtime/events.py`)", True,
+         "control plane", make="callable"),
+    Seam("commands", "paths", "a `Command` subclass (`components/runtime/plugins.py`): one `strata` verb", True,
+         "CLI", make="class", base="components.runtime.plugins:Command",
+         check="components.runtime.plugins:check_command", named="command", name_from="name", combine="by name"),
+    Seam("node_services", "paths", "a `NodeService` subclass (`components/runtime/services.py`)", False,
+         "node agent", make="path", suite="components.runtime.conformance.services"),
+    Seam("data_providers", "paths", "a `DataProvider` subclass (`components/runtime/data.py`): options of a "
+         "spec's `data`", True, "API (spec check), the job's process", base="components.runtime.data:DataProvider",
+         check="components.runtime.data:check_provider", named="data option", name_from="options",
+         suite="components.runtime.conformance.data"),
+    Seam("strategies", "paths", "a `Strategy` subclass (`components/runtime/distributed.py`); its `runtime` names "
+         "the node-side `StrategyRuntime`", "yes (the runtime: no)", "API (spec check); the runtime: the job's "
+         "ranks", base="components.runtime.distributed:Strategy",
+         check="components.runtime.distributed:check_strategy", named="strategy", name_from="name",
+         combine="by name", suite="components.runtime.conformance.strategies"),
+    Seam("benchmarks", "mapping", "`{name: \"module:main\"}`, `main(quick, output) -> int`", False,
+         "`strata bench NAME`", make="path", named="benchmark", combine="by name"),
+    Seam("job_routes", "mapping", "`{name: \"module:function\"}`, `function(data: PanelData) -> JSON`: "
+         "`GET /api/v1/jobs/{id}/{name}/`", True, "API", make="callable",
+         check="components.runtime.collections:check_job_route", named="job route", combine="by name",
+         suite="components.runtime.conformance.job_routes"),
+    Seam("collections", "mapping", "`{name: \"module:Class\"}`, a `Collection` subclass "
+         "(`components/runtime/collections.py`): `/api/v1/{name}/`", True, "API, CLI",
+         base="components.runtime.collections:Collection", check="components.runtime.collections:check_collection",
+         named="collection", combine="by name", suite="components.runtime.conformance.collections"),
+)
+"""The seam table: every seam of the manifest, in order. The registry's loader, the manifest's checker, the
+docs' seam table (``make docs``) and ``strata plugins`` read it."""
+
+
+def seam(name: str) -> Seam:
+    """The row of seam ``name``."""
+    return next(row for row in SEAMS if row.name == name)
+
+
+def seam_field(name: str) -> Any:
+    """The :class:`Plugin` field of seam ``name``: an empty tuple, an empty mapping or None by its shape."""
+    shape = seam(name).shape
+    if shape == "mapping":
+        return field(default_factory=dict, metadata={"seam": name})
+    return field(default=() if shape == "paths" else None, metadata={"seam": name})
 
 
 def seams() -> list[tuple[str, dict[str, Any]]]:
-    """Every seam of the manifest, in declaration order: ``(field name, metadata)``."""
-    return [(item.name, dict(item.metadata)) for item in fields(Plugin) if item.metadata.get("seam")]
+    """Every seam as ``(name, its row as a dict)``, in the table's order."""
+    return [(row.name, dict(vars(row))) for row in SEAMS]
 
+
+def check_command(command: type, path: str, name: str | None) -> None:
+    """A command needs a name (the registry checks that it is unique)."""
+    if not isinstance(getattr(command, "name", None), str) or not NAME_RE.match(command.name):
+        raise ValueError(f"{path}: a command needs a name matching {NAME_RE.pattern}")
 
 
 @dataclass(frozen=True)
@@ -103,62 +193,35 @@ class Plugin:
     # ("base", "base>=0.1,<1"): the registry loads them first and leaves this plugin out when one is missing,
     # left out or outside its range. The only plugin-to-plugin imports allowed (pyproject.toml's import contracts).
     requires: tuple[str, ...] = ()
-    kinds: tuple[str, ...] = _seam(
-        (), "a `KindSpec` subclass (`components/runtime/spec.py`): one job kind", True, "API, web UI, nodes")
-    panels: tuple[str, ...] = _seam(
-        (), "a `Panel` subclass (`components/runtime/panels.py`), job or cluster placement", True, "web UI")
-    reports: str | None = _seam(
-        None, "a `ReportSchema` subclass (`components/runtime/plugins.py`): the plugin's reports", True,
-        "API (heartbeats, attempt reports)")
-    hooks: tuple[str, ...] = _seam(
-        (), "a scheduler policy class (`components/runtime/policies.py`)", True, "scheduler")
-    subscribers: tuple[str, ...] = _seam(
-        (), "a callable taking a lifecycle event (`components/runtime/events.py`)", True, "control plane")
-    commands: tuple[str, ...] = _seam(
-        (), "a `Command` subclass (`components/runtime/plugins.py`): one `strata` verb", True, "CLI")
-    node_services: tuple[str, ...] = _seam(
-        (), "a `NodeService` subclass (`components/runtime/services.py`)", False, "node agent")
-    # Sources of prepared (preprocessed) training data that jobs opt into with their spec's ``data`` options.
-    data_providers: tuple[str, ...] = _seam(
-        (), "a `DataProvider` subclass (`components/runtime/data.py`): options of a spec's `data`", True,
-        "API (spec check), the job's process")
-    # Ways to fit one model on the workers of a gang, named by a spec's ``distributed.strategy``
-    # (components.runtime.distributed.Strategy subclasses).
-    strategies: tuple[str, ...] = _seam(
-        (), "a `Strategy` subclass (`components/runtime/distributed.py`); its `runtime` names the node-side "
-        "`StrategyRuntime`", "yes (the runtime: no)", "API (spec check); the runtime: the job's ranks")
-    benchmarks: Mapping[str, str] = _seam(
-        dict, "`{name: \"module:main\"}`, `main(quick, output) -> int`", False, "`strata bench NAME`")
-    # Read-only job sub-resources: ``GET /api/v1/jobs/{id}/{name}/`` answers ``function(data)`` as JSON, where
-    # ``data`` is the viewer's PanelData of the job (light: the control plane imports the function).
-    # The function may carry ``function.schema``, the JSON Schema (2020-12) of its answer (an object): the
-    # served OpenAPI schema then declares it for the route's own path (checked by the conformance suite
-    # components.runtime.conformance.job_routes and by the API fuzzer).
-    job_routes: Mapping[str, str] = _seam(
-        dict, "`{name: \"module:function\"}`, `function(data: PanelData) -> JSON`: `GET /api/v1/jobs/{id}/{name}/`",
-        True, "API")
-    # Team-owned named records served at ``/api/v1/{name}/`` (components.runtime.collections.Collection).
-    collections: Mapping[str, str] = _seam(
-        dict, "`{name: \"module:Class\"}`, a `Collection` subclass (`components/runtime/collections.py`): "
-        "`/api/v1/{name}/`", True, "API, CLI")
-    # The plugin's own Prometheus metrics on the node's /metrics: a light callable ``metrics(report) ->
-    # Iterable[Sample]`` turning the plugin's latest node-services report (what its services' report() sent with
-    # the last heartbeat, merged) into samples named ``strata_<plugin>_...`` (components.runtime.metrics).
-    metrics: str | None = _seam(
-        None, "a function `metrics(report) -> Iterable[Sample]` (`components/runtime/plugins.py`): the plugin's "
-        "node metrics", True, "node agent (`/metrics`)")
+    # The seams: see SEAMS for what each path points at. Job routes are read-only job sub-resources,
+    # ``GET /api/v1/jobs/{id}/{name}/`` answering ``function(data)`` as JSON, where ``data`` is the viewer's
+    # PanelData of the job; the function may carry ``function.schema``, the JSON Schema (2020-12) of its answer,
+    # which the served OpenAPI schema declares for the route's own path. Collections are team-owned named
+    # records served at ``/api/v1/{name}/``.
+    kinds: tuple[str, ...] = seam_field("kinds")
+    panels: tuple[str, ...] = seam_field("panels")
+    reports: str | None = seam_field("reports")
+    hooks: tuple[str, ...] = seam_field("hooks")
+    subscribers: tuple[str, ...] = seam_field("subscribers")
+    commands: tuple[str, ...] = seam_field("commands")
+    node_services: tuple[str, ...] = seam_field("node_services")
+    data_providers: tuple[str, ...] = seam_field("data_providers")
+    strategies: tuple[str, ...] = seam_field("strategies")
+    benchmarks: Mapping[str, str] = seam_field("benchmarks")
+    job_routes: Mapping[str, str] = seam_field("job_routes")
+    collections: Mapping[str, str] = seam_field("collections")
 
     def paths(self) -> list[tuple[str, str]]:
         """Every ``(seam, path)`` this manifest names."""
-        found = [(seam, path) for seam in ("kinds", "panels", "hooks", "subscribers", "commands",
-                                           "node_services", "data_providers", "strategies") for path in getattr(self, seam)]
-        if self.reports:
-            found.append(("reports", self.reports))
-        if self.metrics:
-            found.append(("metrics", self.metrics))
-        found.extend(("benchmarks", path) for path in self.benchmarks.values())
-        found.extend(("job_routes", path) for path in self.job_routes.values())
-        found.extend(("collections", path) for path in self.collections.values())
+        found: list[tuple[str, str]] = []
+        for row in SEAMS:
+            value = getattr(self, row.name)
+            if row.shape == "paths":
+                found.extend((row.name, path) for path in value)
+            elif row.shape == "mapping":
+                found.extend((row.name, path) for path in value.values())
+            elif value:
+                found.append((row.name, value))
         return found
 
     def requirements(self) -> list[Requirement]:
@@ -170,21 +233,20 @@ class Plugin:
         problems = []
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             problems.append(f"name {self.name!r} must match {NAME_RE.pattern}")
-        for seam in ("kinds", "panels", "hooks", "subscribers", "commands", "node_services", "data_providers",
-                     "strategies"):
-            value = getattr(self, seam)
-            if isinstance(value, str) or not isinstance(value, tuple | list):
-                problems.append(f"{seam} must be a tuple of 'module:attribute' paths")
-        for seam in ("benchmarks", "job_routes", "collections"):
-            value = getattr(self, seam)
-            if not isinstance(value, Mapping):
-                problems.append(f"{seam} must map a name to a 'module:function' path")
-                continue
-            for name in value:
-                if not isinstance(name, str) or not NAME_RE.match(name):
-                    problems.append(f"{seam[:-1].replace('_', ' ')} name {name!r} must match {NAME_RE.pattern}")
-        if self.metrics is not None and not isinstance(self.metrics, str):
-            problems.append("metrics must be a 'module:function' path or None")
+        for row in SEAMS:
+            value = getattr(self, row.name)
+            if row.shape == "paths" and (isinstance(value, str) or not isinstance(value, tuple | list)):
+                problems.append(f"{row.name} must be a tuple of 'module:attribute' paths")
+            elif row.shape == "mapping":
+                if not isinstance(value, Mapping):
+                    problems.append(f"{row.name} must map a name to a 'module:attribute' path")
+                    continue
+                for name in value:
+                    if not isinstance(name, str) or not NAME_RE.match(name):
+                        problems.append(f"{row.name[:-1].replace('_', ' ')} name {name!r} must match "
+                                        f"{NAME_RE.pattern}")
+            elif row.shape == "path" and value is not None and not isinstance(value, str):
+                problems.append(f"{row.name} must be a 'module:attribute' path or None")
         if not isinstance(self.version, str) or not VERSION_RE.match(self.version):
             problems.append(f"version {self.version!r} must be dotted whole numbers, e.g. '1.0'")
         if isinstance(self.requires, str) or not isinstance(self.requires, tuple | list):
@@ -220,7 +282,7 @@ def metric_prefix(plugin: str) -> str:
 
 @dataclass(frozen=True)
 class Sample:
-    """One metric sample a plugin's ``metrics`` function yields (see :attr:`Plugin.metrics`).
+    """One metric sample a plugin's report schema yields (see :meth:`ReportSchema.metrics`).
 
     ``name`` is the full Prometheus name, prefixed ``strata_<plugin>_``; a ``counter``'s ends in ``_total``.
     ``labels`` are string pairs (the node agent adds ``node``); ``value`` a finite number. Samples of one name
@@ -312,6 +374,17 @@ class ReportSchema:
         latest report, each device's and each attempt's latest report, and the rows to append to the plugin's
         time series. Pure and cheap like :meth:`node`. By default the whole payload is the node's report."""
         return ReportParts(node=payload)
+
+    def metrics(self, report: dict[str, Any]) -> Iterable[Sample]:
+        """The plugin's own Prometheus samples on the node's ``/metrics`` (:mod:`components.runtime.metrics`),
+        named ``strata_<plugin>_...``, from its latest node-services report (what its services' ``report()`` sent
+        with the last heartbeat, merged). Light and cheap: it runs in the scrape's thread. None by default."""
+        return ()
+
+    @classmethod
+    def has_metrics(cls) -> bool:
+        """True when the schema overrides :meth:`metrics`."""
+        return cls.metrics is not ReportSchema.metrics
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from components.runtime.plugins import NAME_RE, Command, Plugin, ReportSchema
+from components.runtime.plugins import SEAMS, Plugin, ReportSchema, Seam
 from components.runtime.spec import KindSpec
 
 log = logging.getLogger(__name__)
@@ -59,25 +59,26 @@ def import_path(path: str):
 
 @dataclass(frozen=True)
 class LoadedPlugin:
-    """A checked plugin: its manifest, where it came from, and its light parts, imported."""
+    """A checked plugin: its manifest, where it came from, and its parts by seam (:data:`SEAMS`).
+
+    ``parts[seam]`` is, for a ``"path"`` seam, its part or None; for a named seam (``named``), ``{name: part}``;
+    otherwise ``{path: part}``. A part is what the seam's ``make`` keeps (an instance, a class, a function, or the
+    path itself for a heavy seam). ``loaded.<seam>`` reads ``parts[seam]``.
+    """
 
     plugin: Plugin
     source: str
-    kinds: dict[str, KindSpec]
-    panels: tuple[tuple[str, type], ...]  # (path, Panel class)
-    report: ReportSchema | None
-    hooks: tuple[Any, ...]
-    subscribers: tuple[Any, ...]
-    commands: dict[str, type]
-    job_routes: dict[str, Any]  # name -> function(data: PanelData) -> JSON
-    data_providers: tuple[Any, ...] = ()  # DataProvider instances
-    collections: dict[str, Any] = field(default_factory=dict)  # name -> Collection instance
-    strategies: dict[str, Any] = field(default_factory=dict)  # name -> distributed.Strategy instance
-    metrics: Any = None  # function(report) -> Iterable[plugins.Sample]: the plugin's node metrics, or None
+    parts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.plugin.name
+
+    def __getattr__(self, seam: str) -> Any:
+        parts = self.__dict__.get("parts")
+        if parts is not None and seam in parts:
+            return parts[seam]
+        raise AttributeError(seam)
 
 
 @dataclass(frozen=True)
@@ -91,115 +92,80 @@ _lock = threading.Lock()
 _state: _State | None = None
 
 
-def _subclass(path: str, base: type) -> type:
+def _make(row: Seam, path: str) -> Any:
+    """What seam ``row`` keeps of ``path`` (its ``make``), checked against its ``base``."""
+    if row.make == "path":
+        return path
     value = import_path(path)
-    if not (isinstance(value, type) and issubclass(value, base)):
-        raise TypeError(f"{path} is not a {base.__name__} subclass")
+    base = import_path(row.base) if row.base else None
+    if row.make in ("instance", "class") and base is not None:
+        if isinstance(value, type) and issubclass(value, base):
+            return value() if row.make == "instance" else value
+        if row.make == "instance" and isinstance(value, base):
+            return value
+        raise TypeError(f"{path} is not a {base.__name__} subclass ({base.__module__}.{base.__name__})")
+    if not callable(value) or (row.make == "function" and isinstance(value, type)):
+        raise TypeError(f"{path} is not {'a function' if row.make == 'function' else 'callable'}")
     return value
 
 
-def _check_kind(path: str) -> KindSpec:
-    spec_class = _subclass(path, KindSpec)
-    kind = getattr(spec_class, "kind", None)
-    if not isinstance(kind, str) or not kind:
-        raise TypeError(f"{path} declares no kind")
-    if ":" not in getattr(spec_class, "component", ""):
-        raise TypeError(f"{path}.component must be 'module:Class', got {getattr(spec_class, 'component', None)!r}")
-    return spec_class()
+def _names(row: Seam, name: str | None, part: Any) -> list[str]:
+    """The names ``part`` claims in seam ``row``'s namespace."""
+    if row.shape == "mapping":
+        return [name]
+    value = getattr(part, row.name_from, None)
+    names = [value] if isinstance(value, str) else sorted(value) if isinstance(value, set | frozenset) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
+        raise TypeError(f"{row.name}: {part!r} has no {row.name_from} to be named by")
+    return list(names)
+
+
+def _load_seam(row: Seam, value: Any) -> Any:
+    """Seam ``row`` of a manifest, imported and checked: its entry of :attr:`LoadedPlugin.parts`."""
+    if row.shape == "path":
+        if not value:
+            return None
+        part = _make(row, value)
+        if row.check:
+            import_path(row.check)(part, value, None)
+        return part
+    entries = value.items() if row.shape == "mapping" else [(None, path) for path in value]
+    found: dict[str, Any] = {}
+    for name, path in entries:
+        part = _make(row, path)
+        if row.check:
+            import_path(row.check)(part, path, name)
+        keys = _names(row, name, part) if row.named and row.shape == "paths" and row.combine == "by name" else \
+            [name if name is not None else path]
+        for key in keys:
+            if key in found:
+                raise ValueError(f"{row.named or row.name} {key!r} is named twice")
+            found[key] = part
+    return found
 
 
 def _load_plugin(plugin: Plugin, source: str) -> LoadedPlugin:
-    from components.runtime.panels import Panel
-
     if not isinstance(plugin, Plugin):
         raise TypeError(f"{source} is not a components.runtime.plugins.Plugin")
     problems = plugin.problems()
     if problems:
         raise ValueError("; ".join(problems))
-    kinds: dict[str, KindSpec] = {}
-    for path in plugin.kinds:
-        spec = _check_kind(path)
-        if spec.kind in kinds:
-            raise ValueError(f"kind {spec.kind!r} is declared twice")
-        kinds[spec.kind] = spec
-    panels = [(path, _subclass(path, Panel)) for path in plugin.panels]
-    # A kind's own panels (KindSpec.panels) belong to the plugin too.
-    for spec in kinds.values():
-        panels.extend((path, _subclass(path, Panel)) for path in spec.panels if path not in plugin.panels)
-    report = _subclass(plugin.reports, ReportSchema)() if plugin.reports else None
-    hooks = tuple(_hook(path) for path in plugin.hooks)
-    subscribers = []
-    for path in plugin.subscribers:
-        subscriber = import_path(path)
-        if not callable(subscriber):
-            raise TypeError(f"{path} is not callable")
-        subscribers.append(subscriber)
-    commands: dict[str, type] = {}
-    for path in plugin.commands:
-        command = _subclass(path, Command)
-        name = getattr(command, "name", None)
-        if not isinstance(name, str) or not name or name in commands:
-            raise ValueError(f"{path}: a command needs a unique name")
-        commands[name] = command
-    job_routes: dict[str, Any] = {}
-    for name, path in plugin.job_routes.items():
-        function = import_path(path)
-        if not callable(function):
-            raise TypeError(f"{path} is not callable")
-        from components.runtime.collections import schema_problem
-
-        if problem := schema_problem(getattr(function, "schema", None)):
-            raise TypeError(f"{path}.schema: {problem}")
-        job_routes[name] = function
-    from components.runtime.data import DataProvider
-
-    providers = tuple(_subclass(path, DataProvider)() for path in plugin.data_providers)
-    for provider in providers:
-        options = provider.options
-        if not isinstance(options, frozenset | set) or not all(isinstance(o, str) and o for o in options):
-            raise TypeError(f"{type(provider).__name__}.options must be a set of option names")
-    from components.runtime.collections import Collection, schema_problem
-
-    collections: dict[str, Any] = {}
-    for name, path in plugin.collections.items():
-        collection = _subclass(path, Collection)()
-        collection.name = name
-        if problem := schema_problem(collection.schema):
-            raise TypeError(f"{path}.schema: {problem}")
-        collections[name] = collection
-    from components.runtime.distributed import Strategy
-
-    strategies: dict[str, Any] = {}
-    for path in plugin.strategies:
-        strategy = _subclass(path, Strategy)()
-        if not isinstance(strategy.name, str) or not NAME_RE.match(strategy.name):
-            raise ValueError(f"{path}: a strategy needs a name matching {NAME_RE.pattern}")
-        if not isinstance(strategy.runtime, str) or ":" not in strategy.runtime:
-            raise ValueError(f"{path}: runtime must be the 'module:Class' of a StrategyRuntime")
-        if strategy.name in strategies:
-            raise ValueError(f"{path}: strategy {strategy.name!r} is named twice")
-        strategies[strategy.name] = strategy
-    metrics = None
-    if plugin.metrics:
-        metrics = import_path(plugin.metrics)
-        if not callable(metrics) or isinstance(metrics, type):
-            raise TypeError(f"{plugin.metrics} is not a function (metrics(report) -> samples)")
-    return LoadedPlugin(plugin=plugin, source=source, kinds=kinds, panels=tuple(panels), report=report,
-                        hooks=hooks, subscribers=tuple(subscribers), commands=commands, job_routes=job_routes,
-                        data_providers=providers, collections=collections, strategies=strategies,
-                        metrics=metrics)
+    return LoadedPlugin(plugin=plugin, source=source,
+                        parts={row.name: _load_seam(row, getattr(plugin, row.name)) for row in SEAMS})
 
 
-def _hook(path: str) -> Any:
-    """A scheduler hook: a Policy subclass (instantiated with no arguments) or a ready Policy object."""
-    from components.runtime.policies import Policy
-
-    value = import_path(path)
-    if isinstance(value, type) and issubclass(value, Policy):
-        return value()
-    if isinstance(value, Policy):
-        return value
-    raise TypeError(f"{path} is not a components.runtime.policies.Policy")
+def _claims(loaded: LoadedPlugin) -> list[tuple[str, str]]:
+    """``(namespace, name)`` of every name ``loaded`` claims (:attr:`Seam.named`)."""
+    claims: list[tuple[str, str]] = []
+    for row in SEAMS:
+        if not row.named:
+            continue
+        parts = loaded.parts[row.name]
+        if row.shape == "mapping" or row.combine == "by name":
+            claims.extend((row.named, name) for name in parts)
+        else:
+            claims.extend((row.named, name) for key, part in parts.items() for name in _names(row, key, part))
+    return claims
 
 
 def _manifests() -> list[tuple[str, Any]]:
@@ -346,13 +312,7 @@ def _load() -> _State:
             loaded = _load_plugin(manifest, source)
             if loaded.name in loaded_plugins:
                 raise ValueError(f"plugin {loaded.name!r} is registered twice")
-            claims = [("kind", kind) for kind in loaded.kinds] + \
-                     [("benchmark", bench) for bench in loaded.plugin.benchmarks] + \
-                     [("command", command) for command in loaded.commands] + \
-                     [("job route", route) for route in loaded.job_routes] + \
-                     [("collection", name) for name in loaded.collections] + \
-                     [("strategy", name) for name in loaded.strategies] + \
-                     [("data option", option) for provider in loaded.data_providers for option in provider.options]
+            claims = _claims(loaded)
             taken = [f"{what} {value!r} (already {owners[(what, value)]}'s)" for what, value in claims
                      if (what, value) in owners]
             if taken:
@@ -417,84 +377,87 @@ def get_kind(kind: str) -> KindSpec:
     return registered[kind]
 
 
+def contributions(seam: str) -> Any:
+    """Every plugin's parts of ``seam``, joined by the seam's ``combine`` rule: a list (plugins in order), a
+    ``{name: part}`` mapping, or ``{plugin: part}`` for the plugins that have one."""
+    row = next(row for row in SEAMS if row.name == seam)
+    loaded_plugins = plugins().values()
+    if row.combine == "by plugin":
+        return {loaded.name: loaded.parts[seam] for loaded in loaded_plugins if loaded.parts[seam] is not None}
+    if row.combine == "by name":
+        return {name: part for loaded in loaded_plugins for name, part in loaded.parts[seam].items()}
+    return [part for loaded in loaded_plugins for part in loaded.parts[seam].values()]
+
+
 def panels(placement: str) -> list[tuple[str | None, str, type | None, str | None]]:
     """``(kind, path, Panel class, None)`` for every panel contributed to ``placement`` ("job" or "cluster").
 
-    ``kind`` is the kind whose ``KindSpec.panels`` lists the panel (a job panel shown only on that kind's jobs),
-    or None for a panel a plugin contributes for every kind (its ``applies`` decides). Broken plugins never
-    reach this list (:func:`problems`)."""
+    ``kind`` is one of the kinds the panel's ``kinds`` names (a job panel shown only on that kind's jobs; one
+    entry per kind), or None for a panel of every kind (its ``applies`` decides). Broken plugins never reach this
+    list (:func:`problems`)."""
     found: list[tuple[str | None, str, type | None, str | None]] = []
-    seen: set[tuple[str | None, str]] = set()
     for loaded in plugins().values():
-        owned = {path: kind for kind, spec in loaded.kinds.items() for path in spec.panels}
-        for path, panel_class in loaded.panels:
-            if panel_class.placement != placement:
-                continue
-            kind = None if path in loaded.plugin.panels else owned.get(path)
-            if (kind, path) not in seen:
-                seen.add((kind, path))
-                found.append((kind, path, panel_class, None))
+        for path, panel_class in loaded.panels.items():
+            if panel_class.placement == placement:
+                found.extend((kind, path, panel_class, None) for kind in (panel_class.kinds or (None,)))
     return found
 
 
 def report_schema(plugin: str) -> ReportSchema | None:
     """The report schema of ``plugin``, or None when it has none (or is not registered)."""
     loaded = plugins().get(plugin)
-    return loaded.report if loaded else None
+    return loaded.reports if loaded else None
 
 
 def hooks(kind_of: type | None = None) -> list[Any]:
     """Every plugin's scheduler hooks (instances), optionally only those that are instances of ``kind_of``."""
-    found = [hook for loaded in plugins().values() for hook in loaded.hooks]
-    return [hook for hook in found if kind_of is None or isinstance(hook, kind_of)]
+    return [hook for hook in contributions("hooks") if kind_of is None or isinstance(hook, kind_of)]
 
 
 def subscribers() -> list[Any]:
     """Every plugin's lifecycle subscribers."""
-    return [subscriber for loaded in plugins().values() for subscriber in loaded.subscribers]
+    return contributions("subscribers")
 
 
 def commands() -> dict[str, type]:
     """CLI verbs plugins add: ``{name: Command class}``."""
-    return {name: command for loaded in plugins().values() for name, command in loaded.commands.items()}
+    return contributions("commands")
 
 
 def node_services() -> list[tuple[str, str]]:
     """``(plugin, "module:Class")`` of every node service (imported by the node agent, not here)."""
-    return [(loaded.name, path) for loaded in plugins().values() for path in loaded.plugin.node_services]
+    return [(loaded.name, path) for loaded in plugins().values() for path in loaded.node_services]
 
 
 def job_routes() -> dict[str, Any]:
     """Plugins' read-only job sub-resources: ``{name: function(data) -> JSON}``."""
-    return {name: function for loaded in plugins().values() for name, function in loaded.job_routes.items()}
+    return contributions("job_routes")
 
 
 def collections() -> dict[str, Any]:
     """Plugins' collections of named records: ``{name: Collection}`` (served at ``/api/v1/{name}/``)."""
-    return {name: collection for loaded in plugins().values() for name, collection in loaded.collections.items()}
+    return contributions("collections")
 
 
 def data_providers() -> list[Any]:
     """Every plugin's prepared-data providers (:class:`components.runtime.data.DataProvider` instances)."""
-    return [provider for loaded in plugins().values() for provider in loaded.data_providers]
+    return contributions("data_providers")
 
 
 def strategies() -> dict[str, Any]:
     """Plugins' distributed-training strategies: ``{name: components.runtime.distributed.Strategy}``."""
-    return {name: strategy for loaded in plugins().values() for name, strategy in loaded.strategies.items()}
+    return contributions("strategies")
 
 
 def metrics() -> dict[str, Any]:
-    """Plugins' node metrics functions: ``{plugin: function(report) -> Iterable[plugins.Sample]}``."""
-    return {loaded.name: loaded.metrics for loaded in plugins().values() if loaded.metrics is not None}
+    """Plugins' node metrics: ``{plugin: metrics(report) -> Iterable[plugins.Sample]}``, from every report schema
+    that overrides :meth:`ReportSchema.metrics`."""
+    return {name: schema.metrics for name, schema in contributions("reports").items() if schema.has_metrics()}
 
 
 def benchmarks() -> dict[str, str]:
     """The plugins' benchmarks: ``{name: "module:main"}`` (``strata bench`` adds the core's own)."""
-    found: dict[str, str] = {}
-    for loaded in plugins().values():
-        found.update(loaded.plugin.benchmarks)
-    return found
+    return contributions("benchmarks")
 
 
 def load_component(kind: str):

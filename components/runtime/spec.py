@@ -47,8 +47,6 @@ class KindSpec(abc.ABC):
     kind: ClassVar[str]
     component: ClassVar[str]
     description: ClassVar[str] = ""
-    # Dashboard panels this kind contributes: "module:Class" paths to components.runtime.panels.Panel subclasses.
-    panels: ClassVar[tuple[str, ...]] = ()
     # A job route of the kind's plugin that ``strata submit --wait`` polls while the job runs, printing the rows
     # of :meth:`progress_rows` that changed (a sweep's trials, say). None: only states and metrics are shown.
     progress_route: ClassVar[str | None] = None
@@ -183,3 +181,11 @@ class Checker:
     def raise_if_errors(self) -> None:
         if self.errors:
             raise SpecError(self.errors)
+
+
+def check_kind(spec: KindSpec, path: str, name: str | None) -> None:
+    """The registry's check of a ``kinds`` part (the seam table's ``check``): a kind name and a heavy component."""
+    if not isinstance(getattr(spec, "kind", None), str) or not spec.kind:
+        raise TypeError(f"{path} declares no kind")
+    if ":" not in (getattr(spec, "component", "") or ""):
+        raise TypeError(f"{path}.component must be 'module:Class', got {getattr(spec, 'component', None)!r}")

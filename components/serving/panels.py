@@ -16,6 +16,7 @@ class ServeEndpointPanel(Panel):
     """How to call a running serve job: its gRPC endpoint, the CLI verb, and who can reach it."""
 
     slug: ClassVar[str] = "serve-endpoint"
+    kinds: ClassVar[tuple[str, ...]] = ("serve",)
     title: ClassVar[str] = "Serving endpoint"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
@@ -49,6 +50,7 @@ class ServeSloPanel(Panel):
     server, throughput, queue depth and mean batch size, from the metrics its endpoint reports every 2 s."""
 
     slug: ClassVar[str] = "serve-slo"
+    kinds: ClassVar[tuple[str, ...]] = ("serve",)
     title: ClassVar[str] = "Service level: SLO attainment, latency, throughput, queue and batches"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
@@ -89,6 +91,7 @@ class ServeExpertsPanel(Panel):
     perplexity of the requests under the served model."""
 
     slug: ClassVar[str] = "serve-emoe"
+    kinds: ClassVar[tuple[str, ...]] = ("serve",)
     title: ClassVar[str] = "eMoE: experts on the device"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:

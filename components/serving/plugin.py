@@ -9,6 +9,8 @@ PLUGIN = Plugin(
     requires=("gpushare", "train"),
     description="Serve a trained model over gRPC, on a whole GPU or a share of one.",
     kinds=("components.serving.spec:ServeSpec",),
+    panels=("components.serving.panels:ServeEndpointPanel", "components.serving.panels:ServeSloPanel",
+            "components.serving.panels:ServeExpertsPanel"),
     commands=("components.serving.commands:InferCommand",),
     job_routes={"replicas": "components.serving.replicas:replicas_route"},
     benchmarks={"serving": "benchmarks.serving.bench:main"},

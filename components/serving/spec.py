@@ -32,9 +32,6 @@ class ServeSpec(KindSpec):
 
     kind: ClassVar[str] = "serve"
     component: ClassVar[str] = "components.serving.component:ServeComponent"
-    panels: ClassVar[tuple[str, ...]] = ("components.serving.panels:ServeEndpointPanel",
-                                         "components.serving.panels:ServeSloPanel",
-                                         "components.serving.panels:ServeExpertsPanel")
     accepts_tokens: ClassVar[bool] = True  # the gRPC endpoint checks callers' deployment tokens (auth: token)
     description: ClassVar[str] = (
         "Serve the model of a finished train job over gRPC (Predict), until cancelled. On a GPU share, its "

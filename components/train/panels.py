@@ -33,6 +33,7 @@ class TrainSummaryPanel(Panel):
     """
 
     slug: ClassVar[str] = "train-summary"
+    kinds: ClassVar[tuple[str, ...]] = ("train",)
     title: ClassVar[str] = "Run summary"
     placement: ClassVar[str] = "job"
 

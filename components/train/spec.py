@@ -70,7 +70,6 @@ class TrainSpec(KindSpec):
 
     kind: ClassVar[str] = "train"
     component: ClassVar[str] = "components.train.component:TrainComponent"
-    panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
     products: ClassVar[tuple[str, ...]] = ("model.pt",)  # components.train.model_format
     description: ClassVar[str] = (
         "Train a model with PyTorch: a built-in workload (mlp-digits, cnn-synthetic, tiny-gpt, moe-gpt, "

@@ -33,6 +33,7 @@ class TrialCurvesPanel(Panel):
     """The metric of every trial per iteration; trials stopped early end in a cross, the best trial is thick."""
 
     slug: ClassVar[str] = "tune-curves"
+    kinds: ClassVar[tuple[str, ...]] = ("tune",)
     title: ClassVar[str] = "Trials: learning curves"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
@@ -66,6 +67,7 @@ class ParametersPanel(Panel):
     """Parallel coordinates: each trial's parameters against its best value (choices drawn as their index)."""
 
     slug: ClassVar[str] = "tune-parameters"
+    kinds: ClassVar[tuple[str, ...]] = ("tune",)
     title: ClassVar[str] = "Trials: parameters against the metric"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
@@ -102,6 +104,7 @@ class RungsPanel(Panel):
     """The trial scheduler's rungs: at which iteration, which trials were recorded, which went on."""
 
     slug: ClassVar[str] = "tune-rungs"
+    kinds: ClassVar[tuple[str, ...]] = ("tune",)
     title: ClassVar[str] = "Trials: rungs"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:
@@ -131,6 +134,7 @@ class SharesPanel(Panel):
     go, get measured and are water-filled."""
 
     slug: ClassVar[str] = "tune-shares"
+    kinds: ClassVar[tuple[str, ...]] = ("tune",)
     title: ClassVar[str] = "Trials: GPU shares over time (water-filling)"
 
     def render(self, data: PanelData) -> dict[str, Any] | None:

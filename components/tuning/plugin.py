@@ -9,6 +9,8 @@ PLUGIN = Plugin(
     version="0.1.0",
     description="Hyperparameter tuning: trials water-filled onto the tune job's GPU shares (Fluid).",
     kinds=("components.tuning.spec:TuneSpec",),
+    panels=("components.tuning.panels:TrialCurvesPanel", "components.tuning.panels:ParametersPanel",
+            "components.tuning.panels:RungsPanel", "components.tuning.panels:SharesPanel"),
     reports="components.tuning.report:TuningReport",
     job_routes={"trials": "components.tuning.report:trials"},
     benchmarks={"tuning": "benchmarks.tuning.bench:main"},

@@ -37,10 +37,6 @@ class TuneSpec(KindSpec):
 
     kind: ClassVar[str] = "tune"
     component: ClassVar[str] = "components.tuning.component:TuneComponent"
-    panels: ClassVar[tuple[str, ...]] = ("components.tuning.panels:TrialCurvesPanel",
-                                         "components.tuning.panels:ParametersPanel",
-                                         "components.tuning.panels:RungsPanel",
-                                         "components.tuning.panels:SharesPanel")
     description: ClassVar[str] = (
         "Tune hyperparameters: trials of a train job over a search space (random, grid or TPE through Optuna; "
         "ASHA, Hyperband, successive halving, median stopping or PBT), water-filled onto the job's GPUs."

@@ -60,13 +60,17 @@ def _first_line(doc: str | None) -> str:
 
 
 def seams_table() -> str:
-    from components.runtime.plugins import seams
+    from components.runtime.plugins import SEAMS
 
+    shapes = {"paths": "paths", "mapping": "`{name: path}`", "path": "one path"}
     rows = []
-    for name, meta in seams():
-        light = meta["light"] if isinstance(meta["light"], str) else ("yes" if meta["light"] else "no")
-        rows.append((f"`{name}`", meta["points_at"], light, meta["read_by"]))
-    return _table(("seam", "the path points at", "light?", "who imports it"), rows)
+    for row in SEAMS:
+        light = row.light if isinstance(row.light, str) else ("yes" if row.light else "no")
+        joined = row.combine + (f" (names: {row.named})" if row.named else "")
+        suite = f"`{row.suite.rpartition('.')[2]}`" if row.suite else "—"
+        rows.append((f"`{row.name}`", shapes[row.shape], row.points_at, light, row.read_by, joined, suite))
+    return _table(("seam", "shape", "the path points at", "light?", "who imports it", "joined", "conformance suite"),
+                  rows)
 
 
 def _builtin_plugins():

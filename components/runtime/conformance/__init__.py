@@ -13,7 +13,10 @@ subclass in a plugin's tests says how to build its object, and inherits every ch
   ``PanelData`` twin for tests.
 - :mod:`~components.runtime.conformance.services`: node services (:mod:`components.runtime.services`).
 - :mod:`~components.runtime.conformance.sessions`: sessions (:class:`components.runtime.component.Session`).
-- :mod:`~components.runtime.conformance.metrics`: a plugin's node metrics function (the manifest's ``metrics``).
+- :mod:`~components.runtime.conformance.reports`: report schemas (:class:`components.runtime.plugins.ReportSchema`)
+  and their node metrics.
+- :mod:`~components.runtime.conformance.strategies`: distributed strategies
+  (:class:`components.runtime.distributed.Strategy`).
 - :mod:`~components.runtime.conformance.collections`: collections (:class:`components.runtime.collections.Collection`).
 - :mod:`~components.runtime.conformance.job_routes`: job routes (a manifest's ``job_routes``), with their answer schema.
 """

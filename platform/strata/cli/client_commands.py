@@ -478,21 +478,21 @@ def plugins(args) -> int:
     """``strata plugins``: the installed plugins (this machine's registry), each with its version, the plugins it
     requires and what it contributes."""
     from components.runtime import registry
+    from components.runtime.plugins import SEAMS
 
     for name, loaded in sorted(registry.plugins().items()):
-        parts = []
-        for label, values in (("requires", list(loaded.plugin.requires)),
-                              ("kinds", sorted(loaded.kinds)), ("panels", [p for p, _ in loaded.panels]),
-                              ("report", [loaded.plugin.reports] if loaded.plugin.reports else []),
-                              ("hooks", list(loaded.plugin.hooks)), ("subscribers", list(loaded.plugin.subscribers)),
-                              ("commands", sorted(loaded.commands)), ("node services", list(loaded.plugin.node_services)),
-                              ("metrics", [loaded.plugin.metrics] if loaded.plugin.metrics else []),
-                              ("benchmarks", sorted(loaded.plugin.benchmarks)),
-                              ("job routes", [f"/jobs/{{id}}/{route}/" for route in sorted(loaded.job_routes)]),
-                              ("data options", sorted(o for p in loaded.data_providers for o in p.options)),
-                              ("collections", [f"/{name}/" for name in sorted(loaded.collections)])):
-            if values:
-                parts.append(f"{label}: {', '.join(value.rpartition(':')[2] for value in values)}")
+        parts = [f"requires: {', '.join(loaded.plugin.requires)}"] if loaded.plugin.requires else []
+        for row in SEAMS:  # every seam the plugin uses: named parts by name, the others by class or function
+            value = getattr(loaded.plugin, row.name)
+            if not value:
+                continue
+            if row.shape == "path":
+                shown = [value.rpartition(":")[2]]
+            elif row.shape == "mapping" or row.combine == "by name":
+                shown = sorted(loaded.parts[row.name])
+            else:
+                shown = [path.rpartition(":")[2] for path in value]
+            parts.append(f"{row.name.replace('_', ' ')}: {', '.join(shown)}")
         print(f"{name:12} {loaded.plugin.version:8} {'; '.join(parts) or '(nothing)'}")
     for name, problem in sorted(registry.problems().items()):
         print(f"{name:12} LEFT OUT: {problem}")

@@ -6,7 +6,7 @@ import numpy as np
 
 from components.datacache.metrics import metrics
 from components.datacache.service import DataCacheService
-from components.runtime.conformance.metrics import MetricsConformance
+from components.runtime.conformance.reports import MetricsConformance
 from components.runtime.plugins import Sample
 
 REPORT = {"time": 5.0, "bytes": 2 << 20, "budget": 1 << 30, "hits": 3, "misses": 1, "evictions": 2, "corrupt": 0,
@@ -16,7 +16,7 @@ REPORT = {"time": 5.0, "bytes": 2 << 20, "budget": 1 << 30, "hits": 3, "misses":
 
 class TestDataCacheMetrics(MetricsConformance):
     plugin = "datacache"
-    metrics_path = "components.datacache.metrics:metrics"
+    report_path = "components.datacache.report:DataCacheReport"
     reports = (REPORT, {**REPORT, "hits": 0, "misses": 0, "entries": []})
 
 

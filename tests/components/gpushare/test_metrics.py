@@ -8,7 +8,7 @@ import pytest
 
 from components.gpushare.metrics import metrics
 from components.gpushare.node import DeviceSharingService
-from components.runtime.conformance.metrics import MetricsConformance
+from components.runtime.conformance.reports import MetricsConformance
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())
 
@@ -29,7 +29,7 @@ REPORT = DeviceSharingService.merge([{"devices": [_entry(1)]}, {"devices": [_ent
 
 class TestGpuShareMetrics(MetricsConformance):
     plugin = "gpushare"
-    metrics_path = "components.gpushare.metrics:metrics"
+    report_path = "components.gpushare.report:GpuShareReport"
     reports = (REPORT, {"devices": [_entry(0, switches=0, utilization=0.0)]})
 
 

@@ -1,4 +1,4 @@
-"""The node agent's Prometheus metrics (components.runtime.metrics) and the manifest's ``metrics`` seam."""
+"""The node agent's Prometheus metrics (components.runtime.metrics) and a report schema's ``metrics``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from components.runtime import registry
 from components.runtime.agent import NodeAgent, NodeOptions
-from components.runtime.plugins import Plugin, Sample, sample_problems
+from components.runtime.plugins import Plugin, ReportSchema, Sample, sample_problems
 from components.runtime.services import NodeInfo, NodeService, Supervisor
 
 # -- two outside plugins: one whose metrics work, one whose metrics function raises ----------------------------
@@ -59,30 +59,47 @@ def broken_metrics(report):
     raise RuntimeError("boom")
 
 
-NOT_CALLABLE = 42
+class ProbeReport(ReportSchema):
+    def node(self, payload):
+        return dict(payload)
 
-PROBE = Plugin(name="probe", metrics=f"{__name__}:probe_metrics")
-BROKEN = Plugin(name="broken-probe", metrics=f"{__name__}:broken_metrics")
-METRICS_NOT_CALLABLE = Plugin(name="not-callable", metrics=f"{__name__}:NOT_CALLABLE")
-METRICS_A_CLASS = Plugin(name="a-class", metrics=f"{__name__}:ProbeService")
-METRICS_MISSING = Plugin(name="missing", metrics="no_such_module_here:metrics")
-METRICS_BAD_SHAPE = Plugin(name="bad-shape", metrics="not a path")
-METRICS_NOT_A_STRING = Plugin(name="not-a-string", metrics=probe_metrics)  # type: ignore[arg-type]
+    def metrics(self, report):
+        return probe_metrics(report)
 
 
-def test_the_registry_checks_the_metrics_seam(install_plugins):
+class BrokenProbeReport(ProbeReport):
+    def metrics(self, report):
+        return broken_metrics(report)
+
+
+class QuietReport(ReportSchema):
+    """A report schema with no metrics of its own."""
+
+
+PROBE = Plugin(name="probe", reports=f"{__name__}:ProbeReport")
+BROKEN = Plugin(name="broken-probe", reports=f"{__name__}:BrokenProbeReport")
+QUIET = Plugin(name="quiet", reports=f"{__name__}:QuietReport")
+REPORTS_NOT_A_SCHEMA = Plugin(name="not-a-schema", reports=f"{__name__}:probe_metrics")
+REPORTS_MISSING = Plugin(name="missing", reports="no_such_module_here:Report")
+REPORTS_BAD_SHAPE = Plugin(name="bad-shape", reports="not a path")
+REPORTS_NOT_A_STRING = Plugin(name="not-a-string", reports=ProbeReport)  # type: ignore[arg-type]
+
+
+def test_the_registry_reads_metrics_from_report_schemas(install_plugins):
     install_plugins(*(f"{__name__}:{name}" for name in (
-        "PROBE", "BROKEN", "METRICS_NOT_CALLABLE", "METRICS_A_CLASS", "METRICS_MISSING", "METRICS_BAD_SHAPE",
-        "METRICS_NOT_A_STRING")))
+        "PROBE", "BROKEN", "QUIET", "REPORTS_NOT_A_SCHEMA", "REPORTS_MISSING", "REPORTS_BAD_SHAPE",
+        "REPORTS_NOT_A_STRING")))
     found = registry.metrics()
-    assert found["probe"] is probe_metrics and found["broken-probe"] is broken_metrics
+    assert list(found["probe"]({"queue": 1, "served": 2}))[0].value == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        found["broken-probe"]({})
+    assert "quiet" in registry.plugins() and "quiet" not in found  # no metrics of its own: none served
     problems = registry.problems()
-    assert "not a function" in problems["not-callable"]
-    assert "not a function" in problems["a-class"]
+    assert "is not a ReportSchema subclass" in problems["not-a-schema"]
     assert "ModuleNotFoundError" in problems["missing"]
     assert "is not a 'module:attribute' path" in problems["bad-shape"]
-    assert "metrics must be a 'module:function' path" in problems["not-a-string"]
-    # A broken metrics path costs only its own plugin.
+    assert "reports must be a 'module:attribute' path or None" in problems["not-a-string"]
+    # A broken report schema costs only its own plugin.
     assert "probe" in registry.plugins() and "train" in registry.plugins()
 
 

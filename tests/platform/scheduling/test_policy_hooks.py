@@ -62,7 +62,7 @@ def test_a_plugins_queue_order_hook_decides_which_job_is_placed(install_plugins,
     install_plugins(f"{__name__}:HOOKED", f"{__name__}:NOT_A_POLICY")
     from components.runtime import registry
 
-    assert "is not a components.runtime.policies.Policy" in registry.problems()["not-a-policy"]
+    assert "is not a Policy subclass" in registry.problems()["not-a-policy"]
     team = make_team("alpha")
     user = make_user("alice", team)
     make_node("n1", gpus=1)
