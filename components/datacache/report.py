@@ -8,10 +8,10 @@ the hit-rate panel).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportParts, ReportSchema
+from components.runtime.units import finite_number
 
 PLUGIN = "datacache"
 COUNTERS = ("bytes", "budget", "hits", "misses", "evictions", "corrupt", "uncached")
@@ -25,7 +25,7 @@ def _count(value: Any) -> bool:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return finite_number(value) and value >= 0
 
 
 class DataCacheReport(ReportSchema):

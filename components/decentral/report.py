@@ -15,10 +15,10 @@ Numbers must be finite or null; strings are cut to 256 characters; lists to thei
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportSchema
+from components.runtime.units import finite_number
 
 LIMITS = {"peers": 256, "rounds": 64, "rejections": 64, "maddrs": 16}
 MAX_DEPTH = 6
@@ -31,7 +31,7 @@ def _clean(value: Any, path: str, errors: dict[str, str], depth: int = 0) -> Any
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        if not math.isfinite(float(value)):
+        if not finite_number(value):
             errors[path] = "must be a finite number"
             return None
         return value

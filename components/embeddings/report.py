@@ -33,12 +33,12 @@ Every problem is collected and raised at once as a :class:`ReportError` naming i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from components.embeddings.spec import ARTIFACTS, DLRM_WORKLOADS
 from components.runtime.plugins import ReportError, ReportSchema
+from components.runtime.units import finite_number
 
 PHASES = ("loading", "clustering", "evaluating", "finetuning", "done")
 MAX_FIELDS = 1024
@@ -82,7 +82,7 @@ def _number(minimum: float | None = None, maximum: float | None = None, above: f
         if not isinstance(value, int | float) or isinstance(value, bool):
             errors[path] = "must be a number"
             return None
-        if not math.isfinite(value):
+        if not finite_number(value):
             errors[path] = "must be a finite number"
             return None
         if minimum is not None and value < minimum:

@@ -19,11 +19,11 @@ memory, steps; the measured memory is what the scheduler reserves for the job's 
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportParts, ReportSchema
+from components.runtime.units import finite_number
 
 PLUGIN = "gpushare"
 MAX_DEVICES = 64
@@ -34,7 +34,7 @@ UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 
 
 def _number(value: Any, low: float, high: float | None = None, whole: bool = False) -> bool:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not finite_number(value):
         return False
     if whole and int(value) != value:
         return False

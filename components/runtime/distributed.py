@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import random
 import subprocess
 import sys
 import time
 from typing import Any, ClassVar
+
+from components.runtime.units import finite_number
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def slow_errors(value: Any, prefix: str) -> dict[str, str]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 # -- node side (the gang itself lives in components.runtime.gang, which imports torch) -------------------------

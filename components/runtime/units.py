@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 _BYTE_UNITS = {
     "": 1,
@@ -74,3 +75,14 @@ def _shown(value) -> str:
     text = str(value)
     text = text if len(text) <= 40 else text[:40] + "..."
     return repr(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
+
+
+def finite_number(value: Any) -> bool:
+    """True for an int or a float (never a bool) that is finite and fits a float: JSON carries integers of any
+    size, and ``math.isfinite(10**400)`` raises ``OverflowError``. The one check of reports, specs and options."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

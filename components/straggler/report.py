@@ -30,10 +30,10 @@ error naming it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportParts, ReportSchema
+from components.runtime.units import finite_number
 
 PLUGIN = "straggler"
 RESOURCES = ("cpu", "memory", "gpu", "network")
@@ -58,7 +58,7 @@ COUNTERS = ("dropped_samples", "bytes_sent", "bytes_skipped", "bytes_full")
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 def _whole(value: Any, low: int = 0, high: int | None = None) -> bool:

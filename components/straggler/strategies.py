@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from components.runtime.distributed import Strategy
+from components.runtime.units import finite_number
 
 SMS_DEFAULTS: dict[str, Any] = {
     "threshold": 0.2,  # a rank straggles when its time exceeds (1 + threshold) x the median
@@ -25,7 +25,7 @@ MIN_CHUNK, MAX_CHUNK = 16, 1 << 26
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 class SMSStrategy(Strategy):

@@ -9,10 +9,10 @@ own states.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportSchema
+from components.runtime.units import finite_number
 
 MAX_TRIALS = 10_000
 MAX_RUNGS = 1_000
@@ -24,7 +24,7 @@ MAX_HISTORY = 100  # a trial's earlier jobs and PBT exploit steps, each
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 class TuningReport(ReportSchema):

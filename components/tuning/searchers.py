@@ -11,12 +11,12 @@ seeded, and its study lives in memory), so the same seed and the same tells give
 
 from __future__ import annotations
 
-import math
 import random
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.runtime.units import finite_number
 from components.tuning.space import (
     grid_combinations,
     grid_points,
@@ -253,7 +253,7 @@ class Searcher:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 def _grid_sampler_class():

@@ -30,6 +30,8 @@ import math
 import re
 from typing import Any
 
+from components.runtime.units import finite_number
+
 TYPES = ("uniform", "loguniform", "int", "choice")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 MAX_PARAMETERS = 64
@@ -48,7 +50,7 @@ PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.-]{0,63})\s*\}\}")
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_number(value)
 
 
 def _integer(value: Any) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from components.runtime.plugins import ReportError, ReportSchema
+from components.runtime.units import finite_number
 
 FIELDS = {"disk_free": int, "disk_total": int, "load1": float}
 
@@ -18,7 +18,7 @@ class ScratchDiskReport(ReportSchema):
         clean: dict[str, Any] = {}
         for name, kind in FIELDS.items():
             value = payload.get(name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if not finite_number(value) or value < 0:
                 errors[name] = "required: a finite number >= 0"
             elif kind is int and int(value) != value:
                 errors[name] = "must be a whole number"
