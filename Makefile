@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install browser slurm run test test-fast chaos lint docs bench soak bench-peers screenshots protos clean
+.PHONY: typecheck install browser slurm run test test-fast chaos lint docs bench soak bench-peers screenshots protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,7 +49,7 @@ run: install
 # most end-to-end tests wait on processes of their own, so two files at once use the two cores of a CI machine.
 # TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
-test: install browser slurm
+test: install browser slurm typecheck
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -65,9 +65,13 @@ CHAOS ?= full
 chaos: install
 	STRATA_CHAOS=$(CHAOS) $(BIN)/python -m pytest -s tests/chaos
 
-lint: install
+lint: install typecheck
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+
+# The typed plugin contract: mypy on the files [tool.mypy] lists in pyproject.toml.
+typecheck: install
+	$(BIN)/mypy
 
 # Rewrites the docs' generated tables (plugin seams and built-in plugins in docs/plugins.md, routes in docs/api.md,
 # settings in docs/settings.md, CLI verbs in docs/cli.md) from the code: strata.docs_tables; tests/test_docs_tables.py

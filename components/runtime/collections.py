@@ -211,6 +211,6 @@ def check_job_route(function: Any, path: str, name: str | None) -> None:
 
 def check_collection(collection: Collection, path: str, name: str | None) -> None:
     """The registry's check of a ``collections`` part: it takes its name from the manifest; its schema."""
-    collection.name = name
+    collection.name = name or ""
     if problem := schema_problem(collection.schema):
         raise TypeError(f"{path}.schema: {problem}")

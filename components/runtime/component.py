@@ -72,7 +72,7 @@ class Session(abc.ABC):
     to stop it.
     """
 
-    _wakeup: Callable[[], None] = staticmethod(never)
+    _wakeup: Callable[[], object] = staticmethod(never)
 
     def prepare(self) -> None:  # noqa: B027 -- optional hook
         """Host-side work before admission (downloads), off the device thread."""
@@ -80,7 +80,7 @@ class Session(abc.ABC):
     def memory_estimate(self) -> Any | None:
         return None
 
-    def bind(self, wakeup: Callable[[], None]) -> None:
+    def bind(self, wakeup: Callable[[], object]) -> None:
         self._wakeup = wakeup
 
     def start(self, device: Any) -> None:  # noqa: B027 -- optional hook

@@ -175,9 +175,10 @@ def seams() -> list[tuple[str, dict[str, Any]]]:
     return [(row.name, dict(vars(row))) for row in SEAMS]
 
 
-def check_command(command: type, path: str, name: str | None) -> None:
+def check_command(command: type[Command], path: str, name: str | None) -> None:
     """A command needs a name (the registry checks that it is unique)."""
-    if not isinstance(getattr(command, "name", None), str) or not NAME_RE.match(command.name):
+    named = getattr(command, "name", None)
+    if not isinstance(named, str) or not NAME_RE.match(named):
         raise ValueError(f"{path}: a command needs a name matching {NAME_RE.pattern}")
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -457,7 +458,7 @@ def build_environment(target: Path, requirements: Path | None, pip: list[str], n
         raise
     tail: list[str] = []
     deadline = time.monotonic() + ENV_BUILD_TIMEOUT_S
-    for line in process.stdout:
+    for line in process.stdout or ():
         line = line.rstrip()
         if line:
             note(f"[env] {line}")
@@ -523,7 +524,7 @@ def fetch_data_sets(cache: ProjectCache, claim: dict[str, Any], download_data: C
         for digest, mount in sorted(data_sets_of(claim.get("spec")).items()):
             if download_data is None:
                 raise RuntimeError("the job reads data sets, and this node cannot fetch them")
-            leases[digest] = cache.data_set(mount, lambda path, digest=digest: download_data(digest, path), note)
+            leases[digest] = cache.data_set(mount, functools.partial(download_data, digest), note)
     except BaseException:
         for lease in leases.values():
             lease.release()

@@ -128,7 +128,7 @@ def end_of_event(event: dict[str, Any]) -> End:
     if event.get("lost"):
         return End.LOST
     try:
-        return End(event.get("state"))
+        return End(str(event.get("state")))
     except ValueError:
         return End.FAILED
 

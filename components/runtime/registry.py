@@ -111,8 +111,8 @@ def _make(row: Seam, path: str) -> Any:
 
 def _names(row: Seam, name: str | None, part: Any) -> list[str]:
     """The names ``part`` claims in seam ``row``'s namespace."""
-    if row.shape == "mapping":
-        return [name]
+    if row.shape == "mapping" or row.name_from is None:
+        return [name] if name else []
     value = getattr(part, row.name_from, None)
     names = [value] if isinstance(value, str) else sorted(value) if isinstance(value, set | frozenset) else value
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) and n for n in names):
@@ -327,9 +327,9 @@ def _load() -> _State:
     # Loaded in the order of their requirements, listed in the order they are registered in.
     plugins: dict[str, LoadedPlugin] = {}
     for _, manifest in manifests:
-        loaded = loaded_plugins.get(getattr(manifest, "name", None)) if isinstance(manifest, Plugin) else None
-        if loaded is not None and loaded.plugin is manifest:
-            plugins[loaded.name] = loaded
+        found = loaded_plugins.get(manifest.name) if isinstance(manifest, Plugin) else None
+        if found is not None and found.plugin is manifest:
+            plugins[found.name] = found
     kinds = {kind: spec for loaded in plugins.values() for kind, spec in loaded.kinds.items()}
     return _State(plugins=plugins, problems=problems, kinds=kinds)
 

@@ -295,13 +295,13 @@ class Supervisor:
                 entry.running = False
                 code = getattr(entry.service, "returncode", None)
                 self._failed(entry, "is not alive" + (f" (exit code {code})" if code is not None else ""))
-            if now >= entry.next_start:
+            if entry.next_start is not None and now >= entry.next_start:
                 self._start(entry)
 
     def reports(self) -> dict[str, Any]:
         """``{plugin: merged payload}`` of the running services that had something to say."""
         found: dict[str, list[Any]] = {}
-        owner: dict[str, type] = {}
+        owner: dict[str, type[NodeService]] = {}
         for entry in self.entries:
             if not entry.running:
                 continue

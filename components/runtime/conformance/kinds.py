@@ -98,11 +98,11 @@ class SchemaInstances:
         # object
         properties = schema.get("properties", {})
         required = set(schema.get("required", []))
-        value = {}
+        found: dict[str, Any] = {}
         for name, sub in properties.items():
             if name in required or (depth < 4 and rng.random() < 0.5):
-                value[name] = self.instance(sub, depth + 1)
-        return value
+                found[name] = self.instance(sub, depth + 1)
+        return found
 
 
 class KindSpecConformance:
