@@ -78,7 +78,7 @@ def join_swarm(url: str, job: str, token: str, *, name: str = "", gpus: float = 
                 return ctx.should_stop()
 
             def credential(self, subject: str) -> dict[str, Any]:
-                return ctx.credential(subject)
+                return ctx.identity.credential(subject)
 
         config = peer_config(spec, job=str(job), name=f"volunteer-{name}", public_key=str(ctx.public_key),
                              rank=None, host=host, volunteer=True)

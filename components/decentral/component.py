@@ -72,23 +72,23 @@ class ContextIO(PeerIO):
         return self.ctx.should_stop()
 
     def credential(self, subject: str) -> dict[str, Any]:
-        return self.ctx.credential(subject)
+        return self.ctx.identity.credential(subject)
 
 
 class DecentralComponent(Component):
     def run(self, ctx) -> None:
         spec, rank = ctx.spec, int(ctx.rank)
         io = ContextIO(ctx, rank)
-        public_key = str(ctx.credential("probe")["public_key"])
+        public_key = str(ctx.identity.credential("probe")["public_key"])
         device = ctx.torch_device if torch.cuda.is_available() else "cpu"
-        host = ctx.node_address() or "127.0.0.1"
+        host = ctx.gang.node_address() or "127.0.0.1"
         config = peer_config(spec, job=str(ctx.job_id), name=f"rank{rank}", public_key=public_key, rank=rank,
                              host=host, device=device)
         base = getattr(ctx, "workdir", None)
         workdir = Path(base) / f"peer-{rank}" if base else Path(tempfile.mkdtemp(prefix=f"strata-peer-{rank}-"))
         initial: list[str] = []
         if rank != 0:
-            initial = [multiaddr(ctx.rendezvous_address())]
+            initial = [multiaddr(ctx.gang.address())]
         peer = SwarmPeer(config, io, initial_peers=initial, workdir=workdir)
         restored = ctx.restore(weights_only=True) if rank == 0 else None
         try:
@@ -101,7 +101,7 @@ class DecentralComponent(Component):
                 ctx.log(f"resumed the swarm from its checkpoint at step {peer.step}")
             if rank == 0:
                 port = peer.maddrs[0].split("/tcp/")[1].split("/")[0]
-                published = ctx.rendezvous_publish(int(port), suffix=f"/p2p/{peer.peer_id}")
+                published = ctx.gang.publish(int(port), suffix=f"/p2p/{peer.peer_id}")
                 ctx.log(f"the swarm's initial peer: {published}")
                 self._run_with_checkpoints(ctx, peer)
             else:

@@ -76,14 +76,14 @@ def rendezvous_env(ctx: Context) -> dict[str, str]:
     if ctx.world_size <= 1:
         return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port("127.0.0.1"))}
     if ctx.rank == 0:
-        host = ctx.node_address() or "127.0.0.1"
+        host = ctx.gang.node_address() or "127.0.0.1"
         try:
             port = _free_port(host)
         except OSError:
             port = _free_port("0.0.0.0")
-        address = ctx.rendezvous_publish(port)
+        address = ctx.gang.publish(port)
     else:
-        address = ctx.rendezvous_address()
+        address = ctx.gang.address()
     host, _, port_text = address.rpartition(":")
     return {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port_text.split("/", 1)[0]}
 
@@ -145,7 +145,7 @@ class CommandRun:
             # listen on the node's registered address, as the built-in gangs do (components.runtime.gang).
             from components.runtime.gang import interface_of
 
-            interface = interface_of(self.ctx.node_address() or "")
+            interface = interface_of(self.ctx.gang.node_address() or "")
             if interface:
                 env.setdefault("GLOO_SOCKET_IFNAME", interface)
                 env.setdefault("NCCL_SOCKET_IFNAME", interface)

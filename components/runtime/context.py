@@ -36,6 +36,117 @@ class DeviceHandle:
         return f"cuda:{self.index}" if self.kind == "cuda" else "cpu"
 
 
+class Facet:
+    """One part of a :class:`Context`: ``ctx.children``, ``ctx.gang``, ``ctx.identity`` or ``ctx.endpoint``.
+
+    A facet holds its context (``self.ctx``). The base classes answer as a context without that part does (an
+    empty list, or ``NotImplementedError``); each kind of context composes its own twins: :class:`LocalContext`'s
+    here, the node's in :mod:`components.runtime.remote`, a volunteer's in :mod:`components.runtime.participant`.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def _none(self, what: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self.ctx).__name__} has no {what}")
+
+
+class Children(Facet):
+    """``ctx.children``: the job's child jobs (a sweep's trials, a deployment's replicas), jobs of the same team
+    under the same checks and quota."""
+
+    def submit(self, job: dict[str, Any], idempotency_key: str | None = None, *, nested: bool = False,
+               checkpoint_from: str | None = None) -> dict[str, Any]:
+        """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
+        ``{"id", "name", "kind", "state", "reason", "parent", "nested", "held", "resources", "failures"}``. A bad
+        body raises ``ValueError`` naming the fields. ``nested``: it runs inside this attempt's own allocation
+        (admitted without the team's quota, placed only on the devices this attempt holds). ``checkpoint_from``
+        (another child's id): the new child starts from a copy of that child's latest checkpoint; ``ValueError``
+        when it has none yet."""
+        raise self._none("child jobs")
+
+    def list(self) -> list[dict[str, Any]]:
+        """This job's child jobs, oldest first (their summaries, with the current state)."""
+        raise self._none("child jobs")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel one of this job's child jobs; returns its summary."""
+        raise self._none("child jobs")
+
+    def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        """Hold a child: it is never placed until released (a running one stops at a checkpoint first)."""
+        raise self._none("child jobs")
+
+    def release(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        """Let a held child be placed again."""
+        raise self._none("child jobs")
+
+    def resize(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        """Give a child new resources (a running one stops at a checkpoint and is placed again with them). Bad
+        resources raise ``ValueError`` naming the fields."""
+        raise self._none("child jobs")
+
+    def metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        """A child's summary with its metric points after cursor ``after``: ``{..., "points": [{"id", "name",
+        "step", "value", "time", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
+        raise self._none("child jobs")
+
+    def metrics_of(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """:meth:`metrics` of many children at once (``{child id: cursor}`` -> ``{child id: answer}``; a job that is
+        not a child is left out). The node's twin asks the control plane once."""
+        return {job_id: self.metrics(job_id, after=cursor) for job_id, cursor in after.items()}
+
+
+class Rendezvous(Facet):
+    """``ctx.gang``: how the ranks of one attempt find each other (:func:`components.runtime.gang.init_gang`)."""
+
+    def node_address(self) -> str | None:
+        """The address this rank's node registered with the control plane (where its listeners should bind)."""
+        return None
+
+    def publish(self, port: int, suffix: str = "") -> str:
+        """Rank 0: announce that this attempt's store listens on ``port`` of this node; returns ``host:port``
+        as the other ranks will read it (the host is the address rank 0's node registered). ``suffix``
+        (:data:`RENDEZVOUS_SUFFIX`, e.g. ``/p2p/<peer id>`` for a libp2p listener) is appended as given."""
+        raise self._none("rendezvous")
+
+    def address(self, timeout: float = 300.0) -> str:
+        """Every other rank: wait for rank 0's ``host:port``; TimeoutError after ``timeout`` seconds."""
+        raise self._none("rendezvous")
+
+    def nodes(self) -> list[str]:
+        """The name of the node running each rank (index = rank), when known; empty otherwise."""
+        return []
+
+
+class Identity(Facet):
+    """``ctx.identity``: what the job's workers and callers prove themselves with."""
+
+    def token_digests(self) -> list[str]:
+        """SHA-256 hex digests of the job's working access tokens (issued, neither revoked nor expired), for a
+        kind whose ``KindSpec.accepts_tokens`` is true to check its callers against
+        (:class:`components.runtime.tokens.TokenGate`). None issued: an empty list."""
+        return []
+
+    def credential(self, subject: str) -> dict[str, Any]:
+        """A short-lived credential, signed with the job's key, that this worker may act as ``subject`` (an
+        identity it holds, e.g. ``p2p:<peer id>``; ``components.runtime.credentials.SUBJECT_PATTERN``) in this job:
+        ``{"credential", "public_key", "expires", "issued"}``. Other workers of the job check it with
+        ``components.runtime.credentials.verify(credential, public_key, job=..., subject=...)``; ask again before
+        ``expires``."""
+        raise self._none("job credentials")
+
+
+class Endpoint(Facet):
+    """``ctx.endpoint``: where this attempt serves requests (the job's ``endpoint`` field)."""
+
+    address: str | None = None
+
+    def publish(self, address: str) -> None:
+        """Publish the ``host:port`` where this attempt serves requests."""
+        self.address = address
+
+
 @dataclass
 class Context(abc.ABC):
     """What a component sees while it runs one attempt.
@@ -43,6 +154,19 @@ class Context(abc.ABC):
     ``spec`` is the normalized spec of the job's kind; ``devices`` the devices granted to this worker;
     ``rank``/``world_size`` place this worker in a gang. Reporting methods never raise on transport problems:
     they buffer and retry, so a flaky network cannot kill a training run.
+
+    The context is composed (like Determined's ``core.Context``): reporting, checkpoints and stopping are its own
+    methods, and the rest are its parts, each with a local twin in :class:`LocalContext` --
+
+    * ``ctx.children`` (:class:`Children`): submit, list, hold, release, resize and cancel child jobs;
+    * ``ctx.gang`` (:class:`Rendezvous`): the ranks of one attempt find each other;
+    * ``ctx.identity`` (:class:`Identity`): the job's access-token digests and signed job credentials;
+    * ``ctx.endpoint`` (:class:`Endpoint`): where the attempt serves requests.
+
+    **Threads.** Any thread of the attempt may call the reporting methods (:meth:`log`, :meth:`metrics`,
+    :meth:`report`, :meth:`artifact`), :meth:`should_stop` and every part: they hold their own locks, or only
+    send a request. :meth:`checkpoint` and :meth:`restore` are called by one thread at a time (the one that owns
+    the training state); :meth:`close` once, by the runtime, when the attempt ends.
     """
 
     job_id: str
@@ -52,6 +176,17 @@ class Context(abc.ABC):
     rank: int = 0
     world_size: int = 1
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    children: Children = field(init=False, repr=False)
+    gang: Rendezvous = field(init=False, repr=False)
+    identity: Identity = field(init=False, repr=False)
+    endpoint: Endpoint = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.children, self.gang, self.identity, self.endpoint = self.parts()
+
+    def parts(self) -> tuple[Children, Rendezvous, Identity, Endpoint]:
+        """The context's parts (each kind of context composes its own twins)."""
+        return Children(self), Rendezvous(self), Identity(self), Endpoint(self)
 
     @property
     def torch_device(self) -> str:
@@ -84,43 +219,6 @@ class Context(abc.ABC):
         """Publish this attempt's latest report for ``plugin`` (the generic report channel, checked by the
         plugin's ``ReportSchema.attempt``; read back by panels and routes through ``PanelData.reports``). Only the
         latest payload per plugin is kept and sent with the next flush."""
-
-    def set_endpoint(self, address: str) -> None:  # noqa: B027 -- optional hook, deliberately not abstract
-        """Publish the ``host:port`` where this attempt serves requests (the job's ``endpoint`` field)."""
-
-    def token_digests(self) -> list[str]:
-        """SHA-256 hex digests of the job's working access tokens (issued, neither revoked nor expired), for a
-        kind whose ``KindSpec.accepts_tokens`` is true to check its callers against
-        (:class:`components.runtime.tokens.TokenGate`). None issued: an empty list."""
-        return []
-
-    # -- rendezvous: the ranks of one attempt find each other (components.runtime.gang.init_gang) ---------
-    def node_address(self) -> str | None:
-        """The address this rank's node registered with the control plane (where its listeners should bind)."""
-        return None
-
-    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
-        """Rank 0: announce that this attempt's store listens on ``port`` of this node; returns ``host:port``
-        as the other ranks will read it (the host is the address rank 0's node registered). ``suffix``
-        (:data:`RENDEZVOUS_SUFFIX`, e.g. ``/p2p/<peer id>`` for a libp2p listener) is appended as given."""
-        raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
-
-    def rendezvous_address(self, timeout: float = 300.0) -> str:
-        """Every other rank: wait for rank 0's ``host:port``; TimeoutError after ``timeout`` seconds."""
-        raise NotImplementedError(f"{type(self).__name__} has no rendezvous")
-
-    def gang_nodes(self) -> list[str]:
-        """The name of the node running each rank (index = rank), when known; empty otherwise."""
-        return []
-
-    # -- job credentials: signed statements the job's workers check each other with ----------------------------
-    def credential(self, subject: str) -> dict[str, Any]:
-        """A short-lived credential, signed with the job's key, that this worker may act as ``subject`` (an
-        identity it holds, e.g. ``p2p:<peer id>``; ``components.runtime.credentials.SUBJECT_PATTERN``) in this job:
-        ``{"credential", "public_key", "expires", "issued"}``. Other workers of the job check it with
-        ``components.runtime.credentials.verify(credential, public_key, job=..., subject=...)``; ask again before
-        ``expires``."""
-        raise NotImplementedError(f"{type(self).__name__} has no job credentials")
 
     # -- checkpoints -----------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -174,49 +272,6 @@ class Context(abc.ABC):
         """Flush, and release what the context holds (threads, downloaded files); once, when the attempt ends."""
         self.flush()
 
-    # -- child jobs (a sweep's trials, ranks): jobs of the same team, under the same checks and quota --------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
-        """Submit a child job (the body ``POST /api/v1/jobs/`` takes, without ``team``); returns its summary
-        ``{"id", "name", "kind", "state", "reason", "parent", "nested", "held", "resources", "failures"}``. A bad
-        body raises ``ValueError`` naming the fields. ``nested``: it runs inside this attempt's own allocation
-        (admitted without the team's quota, placed only on the devices this attempt holds). ``checkpoint_from``
-        (another child's id): the new child starts from a copy of that child's latest checkpoint; ``ValueError``
-        when it has none yet."""
-        raise NotImplementedError(f"{type(self).__name__} cannot submit child jobs")
-
-    def children(self) -> list[dict[str, Any]]:
-        """This job's child jobs, oldest first (their summaries, with the current state)."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def cancel_child(self, job_id: str) -> dict[str, Any]:
-        """Cancel one of this job's child jobs; returns its summary."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        """Hold a child: it is never placed until released (a running one stops at a checkpoint first)."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        """Let a held child be placed again."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
-        """Give a child new resources (a running one stops at a checkpoint and is placed again with them). Bad
-        resources raise ``ValueError`` naming the fields."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
-        """A child's summary with its metric points after cursor ``after``: ``{..., "points": [{"id", "name",
-        "step", "value", "time", "attempt"}], "cursor"}`` (pass ``cursor`` back as ``after`` for the next ones)."""
-        raise NotImplementedError(f"{type(self).__name__} has no child jobs")
-
-    def children_metrics(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
-        """:meth:`child_metrics` of many children at once (``{child id: cursor}`` -> ``{child id: answer}``; a
-        job that is not a child is left out). The remote context asks the control plane once."""
-        return {job_id: self.child_metrics(job_id, after=cursor) for job_id, cursor in after.items()}
-
-
 @dataclass
 class LocalContext(Context):
     """The in-process twin of the node's remote context: keeps everything in memory and under ``workdir``.
@@ -229,15 +284,18 @@ class LocalContext(Context):
     metric_points: list[tuple[str, float, int]] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
     sources: dict[str, Path] = field(default_factory=dict)  # artifacts of the source job, by name
-    endpoint: str | None = None
     echo: bool = False
-    child_jobs: list[dict[str, Any]] = field(default_factory=list)  # what submit_child recorded (no scheduler)
+    child_jobs: list[dict[str, Any]] = field(default_factory=list)  # what ctx.children.submit recorded
     reports: dict[str, Any] = field(default_factory=dict)  # the latest report per plugin
-    tokens: list[str] = field(default_factory=list)  # digests of the job's working access tokens (token_digests)
+    tokens: list[str] = field(default_factory=list)  # digests of the job's working access tokens
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def parts(self) -> tuple[Children, Rendezvous, Identity, Endpoint]:
+        return LocalChildren(self), LocalRendezvous(self), LocalIdentity(self), LocalEndpoint(self)
 
     def log(self, message: str, level: str = "info") -> None:
         self.logs.append((time.time(), level, message))
@@ -265,33 +323,100 @@ class LocalContext(Context):
     def report(self, plugin: str, payload: dict[str, Any]) -> None:
         self.reports[plugin] = payload
 
-    def set_endpoint(self, address: str) -> None:
-        self.endpoint = address
-        self.log(f"listening on {address}")
+    def _checkpoint_path(self) -> Path:
+        return self.workdir / "checkpoint.pt"
 
-    def token_digests(self) -> list[str]:
-        return list(self.tokens)
+    def _save_checkpoint_bytes(self, data: bytes) -> None:
+        temporary = self._checkpoint_path().with_suffix(".tmp")
+        temporary.write_bytes(data)
+        temporary.replace(self._checkpoint_path())
 
-    # Rendezvous through a file in ``workdir``: the ranks of a local run share one workdir.
+    def _load_checkpoint_bytes(self) -> bytes | None:
+        path = self._checkpoint_path()
+        return path.read_bytes() if path.exists() else None
+
+
+class LocalChildren(Children):
+    """Child jobs recorded in memory, in ``ctx.child_jobs`` (nothing runs them)."""
+
+    ctx: LocalContext
+
+    def submit(self, job: dict[str, Any], idempotency_key: str | None = None, *, nested: bool = False,
+               checkpoint_from: str | None = None) -> dict[str, Any]:
+        if not isinstance(job, dict) or not job.get("kind"):
+            raise ValueError("the child job was refused: kind: required")
+        recorded = self.ctx.child_jobs
+        for existing in recorded:
+            if idempotency_key and existing["idempotency_key"] == idempotency_key:
+                return existing["summary"]
+        if checkpoint_from is not None and all(e["summary"]["id"] != checkpoint_from for e in recorded):
+            raise ValueError("the child job was refused: checkpoint_from: not a child job of this job")
+        import uuid
+
+        summary = {"id": str(uuid.uuid4()), "name": job.get("name", ""), "kind": job["kind"], "state": "QUEUED",
+                   "reason": "", "parent": self.ctx.job_id, "nested": bool(nested), "held": False,
+                   "resources": dict(job.get("resources") or {}), "failures": 0}
+        recorded.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key,
+                         "checkpoint_from": checkpoint_from})
+        return summary
+
+    def list(self) -> list[dict[str, Any]]:
+        return [dict(entry["summary"]) for entry in self.ctx.child_jobs]
+
+    def _child(self, job_id: str) -> dict[str, Any]:
+        for entry in self.ctx.child_jobs:
+            if entry["summary"]["id"] == job_id:
+                return entry
+        raise LookupError(f"no child job {job_id}")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["state"] = "CANCELLED"
+        return dict(summary)
+
+    def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["held"] = True
+        return dict(summary)
+
+    def release(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["held"] = False
+        return dict(summary)
+
+    def resize(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+        summary = self._child(job_id)["summary"]
+        summary["resources"] = dict(resources)
+        return dict(summary)
+
+    def metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        return {**self._child(job_id)["summary"], "points": [], "cursor": after}
+
+
+class LocalRendezvous(Rendezvous):
+    """Rendezvous through a file in ``workdir``: the ranks of a local run share one workdir."""
+
+    ctx: LocalContext
+
     def node_address(self) -> str | None:
         return "127.0.0.1"
 
-    def _rendezvous_path(self) -> Path:
-        return self.workdir / "rendezvous.json"
+    def _path(self) -> Path:
+        return self.ctx.workdir / "rendezvous.json"
 
-    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
+    def publish(self, port: int, suffix: str = "") -> str:
         address = f"127.0.0.1:{int(port)}{check_rendezvous_suffix(suffix)}"
-        temporary = self._rendezvous_path().with_suffix(f".{self.rank}.tmp")
-        temporary.write_text(json.dumps({"attempt": self.attempt_id, "address": address}))
-        temporary.replace(self._rendezvous_path())
+        temporary = self._path().with_suffix(f".{self.ctx.rank}.tmp")
+        temporary.write_text(json.dumps({"attempt": self.ctx.attempt_id, "address": address}))
+        temporary.replace(self._path())
         return address
 
-    def rendezvous_address(self, timeout: float = 300.0) -> str:
+    def address(self, timeout: float = 300.0) -> str:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                found = json.loads(self._rendezvous_path().read_text())
-                if found.get("attempt") == self.attempt_id:
+                found = json.loads(self._path().read_text())
+                if found.get("attempt") == self.ctx.attempt_id:
                     return str(found["address"])
             except (OSError, ValueError):
                 pass
@@ -299,14 +424,22 @@ class LocalContext(Context):
                 raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
             time.sleep(0.05)
 
-    # Job credentials with a key kept in ``workdir``: the ranks of a local run (sharing one workdir) share it.
+
+class LocalIdentity(Identity):
+    """``ctx.tokens`` as the working tokens, and job credentials signed with a key kept in ``workdir``: the ranks of
+    a local run (sharing one workdir) share it."""
+
+    ctx: LocalContext
     CREDENTIAL_TTL_S = 60.0
 
-    def _credential_seed(self) -> bytes:
+    def token_digests(self) -> list[str]:
+        return list(self.ctx.tokens)
+
+    def _seed(self) -> bytes:
         import os
         import secrets
 
-        path = self.workdir / "credential.key"
+        path = self.ctx.workdir / "credential.key"
         if not path.exists():
             temporary = path.with_suffix(f".{os.getpid()}.{secrets.token_hex(4)}.tmp")
             temporary.write_text(secrets.token_hex(32))
@@ -321,77 +454,23 @@ class LocalContext(Context):
     def credential(self, subject: str) -> dict[str, Any]:
         from components.runtime.credentials import sign_with
 
-        return sign_with(self._credential_seed(), job=self.job_id, subject=subject,
-                         holder=f"attempt {self.attempt_id} rank {self.rank} (local)", ttl_s=self.CREDENTIAL_TTL_S)
+        ctx = self.ctx
+        return sign_with(self._seed(), job=ctx.job_id, subject=subject,
+                         holder=f"attempt {ctx.attempt_id} rank {ctx.rank} (local)", ttl_s=self.CREDENTIAL_TTL_S)
 
-    def credential_public_key(self) -> str:
+    def public_key(self) -> str:
         """The public key (hex) this local run's credentials are signed with."""
         from components.runtime.credentials import public_key_hex
 
-        return public_key_hex(self._credential_seed())
+        return public_key_hex(self._seed())
 
-    def _checkpoint_path(self) -> Path:
-        return self.workdir / "checkpoint.pt"
 
-    def _save_checkpoint_bytes(self, data: bytes) -> None:
-        temporary = self._checkpoint_path().with_suffix(".tmp")
-        temporary.write_bytes(data)
-        temporary.replace(self._checkpoint_path())
+class LocalEndpoint(Endpoint):
+    """Records the address (``ctx.endpoint.address``) and logs it."""
 
-    def _load_checkpoint_bytes(self) -> bytes | None:
-        path = self._checkpoint_path()
-        return path.read_bytes() if path.exists() else None
-
-    # -- child jobs: recorded in memory (nothing runs them) ---------------------------------------------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
-        if not isinstance(job, dict) or not job.get("kind"):
-            raise ValueError("the child job was refused: kind: required")
-        for existing in self.child_jobs:
-            if idempotency_key and existing["idempotency_key"] == idempotency_key:
-                return existing["summary"]
-        if checkpoint_from is not None and all(e["summary"]["id"] != checkpoint_from for e in self.child_jobs):
-            raise ValueError("the child job was refused: checkpoint_from: not a child job of this job")
-        import uuid
-
-        summary = {"id": str(uuid.uuid4()), "name": job.get("name", ""), "kind": job["kind"], "state": "QUEUED",
-                   "reason": "", "parent": self.job_id, "nested": bool(nested), "held": False,
-                   "resources": dict(job.get("resources") or {}), "failures": 0}
-        self.child_jobs.append({"summary": summary, "job": dict(job), "idempotency_key": idempotency_key,
-                                "checkpoint_from": checkpoint_from})
-        return summary
-
-    def children(self) -> list[dict[str, Any]]:
-        return [dict(entry["summary"]) for entry in self.child_jobs]
-
-    def _child(self, job_id: str) -> dict[str, Any]:
-        for entry in self.child_jobs:
-            if entry["summary"]["id"] == job_id:
-                return entry
-        raise LookupError(f"no child job {job_id}")
-
-    def cancel_child(self, job_id: str) -> dict[str, Any]:
-        summary = self._child(job_id)["summary"]
-        summary["state"] = "CANCELLED"
-        return dict(summary)
-
-    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        summary = self._child(job_id)["summary"]
-        summary["held"] = True
-        return dict(summary)
-
-    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        summary = self._child(job_id)["summary"]
-        summary["held"] = False
-        return dict(summary)
-
-    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
-        summary = self._child(job_id)["summary"]
-        summary["resources"] = dict(resources)
-        return dict(summary)
-
-    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
-        return {**self._child(job_id)["summary"], "points": [], "cursor": after}
+    def publish(self, address: str) -> None:
+        self.address = address
+        self.ctx.log(f"listening on {address}")
 
 
 def context_from_payload(payload: dict[str, Any], *, narrowed: bool = True, local_root: str | Path | None = None,

@@ -13,9 +13,9 @@ Three things live here, none of them specific to a plugin:
    part that a training loop drives once per step. :func:`distributed_errors` checks a whole ``distributed``
    value against the installed strategies; :func:`open_runtime` builds a rank's runtime.
 2. **Rendezvous through the control plane** (:func:`components.runtime.gang.init_gang`). Rank 0 starts a ``torch.distributed.TCPStore``
-   on a free port and publishes the port (``Context.rendezvous_publish``); the control plane answers with the
+   on a free port and publishes the port (``ctx.gang.publish``); the control plane answers with the
    address *its node registered* (never a hard-coded one), and the other ranks, wherever they run, read it
-   (``Context.rendezvous_address``). The process group is gloo on the CPU, NCCL on CUDA (``backend: auto``).
+   (``ctx.gang.address``). The process group is gloo on the CPU, NCCL on CUDA (``backend: auto``).
 3. **Fault injection** (:class:`Slowdown`, :class:`Link`) for tests, benchmarks and demos: a chosen rank, or
    random ranks in episodes, is slowed by a factor (sleeps proportional to its measured work, or CPU contention
    from a burner process), and an emulated link turns bytes sent into time.

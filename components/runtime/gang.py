@@ -2,7 +2,7 @@
 
 :func:`init_gang` joins the attempt's process group through the control plane's rendezvous: rank 0 starts a
 ``torch.distributed.TCPStore`` on a free port of its node's registered address and publishes the port
-(``Context.rendezvous_publish``); the other ranks read the address (``Context.rendezvous_address``). gloo on the
+(``ctx.gang.publish``); the other ranks read the address (``ctx.gang.address``). gloo on the
 CPU, NCCL on CUDA (``backend: auto``). Imports torch: nodes only.
 """
 
@@ -90,16 +90,16 @@ def init_gang(ctx: Any, options: Mapping[str, Any] | None = None) -> Gang:
     timeout = datetime.timedelta(seconds=float(options.get("timeout_s", DEFAULT_TIMEOUT_S)))
     device = ctx.torch_device
     backend = backend_for(str(options.get("backend", "auto")), device)
-    own = ctx.node_address() or "127.0.0.1"
+    own = ctx.gang.node_address() or "127.0.0.1"
     interface = interface_of(own)
     if interface:  # listen on the node's registered address, not whatever the host name resolves to
         os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
         os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if ctx.rank == 0:
         store = dist.TCPStore(own, 0, ctx.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-        address = ctx.rendezvous_publish(int(store.port))
+        address = ctx.gang.publish(int(store.port))
     else:
-        address = ctx.rendezvous_address(timeout=RENDEZVOUS_WAIT_S)
+        address = ctx.gang.address(timeout=RENDEZVOUS_WAIT_S)
         host, port = address.rsplit(":", 1)
         store = dist.TCPStore(host.strip("[]"), int(port), ctx.world_size, is_master=False, timeout=timeout)
     if device.startswith("cuda"):
@@ -108,7 +108,7 @@ def init_gang(ctx: Any, options: Mapping[str, Any] | None = None) -> Gang:
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
     ctx.log(f"rank {ctx.rank}/{ctx.world_size} joined the {backend} group at {address}")
-    nodes = ctx.gang_nodes() if ctx.rank == 0 else []  # rank 0 reports for the gang
+    nodes = ctx.gang.nodes() if ctx.rank == 0 else []  # rank 0 reports for the gang
     return Gang(rank=ctx.rank, world_size=ctx.world_size, backend=backend, device=device, address=address,
                 nodes=nodes)
 

@@ -7,21 +7,22 @@ participant in with a heartbeat thread, and leaves when it closes::
         while not ctx.should_stop():
             ...                                   # work, with what the job's kind handed over: ctx.payload
             ctx.metrics(loss=loss, samples=n)     # sent with the next heartbeat
-            proof = ctx.credential("p2p:" + peer_id)["credential"]  # a job credential for this identity
+            proof = ctx.identity.credential("p2p:" + peer_id)["credential"]  # a job credential for this identity
 
 :class:`ParticipantContext` is the :class:`~components.runtime.context.Context` such a process runs with:
 
 - ``metrics`` keeps the latest value of each name (at most 64) and sends them with the next heartbeat, where they
   replace what the control plane shows for the participant (no history is kept); ``log`` prints to stdout with
-  the participant's name; ``set_info``/``set_endpoint`` change what it says about itself.
+  the participant's name; ``set_info``/``ctx.endpoint.publish`` change what it says about itself.
 - ``should_stop`` is true once a heartbeat answered stop (the job ended, the token was revoked, the participant
   was evicted or lost), once no heartbeat got through for a whole lease, or after :meth:`ParticipantContext.stop`;
   ``reason`` says why.
-- ``credential(subject)`` returns a job credential for ``subject``: the first call for a subject asks at once
+- ``ctx.identity.credential(subject)`` returns a job credential for ``subject``: the first call for a subject asks at once
   (one heartbeat, blocking), then the heartbeat thread renews it before half its life is gone.
 - ``checkpoint``/``restore`` keep the state in the local ``workdir`` (pass the same one to resume); artifacts are
   kept there too (``workdir/artifacts``): the control plane stores only its attempts' artifacts.
-- A participant has no rendezvous, child jobs or access-token digests (those calls raise NotImplementedError).
+- A participant has no rendezvous (``ctx.gang``) or child jobs (``ctx.children``): those calls raise
+  NotImplementedError; it has no access-token digests.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from components.runtime.client import ApiError, ParticipantClient, participant_join
-from components.runtime.context import Context, LocalContext
+from components.runtime.context import Children, Context, Endpoint, Identity, LocalContext, Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,14 @@ class ParticipantContext(Context):
                    payload=dict(answer.get("payload") or {}), heartbeat_s=heartbeat_s,
                    lease_s=float(answer.get("lease_s") or 3 * heartbeat_s), echo=echo, **extra)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def parts(self) -> tuple[Children, Rendezvous, Identity, Endpoint]:
+        """No child jobs, rendezvous or token digests: a participant's identity and endpoint only."""
+        return Children(self), Rendezvous(self), ParticipantIdentity(self), ParticipantEndpoint(self)
 
     @property
     def participant_id(self) -> str:
@@ -126,10 +132,6 @@ class ParticipantContext(Context):
         heartbeat, at most 8 KiB of JSON)."""
         with self._lock:
             self._info = {**(self._info or {}), **values}
-
-    def set_endpoint(self, address: str) -> None:
-        self.set_info({"endpoint": address})
-        self.log(f"listening on {address}")
 
     def artifact(self, path: str | Path, name: str | None = None) -> None:
         """Keep the file as an artifact in ``workdir/artifacts`` (a participant's artifacts stay on its
@@ -210,29 +212,6 @@ class ParticipantContext(Context):
                 self._halt(str(answer.get("reason") or "the control plane said stop"))
             return answer
 
-    def credential(self, subject: str) -> dict[str, Any]:
-        """The latest job credential for ``subject`` (``{"credential", "public_key", "expires", "issued"}``); the
-        first call for a subject asks for one at once (retrying for up to a lease), later ones return what the
-        heartbeat thread keeps fresh. RuntimeError once the participant stops."""
-        deadline = time.monotonic() + self.lease_s
-        delay = 0.2
-        while True:
-            with self._lock:
-                current = self._credentials.get(subject)
-            if current is not None and float(current.get("expires") or 0) > time.time() + 1.0:
-                return dict(current)
-            if self.should_stop():
-                raise RuntimeError(f"no credential for {subject[:40]!r}: the participant stops ({self.reason})")
-            try:
-                self.beat(subject)
-            except ApiError as error:
-                if error.status == 400:
-                    raise ValueError(f"no credential for {subject[:40]!r}: {error}") from None
-                if time.monotonic() > deadline or self.should_stop():
-                    raise RuntimeError(f"no credential for {subject[:40]!r}: {error}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
     def start(self) -> None:
         """Heartbeat every ``heartbeat_s`` on a daemon thread until :meth:`close` or a stop."""
         self._last_ok = time.monotonic()
@@ -267,6 +246,47 @@ class ParticipantContext(Context):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.heartbeat_s + 5.0)
         self.flush()
+
+
+class ParticipantIdentity(Identity):
+    """A participant's job credentials, from its heartbeats."""
+
+    ctx: ParticipantContext
+
+    def credential(self, subject: str) -> dict[str, Any]:
+        """The latest job credential for ``subject`` (``{"credential", "public_key", "expires", "issued"}``); the
+        first call for a subject asks for one at once (retrying for up to a lease), later ones return what the
+        heartbeat thread keeps fresh. RuntimeError once the participant stops."""
+        ctx = self.ctx
+        deadline = time.monotonic() + ctx.lease_s
+        delay = 0.2
+        while True:
+            with ctx._lock:
+                current = ctx._credentials.get(subject)
+            if current is not None and float(current.get("expires") or 0) > time.time() + 1.0:
+                return dict(current)
+            if ctx.should_stop():
+                raise RuntimeError(f"no credential for {subject[:40]!r}: the participant stops ({ctx.reason})")
+            try:
+                ctx.beat(subject)
+            except ApiError as error:
+                if error.status == 400:
+                    raise ValueError(f"no credential for {subject[:40]!r}: {error}") from None
+                if time.monotonic() > deadline or ctx.should_stop():
+                    raise RuntimeError(f"no credential for {subject[:40]!r}: {error}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+class ParticipantEndpoint(Endpoint):
+    """Said with the next heartbeat (the participant's ``info.endpoint``)."""
+
+    ctx: ParticipantContext
+
+    def publish(self, address: str) -> None:
+        self.address = address
+        self.ctx.set_info({"endpoint": address})
+        self.ctx.log(f"listening on {address}")
 
 
 class ParticipantSession:

@@ -18,7 +18,7 @@ from typing import Any
 
 from components.runtime import transfers
 from components.runtime.client import ApiError, ControlPlaneClient, storable_text
-from components.runtime.context import Context
+from components.runtime.context import Children, Context, Endpoint, Identity, Rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ class RemoteContext(Context):
     # The attempt credential's expiry (unix s; 0: none to renew) and when it was issued: renewed half-way.
     credential_expires: float = 0.0
     _credential_issued: float = field(default_factory=time.time, repr=False)
+
+    def parts(self) -> tuple[Children, Rendezvous, Identity, Endpoint]:
+        return RemoteChildren(self), RemoteRendezvous(self), RemoteIdentity(self), RemoteEndpoint(self)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._flush_loop, name="strata-report", daemon=True)
@@ -131,13 +134,6 @@ class RemoteContext(Context):
         with self._lock:
             self._reports[str(plugin)] = payload
 
-    def set_endpoint(self, address: str) -> None:
-        """Sent with every report, so the control plane learns it on the next flush (and again after a
-        failed one)."""
-        with self._lock:
-            self._endpoint = address
-        self.log(f"listening on {address}")
-
     def source_artifact(self, name: str = "model.pt") -> Path:
         if self._sources is None:
             self._sources = tempfile.TemporaryDirectory(prefix="strata-source-")
@@ -146,50 +142,6 @@ class RemoteContext(Context):
                                                           self._auth(), target):
             raise FileNotFoundError(f"the source job has no artifact {name!r}")
         return target
-
-    def token_digests(self) -> list[str]:
-        answer = self.client.request("GET", self._path("tokens/"), params=self._auth(), timeout=30)
-        return [str(digest) for digest in answer.get("digests", [])]
-
-    def node_address(self) -> str | None:
-        return self.address or None
-
-    def rendezvous_publish(self, port: int, suffix: str = "") -> str:
-        answer = self.client.post(self._path("rendezvous/"), {**self._auth(), "port": int(port),
-                                                               **({"suffix": suffix} if suffix else {})})
-        return str(answer["address"])
-
-    def credential(self, subject: str) -> dict[str, Any]:
-        try:
-            return self.client.post(self._path("credential/"), {**self._auth(), "subject": subject})
-        except ApiError as error:
-            if error.status == 400:
-                raise ValueError(f"no credential for {subject[:40]!r}: {error}") from None
-            raise
-
-    def gang_nodes(self) -> list[str]:
-        try:
-            answer = self.client.request("GET", self._path("rendezvous/"), params=self._auth(), timeout=30)
-        except ApiError:
-            return []
-        return [str(name) for name in answer.get("nodes") or []]
-
-    def rendezvous_address(self, timeout: float = 300.0) -> str:
-        deadline = time.monotonic() + timeout
-        delay = 0.1
-        while True:
-            try:
-                answer = self.client.request("GET", self._path("rendezvous/"), params=self._auth(), timeout=30)
-            except ApiError as error:
-                if error.status in (404, 409):  # the attempt ended: its ranks stop waiting
-                    raise RuntimeError(f"no rendezvous: {error}") from error
-                answer = {}
-            if answer.get("address"):
-                return str(answer["address"])
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
 
     def artifact(self, path: str | Path, name: str | None = None, kind: str = "artifact") -> None:
         source = Path(path)
@@ -211,45 +163,123 @@ class RemoteContext(Context):
     def _load_checkpoint_file(self, target: Path) -> bool:
         return transfers.download(self.client, self._path("checkpoint/"), self._auth(), Path(target))
 
-    # -- child jobs ------------------------------------------------------------------------------------------
-    def submit_child(self, job: dict[str, Any], idempotency_key: str | None = None, *,
-                     nested: bool = False, checkpoint_from: str | None = None) -> dict[str, Any]:
+
+class RemoteChildren(Children):
+    """Child jobs through the attempt's ``children/`` routes."""
+
+    ctx: RemoteContext
+
+    def _post(self, suffix: str, body: dict[str, Any] | None = None) -> Any:
+        ctx = self.ctx
+        return ctx.client.post(ctx._path(f"children/{suffix}"), {**ctx._auth(), **(body or {})})
+
+    def submit(self, job: dict[str, Any], idempotency_key: str | None = None, *, nested: bool = False,
+               checkpoint_from: str | None = None) -> dict[str, Any]:
         try:
-            return self.client.post(self._path("children/"), {**self._auth(), "job": job,
-                                                              "idempotency_key": idempotency_key,
-                                                              "nested": bool(nested),
-                                                              "checkpoint_from": checkpoint_from})
+            return self._post("", {"job": job, "idempotency_key": idempotency_key, "nested": bool(nested),
+                                   "checkpoint_from": checkpoint_from})
         except ApiError as error:
             if error.status == 400:
                 raise ValueError(f"the child job was refused: {error}") from None
             raise
 
-    def children(self) -> list[dict[str, Any]]:
-        return self.client.get(self._path("children/"), params=self._auth())
+    def list(self) -> list[dict[str, Any]]:
+        return self.ctx.client.get(self.ctx._path("children/"), params=self.ctx._auth())
 
-    def cancel_child(self, job_id: str) -> dict[str, Any]:
-        return self.client.post(self._path(f"children/{job_id}/cancel/"), self._auth())
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._post(f"{job_id}/cancel/")
 
-    def hold_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        return self.client.post(self._path(f"children/{job_id}/hold/"), {**self._auth(), "reason": reason})
+    def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self._post(f"{job_id}/hold/", {"reason": reason})
 
-    def release_child(self, job_id: str, reason: str = "") -> dict[str, Any]:
-        return self.client.post(self._path(f"children/{job_id}/release/"), {**self._auth(), "reason": reason})
+    def release(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self._post(f"{job_id}/release/", {"reason": reason})
 
-    def resize_child(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
+    def resize(self, job_id: str, resources: dict[str, Any], reason: str = "") -> dict[str, Any]:
         try:
-            return self.client.post(self._path(f"children/{job_id}/resize/"),
-                                    {**self._auth(), "resources": resources, "reason": reason})
+            return self._post(f"{job_id}/resize/", {"resources": resources, "reason": reason})
         except ApiError as error:
             if error.status == 400:
                 raise ValueError(f"the resize was refused: {error}") from None
             raise
 
-    def child_metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
-        return self.client.get(self._path(f"children/{job_id}/metrics/"), params={**self._auth(), "after": after})
+    def metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
+        ctx = self.ctx
+        return ctx.client.get(ctx._path(f"children/{job_id}/metrics/"), params={**ctx._auth(), "after": after})
 
-    def children_metrics(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
+    def metrics_of(self, after: dict[str, int]) -> dict[str, dict[str, Any]]:
         if not after:
             return {}
-        return self.client.post(self._path("children/metrics/"), {**self._auth(), "after": after})["children"]
+        return self._post("metrics/", {"after": after})["children"]
 
+
+class RemoteRendezvous(Rendezvous):
+    """The attempt's ``rendezvous/`` route: rank 0 publishes, the others poll."""
+
+    ctx: RemoteContext
+
+    def node_address(self) -> str | None:
+        return self.ctx.address or None
+
+    def publish(self, port: int, suffix: str = "") -> str:
+        ctx = self.ctx
+        answer = ctx.client.post(ctx._path("rendezvous/"), {**ctx._auth(), "port": int(port),
+                                                             **({"suffix": suffix} if suffix else {})})
+        return str(answer["address"])
+
+    def nodes(self) -> list[str]:
+        ctx = self.ctx
+        try:
+            answer = ctx.client.request("GET", ctx._path("rendezvous/"), params=ctx._auth(), timeout=30)
+        except ApiError:
+            return []
+        return [str(name) for name in answer.get("nodes") or []]
+
+    def address(self, timeout: float = 300.0) -> str:
+        ctx = self.ctx
+        deadline = time.monotonic() + timeout
+        delay = 0.1
+        while True:
+            try:
+                answer = ctx.client.request("GET", ctx._path("rendezvous/"), params=ctx._auth(), timeout=30)
+            except ApiError as error:
+                if error.status in (404, 409):  # the attempt ended: its ranks stop waiting
+                    raise RuntimeError(f"no rendezvous: {error}") from error
+                answer = {}
+            if answer.get("address"):
+                return str(answer["address"])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not publish its address in {timeout:g} s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+
+class RemoteIdentity(Identity):
+    """The job's tokens and credentials from the attempt's ``tokens/`` and ``credential/`` routes."""
+
+    ctx: RemoteContext
+
+    def token_digests(self) -> list[str]:
+        ctx = self.ctx
+        answer = ctx.client.request("GET", ctx._path("tokens/"), params=ctx._auth(), timeout=30)
+        return [str(digest) for digest in answer.get("digests", [])]
+
+    def credential(self, subject: str) -> dict[str, Any]:
+        ctx = self.ctx
+        try:
+            return ctx.client.post(ctx._path("credential/"), {**ctx._auth(), "subject": subject})
+        except ApiError as error:
+            if error.status == 400:
+                raise ValueError(f"no credential for {subject[:40]!r}: {error}") from None
+            raise
+
+
+class RemoteEndpoint(Endpoint):
+    """Sent with every report, so the control plane learns it on the next flush (and again after a failed one)."""
+
+    ctx: RemoteContext
+
+    def publish(self, address: str) -> None:
+        with self.ctx._lock:
+            self.address = self.ctx._endpoint = address
+        self.ctx.log(f"listening on {address}")

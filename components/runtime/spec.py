@@ -52,7 +52,7 @@ class KindSpec(abc.ABC):
     progress_route: ClassVar[str | None] = None
     # Whether the kind's running attempts check their callers against the job's access tokens (as an RPC
     # endpoint may): only then can tokens be issued for a job of this kind (POST /api/v1/jobs/{id}/tokens/),
-    # and its attempts read their digests through Context.token_digests().
+    # and its attempts read their digests through Context.identity.token_digests().
     accepts_tokens: ClassVar[bool] = False
     # Whether the ranks of a multi-worker attempt are independent peers rather than a gang: a rank that fails
     # costs only itself (its siblings go on, and the node reports the attempt failed only when every one of its

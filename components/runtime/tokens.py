@@ -3,7 +3,7 @@
 The control plane issues and revokes a job's tokens (``POST /api/v1/jobs/{id}/tokens/``, ``DELETE
 .../tokens/{token_id}/``, ``strata job-token``) and keeps only their SHA-256 digests. A running attempt of a kind
 whose ``KindSpec.accepts_tokens`` is true reads the digests of the working ones through
-:meth:`Context.token_digests <components.runtime.context.Context.token_digests>`; a :class:`TokenGate` keeps them
+:meth:`ctx.identity.token_digests() <components.runtime.context.Identity.token_digests>`; a :class:`TokenGate` keeps them
 fresh on a background thread and answers :meth:`TokenGate.check` from memory, so a call costs one hash and no
 round trip. A revoked or expired token stops working at the next refresh (``refresh_s``).
 

@@ -110,7 +110,7 @@ class ServeSession(Session):
     lane of its own) and starts its gRPC server; it then answers ``Predict`` calls until it is stopped.
 
     - :meth:`prepare` loads the source job's ``model.pt`` (a download, off the device thread);
-    - :meth:`attach` starts serving and publishes the address (``ctx.set_endpoint``); hosted, it also starts a
+    - :meth:`attach` starts serving and publishes the address (``ctx.endpoint.publish``); hosted, it also starts a
       thread running :meth:`serve_until_stopped`;
     - :meth:`serve_until_stopped` reports ``requests``, ``errors``, ``p50_ms``, ``p99_ms``, ``slo_attainment``,
       ``queue_depth``, ``mean_batch``, ``throughput_rps``, ``dropped_early`` and ``batches`` every
@@ -173,7 +173,7 @@ class ServeSession(Session):
         if self.spec.get("auth", "token") == "token" and self.gate is None:
             from components.runtime.tokens import TokenGate
 
-            self.gate = TokenGate(self.ctx.token_digests, name=f"serve-{self.ctx.attempt_id[:8]}").start()
+            self.gate = TokenGate(self.ctx.identity.token_digests, name=f"serve-{self.ctx.attempt_id[:8]}").start()
         try:
             self.handle = start_serving(
                 executor, name, self.served, host=self.host, port=self.spec["port"],
@@ -185,7 +185,7 @@ class ServeSession(Session):
             self._stop_gate()
             raise
         served = self.served
-        self.ctx.set_endpoint(self.handle.address)
+        self.ctx.endpoint.publish(self.handle.address)
         length = " (or shorter, variable length)" if served.variable_length else ""
         security = ("callers need a deployment token (strata job-token create " + self.ctx.job_id + ")"
                     if self.gate is not None else "no authentication (auth: none)")

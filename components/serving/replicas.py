@@ -106,7 +106,7 @@ class ReplicaController:
 
     # -- one step ---------------------------------------------------------------------------------------------
     def tick(self) -> dict[str, Any]:
-        children = [child for child in self.ctx.children() if child["kind"] == self.ctx_kind]
+        children = [child for child in self.ctx.children.list() if child["kind"] == self.ctx_kind]
         live = [child for child in children if child["state"] not in TERMINAL]
         self._read_metrics(live)
         if self.autoscale and self.clock() - self.last_decision >= self.autoscale["period_s"]:
@@ -114,11 +114,11 @@ class ReplicaController:
         missing = self.want - 1 - len(live)
         for index in range(max(0, missing)):
             key = f"{self.ctx.job_id}:replica:{len(children) + index}"
-            summary = self.ctx.submit_child(self.child_job(), key)
+            summary = self.ctx.children.submit(self.child_job(), key)
             self.ctx.log(f"replica {summary['id']} submitted ({len(live) + index + 2} of {self.want})")
         if missing < 0:  # children come oldest first: the newest go
             for child in list(reversed(live))[: -missing]:
-                self.ctx.cancel_child(child["id"])
+                self.ctx.children.cancel(child["id"])
                 self.ctx.log(f"replica {child['id']} cancelled (scaling down to {self.want})")
         return {"want": self.want, "children": len(live)}
 
@@ -128,7 +128,7 @@ class ReplicaController:
         running = [child["id"] for child in live if child["state"] == "RUNNING"]
         if not running:
             return
-        answers = self.ctx.children_metrics({job: self.cursors.get(job, 0) for job in running})
+        answers = self.ctx.children.metrics_of({job: self.cursors.get(job, 0) for job in running})
         for job, answer in answers.items():
             self.cursors[job] = answer.get("cursor", self.cursors.get(job, 0))
             for point in answer.get("points", []):

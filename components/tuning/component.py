@@ -7,7 +7,7 @@ engine:
 
 1. asks the searcher (Optuna) for configurations while fewer than ``max_concurrent`` trials run and the trial
    scheduler takes more, and submits each as a nested child (idempotently: a restarted engine finds its trials);
-2. watches each trial's ``metric`` (one point per iteration, e.g. per epoch) through ``ctx.children_metrics``
+2. watches each trial's ``metric`` (one point per iteration, e.g. per epoch) through ``ctx.children.metrics_of``
    (one call for all live trials every ``POLL_SECONDS``) and feeds it to the scheduler: STOP cancels the trial, PAUSE holds it at its rung, a promotion releases it;
 3. water-fills the job's GPUs over the live trials (:mod:`components.tuning.waterfill`) from each trial's
    measured seconds per iteration and iterations left, whenever the set of trials or what is known of their
@@ -183,7 +183,7 @@ class Engine:
     def submit(self, trial: Trial) -> None:
         share = self.initial_share()
         body = self.child_body(trial.number, trial.params, share)
-        summary = self.ctx.submit_child(body, f"{self.ctx.job_id}:trial:{trial.number}", nested=True)
+        summary = self.ctx.children.submit(body, f"{self.ctx.job_id}:trial:{trial.number}", nested=True)
         trial.job, trial.share = summary["id"], share
         trial.shares.append([self.clock(), share])
         self.ctx.log(f"trial {trial.number} ({trial.job}): {json.dumps(trial.params, sort_keys=True)}, "
@@ -203,7 +203,7 @@ class Engine:
         changed = False
         live = [trial for trial in self.live() if trial.job]
         try:  # one call for every live trial
-            answers = self.ctx.children_metrics({trial.job: trial.cursor for trial in live})
+            answers = self.ctx.children.metrics_of({trial.job: trial.cursor for trial in live})
         except Exception as error:  # noqa: BLE001 - a lost poll is retried at the next tick
             self.ctx.log(f"could not read the trials: {error}", level="warning")
             return False
@@ -231,7 +231,7 @@ class Engine:
                     break
                 if decision.action is Action.PAUSE:
                     trial.status, trial.reason = "paused", decision.reason
-                    self.ctx.hold_child(trial.job, decision.reason)
+                    self.ctx.children.hold(trial.job, decision.reason)
                     break
                 if decision.exploit is not None and self.exploit(trial, decision):
                     seen = {}  # the old job's state is no longer the trial's
@@ -254,7 +254,7 @@ class Engine:
         params = dict(decision.config)
         generation = len(trial.jobs) + 1
         try:
-            summary = self.ctx.submit_child(self.child_body(trial.number, params, trial.share),
+            summary = self.ctx.children.submit(self.child_body(trial.number, params, trial.share),
                                             f"{self.ctx.job_id}:trial:{trial.number}:{generation}", nested=True,
                                             checkpoint_from=donor.job)
         except ValueError as error:
@@ -262,7 +262,7 @@ class Engine:
             self.ctx.log(f"trial {trial.number} keeps its weights: {error}", level="warning")
             return False
         old = trial.job
-        self.ctx.cancel_child(old)
+        self.ctx.children.cancel(old)
         trial.jobs.append(old)
         trial.job, trial.params, trial.cursor, trial.base = summary["id"], params, 0, len(trial.values)
         trial.reason = decision.reason
@@ -277,7 +277,7 @@ class Engine:
         for number, _target in self.scheduler.resume():
             trial = self.trials[int(number)]
             trial.status, trial.reason = "running", "promoted"
-            self.ctx.release_child(trial.job, "promoted to the next rung")
+            self.ctx.children.release(trial.job, "promoted to the next rung")
             changed = True
         for trial in list(self.live()):  # synchronous rungs stop the trials they did not promote
             if self.scheduler.trials.get(str(trial.number), {}).get("status") == "stopped":
@@ -296,7 +296,7 @@ class Engine:
             if self.scheduler.trials[str(trial.number)]["status"] == "running":
                 self.scheduler.stop(str(trial.number))
             self.searcher.tell(trial.number, best, state="pruned")
-            self.ctx.cancel_child(trial.job)
+            self.ctx.children.cancel(trial.job)
         else:
             self.scheduler.fail(str(trial.number))
             self.searcher.tell(trial.number, None, state="failed")
@@ -334,7 +334,7 @@ class Engine:
             if share is None or math.isclose(share, trial.share, abs_tol=1e-6):
                 continue
             try:
-                self.ctx.resize_child(trial.job, {"gpus": share}, f"water-filled: {share:g} GPU")
+                self.ctx.children.resize(trial.job, {"gpus": share}, f"water-filled: {share:g} GPU")
             except ValueError as error:
                 self.ctx.log(f"could not resize trial {trial.number}: {error}", level="warning")
                 continue

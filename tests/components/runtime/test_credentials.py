@@ -76,11 +76,11 @@ def test_local_contexts_sharing_a_workdir_share_the_key(tmp_path):
     first = LocalContext(job_id=JOB, attempt_id="a", spec={}, workdir=tmp_path / "gang")
     second = LocalContext(job_id=JOB, attempt_id="a", spec={}, rank=1, workdir=tmp_path / "gang")
     elsewhere = LocalContext(job_id=JOB, attempt_id="b", spec={}, workdir=tmp_path / "other")
-    answer = first.credential("p2p:QmZero")
-    assert answer["public_key"] == second.credential_public_key() == second.credential("x")["public_key"]
-    claims, problem = verify(answer["credential"], second.credential_public_key(), job=JOB, subject="p2p:QmZero")
+    answer = first.identity.credential("p2p:QmZero")
+    assert answer["public_key"] == second.identity.public_key() == second.identity.credential("x")["public_key"]
+    claims, problem = verify(answer["credential"], second.identity.public_key(), job=JOB, subject="p2p:QmZero")
     assert problem is None and "rank 0" in claims["holder"]
-    assert verify(answer["credential"], elsewhere.credential_public_key(), job=JOB)[1].startswith("bad signature")
+    assert verify(answer["credential"], elsewhere.identity.public_key(), job=JOB)[1].startswith("bad signature")
     assert not list((tmp_path / "gang").glob("*.tmp"))
 
 
@@ -92,7 +92,7 @@ def test_the_remote_context_asks_the_control_plane_and_others_have_none():
 
     client = Client()
     ctx = RemoteContext(job_id=JOB, attempt_id="a", spec={}, client=client, node_id="n", token="t")
-    assert ctx.credential("p2p:QmPeer")["credential"] == "c"
+    assert ctx.identity.credential("p2p:QmPeer")["credential"] == "c"
     assert client.call == ("node/attempts/a/credential/", {"node": "n", "token": "t", "subject": "p2p:QmPeer"})
 
     class Bare(Context):
@@ -103,4 +103,4 @@ def test_the_remote_context_asks_the_control_plane_and_others_have_none():
         def _load_checkpoint_bytes(self): ...
 
     with pytest.raises(NotImplementedError, match="no job credentials"):
-        Bare(job_id=JOB, attempt_id="a", spec={}).credential("p2p:QmPeer")
+        Bare(job_id=JOB, attempt_id="a", spec={}).identity.credential("p2p:QmPeer")

@@ -435,22 +435,23 @@ def test_init_gang_meets_through_the_shared_workdir(tmp_path):
 def test_a_local_rank_waits_for_its_own_attempt(tmp_path):
     # Rank 0 of another attempt published here earlier: rank 1 of this one does not take that address.
     earlier = LocalContext(job_id="j", attempt_id="a0", spec={}, rank=0, world_size=2, workdir=tmp_path)
-    assert earlier.rendezvous_publish(4242) == "127.0.0.1:4242"
+    assert earlier.gang.publish(4242) == "127.0.0.1:4242"
     rank1 = LocalContext(job_id="j", attempt_id="a1", spec={}, rank=1, world_size=2, workdir=tmp_path)
     with pytest.raises(TimeoutError, match="did not publish"):
-        rank1.rendezvous_address(timeout=0.2)
+        rank1.gang.address(timeout=0.2)
     rank0 = LocalContext(job_id="j", attempt_id="a1", spec={}, rank=0, world_size=2, workdir=tmp_path)
-    assert rank0.node_address() == "127.0.0.1"
-    address = rank0.rendezvous_publish(5151)
-    assert rank1.rendezvous_address(timeout=1) == address == "127.0.0.1:5151"
+    assert rank0.gang.node_address() == "127.0.0.1"
+    address = rank0.gang.publish(5151)
+    assert rank1.gang.address(timeout=1) == address == "127.0.0.1:5151"
 
 
 def test_the_base_context_has_no_rendezvous(tmp_path):
-    from components.runtime.context import Context
+    from components.runtime.context import Rendezvous
 
-    assert Context.node_address(ctx(tmp_path)) is None
+    gang = Rendezvous(ctx(tmp_path))  # what a context without the part answers
+    assert gang.node_address() is None and gang.nodes() == []
     with pytest.raises(NotImplementedError):
-        Context.rendezvous_publish(ctx(tmp_path), 1)
+        gang.publish(1)
     with pytest.raises(NotImplementedError):
-        Context.rendezvous_address(ctx(tmp_path), 0.1)
+        gang.address(0.1)
 

@@ -60,9 +60,9 @@ def test_the_context_is_built_from_the_join(tmp_path):
     assert ctx.payload == {"peers": ["/ip4/10.0.0.1/tcp/4000"]} and ctx.public_key == "ab" * 32
     assert (ctx.heartbeat_s, ctx.lease_s, ctx.rank, ctx.world_size) == (10.0, 30.0, 0, 1)
     with pytest.raises(NotImplementedError):
-        ctx.rendezvous_address()
+        ctx.gang.address()
     with pytest.raises(NotImplementedError):
-        ctx.submit_child({"kind": "x"})
+        ctx.children.submit({"kind": "x"})
 
 
 def test_metrics_go_with_the_next_heartbeat_and_only_when_changed(tmp_path, capsys):
@@ -102,21 +102,21 @@ def test_a_failed_heartbeat_keeps_the_metrics_for_the_next(tmp_path):
 def test_credentials_are_asked_once_then_renewed_by_heartbeats(tmp_path):
     plane = Plane(ttl=60.0)
     ctx = context(plane, tmp_path)
-    first = ctx.credential("p2p:QmBox")
+    first = ctx.identity.credential("p2p:QmBox")
     assert first["credential"] == "cred-p2p:QmBox-1" and plane.beats[-1]["subject"] == "p2p:QmBox"
-    assert ctx.credential("p2p:QmBox") == first and len(plane.beats) == 1
+    assert ctx.identity.credential("p2p:QmBox") == first and len(plane.beats) == 1
     ctx.beat()
     assert plane.beats[-1]["subject"] is None  # fresh: nothing to renew
     # Past half its life, the next heartbeat renews it (the oldest first).
     ctx._credentials["p2p:QmBox"].update(issued=time.time() - 50, expires=time.time() + 10)
-    ctx.credential("rsa:abc")
+    ctx.identity.credential("rsa:abc")
     ctx.beat()
     assert plane.beats[-1]["subject"] == "p2p:QmBox"
-    assert ctx.credential("p2p:QmBox")["credential"] == f"cred-p2p:QmBox-{len(plane.beats)}"
+    assert ctx.identity.credential("p2p:QmBox")["credential"] == f"cred-p2p:QmBox-{len(plane.beats)}"
     # A subject the control plane refuses is a ValueError.
     refusing = context(Plane(answers=[400]), tmp_path)
     with pytest.raises(ValueError, match="no credential"):
-        refusing.credential("bad subject")
+        refusing.identity.credential("bad subject")
 
 
 def test_a_stop_answer_stops_the_participant(tmp_path):
@@ -124,7 +124,7 @@ def test_a_stop_answer_stops_the_participant(tmp_path):
     ctx.beat()
     assert ctx.should_stop() and ctx.reason == "evicted by alice"
     with pytest.raises(RuntimeError, match="evicted by alice"):
-        ctx.credential("p2p:QmBox")
+        ctx.identity.credential("p2p:QmBox")
     gone = context(Plane(answers=[404]), tmp_path)
     with pytest.raises(ApiError):
         gone.beat()

@@ -80,10 +80,10 @@ def rank(client, rank: int = 1, address: str = "") -> RemoteContext:
 def test_rank_0_publishes_its_port_and_gets_its_nodes_address():
     client = Rendezvous([])
     ctx = rank(client, 0, address="10.0.0.1")
-    assert ctx.node_address() == "10.0.0.1"
-    assert ctx.rendezvous_publish(29500) == "10.0.0.1:29500"
+    assert ctx.gang.node_address() == "10.0.0.1"
+    assert ctx.gang.publish(29500) == "10.0.0.1:29500"
     assert client.calls == [("POST", "node/attempts/a/rendezvous/", {"node": "n", "token": "t", "port": 29500})]
-    assert rank(client, 0).node_address() is None  # a node that registered no address
+    assert rank(client, 0).gang.node_address() is None  # a node that registered no address
 
 
 def test_the_other_ranks_wait_for_the_address(monkeypatch):
@@ -91,16 +91,16 @@ def test_the_other_ranks_wait_for_the_address(monkeypatch):
 
     monkeypatch.setattr(remote.time, "sleep", lambda seconds: None)
     client = Rendezvous([{"address": None}, 503, {"address": None}, {"address": "10.0.0.1:29500"}])
-    assert rank(client).rendezvous_address(timeout=60) == "10.0.0.1:29500"
+    assert rank(client).gang.address(timeout=60) == "10.0.0.1:29500"
     assert [call[:2] for call in client.calls] == [("GET", "node/attempts/a/rendezvous/")] * 4
     assert client.calls[0][2] == {"node": "n", "token": "t"}
 
 
 def test_a_rank_stops_waiting_when_its_attempt_ended_or_in_time():
     with pytest.raises(RuntimeError, match="no rendezvous"):
-        rank(Rendezvous([{"address": None}, 409])).rendezvous_address(timeout=60)
+        rank(Rendezvous([{"address": None}, 409])).gang.address(timeout=60)
     with pytest.raises(TimeoutError, match="did not publish"):
-        rank(Rendezvous([{"address": None}])).rendezvous_address(timeout=0.3)
+        rank(Rendezvous([{"address": None}])).gang.address(timeout=0.3)
 
 
 def test_a_ranks_log_lines_name_it():

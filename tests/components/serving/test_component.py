@@ -44,24 +44,24 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
                        tokens=[token_digest(TOKEN)])
     thread, errors = start(ctx)
     try:
-        wait_for(lambda: ctx.endpoint is not None or errors)
+        wait_for(lambda: ctx.endpoint.address is not None or errors)
         assert not errors
-        assert ctx.endpoint.startswith("127.0.0.1:")
+        assert ctx.endpoint.address.startswith("127.0.0.1:")
         assert ctx.spec == {"model": {"job": SOURCE_JOB, "entrypoint": None}, "port": 0, "request_timeout_s": 10.0, "max_rows": 1024,
                             "slo_ms": None, "auth": "token", "replicas": 1, "autoscale": None, "emoe": None,
                             "batching": {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0,
                                          "max_queue": 128, "preempt": True}}
-        info = describe(ctx.endpoint, token=TOKEN)
+        info = describe(ctx.endpoint.address, token=TOKEN)
         assert (info["workload"], info["source_job"], info["max_rows"]) == ("mlp-digits", SOURCE_JOB, 1024)
         features, labels = digits_test_set
         # A missing or wrong token is UNAUTHENTICATED, on both methods, and runs nothing.
         for token in (None, "", "sj_wrong", "x" * 5000):
-            for call in (lambda t: predict(ctx.endpoint, features[:1], token=t), lambda t: describe(ctx.endpoint, token=t)):
+            for call in (lambda t: predict(ctx.endpoint.address, features[:1], token=t), lambda t: describe(ctx.endpoint.address, token=t)):
                 with pytest.raises(ServingError) as refused:
                     call(token)
                 assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED, token
         assert "strata job-token create" in str(refused.value) or "not valid" in str(refused.value)
-        answer = predict(ctx.endpoint, features, token=TOKEN)
+        answer = predict(ctx.endpoint.address, features, token=TOKEN)
         served = load_served_model(digits_model)
         import torch
 
@@ -74,7 +74,7 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
 
         def refused_now():
             try:
-                predict(ctx.endpoint, features[:1], token=TOKEN)
+                predict(ctx.endpoint.address, features[:1], token=TOKEN)
             except ServingError as error:
                 return error.code == grpc.StatusCode.UNAUTHENTICATED
             return False
@@ -85,7 +85,7 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
         thread.join(10)
     assert not thread.is_alive() and not errors
     with pytest.raises(ServingError) as caught:
-        predict(ctx.endpoint, features[:1], timeout=2, token=TOKEN)
+        predict(ctx.endpoint.address, features[:1], timeout=2, token=TOKEN)
     assert caught.value.code == grpc.StatusCode.UNAVAILABLE
 
     names = {name for name, _, _ in ctx.metric_points}
@@ -93,8 +93,8 @@ def test_serve_run_publishes_an_endpoint_serves_and_stops_on_request(tmp_path, d
     steps = [step for name, _, step in ctx.metric_points if name == "requests"]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
     messages = [message for _, _, message in ctx.logs]
-    assert any(message.startswith(f"listening on {ctx.endpoint}") for message in messages)
-    assert any(message.startswith(f"serving mlp-digits of job {SOURCE_JOB} on {ctx.endpoint}") for message in messages)
+    assert any(message.startswith(f"listening on {ctx.endpoint.address}") for message in messages)
+    assert any(message.startswith(f"serving mlp-digits of job {SOURCE_JOB} on {ctx.endpoint.address}") for message in messages)
     assert messages[-1].startswith("stopped serving after ") and "errors)" in messages[-1]
 
 
@@ -142,7 +142,7 @@ def test_a_refused_bind_fails_the_attempt_before_the_model_is_loaded(tmp_path, m
                        workdir=tmp_path)
     with pytest.raises(InsecureBindError, match="no authentication"):
         QuickServe().run(ctx)
-    assert ctx.endpoint is None
+    assert ctx.endpoint.address is None
 
 
 # -- the serve session against the session conformance suite -------------------------------------------------

@@ -11,7 +11,7 @@ from support import wait_for
 
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
-from components.runtime.context import DeviceHandle, LocalContext
+from components.runtime.context import DeviceHandle, LocalChildren, LocalContext
 from components.runtime.panels import StaticPanelData
 from components.serving.client import Balancer, ServingError
 from components.serving.endpoint import start_serving
@@ -23,6 +23,14 @@ MODEL = {"job": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}
 AUTO = {"min": 1, "max": 3, "target_attainment": 0.95, "queue_per_replica": 16.0, "period_s": 10.0}
 
 
+class PointsChildren(LocalChildren):
+    """Children that report the metric points the test sets (``ctx.points``)."""
+
+    def metrics(self, job_id, after=0):
+        points = [p for p in self.ctx.points.get(job_id, []) if p["id"] > after]
+        return {**self._child(job_id)["summary"], "points": points, "cursor": points[-1]["id"] if points else after}
+
+
 class Ctx(LocalContext):
     """A LocalContext whose children report metric points (the test sets them)."""
 
@@ -30,12 +38,11 @@ class Ctx(LocalContext):
         super().__init__(**kwargs)
         self.points: dict[str, list[dict]] = {}
 
-    def child_metrics(self, job_id, after=0):
-        points = [p for p in self.points.get(job_id, []) if p["id"] > after]
-        return {**self._child(job_id)["summary"], "points": points, "cursor": points[-1]["id"] if points else after}
+    def parts(self):
+        return (PointsChildren(self), *super().parts()[1:])
 
     def set_child(self, job_id, **fields):
-        self._child(job_id)["summary"].update(fields)
+        self.children._child(job_id)["summary"].update(fields)
 
 
 class Clock:
@@ -75,18 +82,18 @@ def test_the_controller_keeps_the_count_and_replaces_a_replica_that_ended(tmp_pa
     session = ServeSession(ctx, spec)
     controller = ReplicaController(ctx, spec, lambda: stats(), session.replica_job)
     controller.tick()
-    children = ctx.children()
+    children = ctx.children.list()
     assert len(children) == 2 and [e["idempotency_key"] for e in ctx.child_jobs] == [
         "deploy-1:replica:0", "deploy-1:replica:1"]
     body = ctx.child_jobs[0]["job"]
     assert body["kind"] == "serve" and body["resources"] == {"gpus": 0.25}
     assert body["spec"]["replicas"] == 1 and body["spec"]["autoscale"] is None and body["spec"]["model"] == {**MODEL, "entrypoint": None}
     controller.tick()
-    assert len(ctx.children()) == 2  # nothing more
+    assert len(ctx.children.list()) == 2  # nothing more
     ctx.set_child(children[0]["id"], state="FAILED")
     controller.tick()
     assert [e["idempotency_key"] for e in ctx.child_jobs][-1] == "deploy-1:replica:2"
-    assert len([c for c in ctx.children() if c["state"] != "FAILED"]) == 2
+    assert len([c for c in ctx.children.list() if c["state"] != "FAILED"]) == 2
 
 
 def test_autoscaling_up_on_missed_deadlines_and_down_when_calm(tmp_path):
@@ -97,24 +104,24 @@ def test_autoscaling_up_on_missed_deadlines_and_down_when_calm(tmp_path):
     controller = ReplicaController(ctx, spec, lambda: own["value"], lambda: {"kind": "serve", "spec": {}},
                                    clock=clock)
     controller.tick()
-    assert ctx.children() == []  # one replica: this one
+    assert ctx.children.list() == []  # one replica: this one
     own["value"] = stats(ok=50, missed=50)  # half the requests missed their deadline
     clock.now = 6
     controller.tick()
-    assert controller.want == 2 and len(ctx.children()) == 1
-    child = ctx.children()[0]["id"]
+    assert controller.want == 2 and len(ctx.children.list()) == 1
+    child = ctx.children.list()[0]["id"]
     # The new replica is not running yet: however bad it gets, no third one.
     own["value"] = stats(ok=60, missed=100)
     clock.now = 12
     controller.tick()
-    assert controller.want == 2 and len(ctx.children()) == 1
+    assert controller.want == 2 and len(ctx.children.list()) == 1
     ctx.set_child(child, state="RUNNING", endpoint="127.0.0.1:1")
     ctx.points[child] = [{"id": 1, "name": "answered_ok", "value": 10.0}, {"id": 2, "name": "missed", "value": 30.0},
                          {"id": 3, "name": "queue_depth", "value": 40.0}]
     own["value"] = stats(ok=70, missed=150)
     clock.now = 18
     controller.tick()
-    assert controller.want == 3 and len([c for c in ctx.children() if c["state"] != "CANCELLED"]) == 2
+    assert controller.want == 3 and len([c for c in ctx.children.list() if c["state"] != "CANCELLED"]) == 2
     # Calm: every request on time and short queues, two windows in a row: one replica goes, the newest.
     for step, now in enumerate((24, 30)):
         ctx.points[child].extend([{"id": 10 + 3 * step, "name": "answered_ok", "value": 200.0 + 100 * step},
@@ -123,7 +130,7 @@ def test_autoscaling_up_on_missed_deadlines_and_down_when_calm(tmp_path):
         clock.now = now
         controller.tick()
     assert controller.want == 2
-    states = [c["state"] for c in ctx.children()]
+    states = [c["state"] for c in ctx.children.list()]
     assert states == ["RUNNING", "CANCELLED"]
     assert any("autoscale: 3 -> 2" in message for _, _, message in ctx.logs)
 

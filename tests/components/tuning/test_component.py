@@ -9,12 +9,34 @@ import math
 
 import pytest
 
-from components.runtime.context import DeviceHandle, LocalContext
+from components.runtime.context import Children, DeviceHandle, LocalContext
 from components.tuning.component import Engine
 from components.tuning.spec import TuneSpec
 
 CURVES = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "curves.json").read_text())["curves"]
 NAMES = sorted(CURVES)
+
+
+class SimulatedChildren(Children):
+    """``ctx.children`` of the simulated cluster: the control plane's side, in SimulatedCluster."""
+
+    def submit(self, job, idempotency_key=None, *, nested=False, checkpoint_from=None):
+        return self.ctx.submit_child(job, idempotency_key, nested=nested, checkpoint_from=checkpoint_from)
+
+    def cancel(self, job_id):
+        return self.ctx.cancel_child(job_id)
+
+    def hold(self, job_id, reason=""):
+        return self.ctx.hold_child(job_id, reason)
+
+    def release(self, job_id, reason=""):
+        return self.ctx.release_child(job_id, reason)
+
+    def resize(self, job_id, resources, reason=""):
+        return self.ctx.resize_child(job_id, resources, reason)
+
+    def metrics(self, job_id, after=0):
+        return self.ctx.child_metrics(job_id, after)
 
 
 class SimulatedCluster(LocalContext):
@@ -31,6 +53,9 @@ class SimulatedCluster(LocalContext):
         self.fail = fail or set()
         self.peak = 0.0
         self.resizes = 0
+
+    def parts(self):
+        return (SimulatedChildren(self), *super().parts()[1:])
 
     # -- the control plane's side ---------------------------------------------------------------------------
     def submit_child(self, job, idempotency_key=None, *, nested=False, checkpoint_from=None):

@@ -444,15 +444,15 @@ def test_a_participant_session_joins_heartbeats_and_leaves(swarm, monkeypatch, t
         assert ctx.beat()["state"] == "run"
         stored = Participant.objects.get(pk=ctx.participant_id)
         assert stored.metrics == {"loss": 0.25, "step": 7.0} and stored.info == {"version": 1}
-        answer = ctx.credential("p2p:QmBox")
+        answer = ctx.identity.credential("p2p:QmBox")
         claims, problem = verify(answer["credential"], ctx.public_key, job=ctx.job_id, subject="p2p:QmBox")
         assert problem is None and claims["holder"] == f"participant {ctx.participant_id}"
-        assert ctx.credential("p2p:QmBox") == answer  # still fresh: no new heartbeat needed
+        assert ctx.identity.credential("p2p:QmBox") == answer  # still fresh: no new heartbeat needed
         job_token_revoke(swarm["token"], user=swarm["alice"])
         ctx.beat()
         assert ctx.should_stop() and "was revoked" in ctx.reason
         with pytest.raises(RuntimeError, match="the participant stops"):
-            ctx.credential("p2p:Another")
+            ctx.identity.credential("p2p:Another")
     assert Participant.objects.get(pk=ctx.participant_id).state == "stopped"  # leaving changed nothing
 
     with pytest.raises(ApiError, match="HTTP 401: the access token is not valid"):
