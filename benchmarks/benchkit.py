@@ -30,8 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from components.runtime.panels import finite
-from components.runtime.stats import percentile  # the one definition (the product's figures use it too)
+from components.runtime.contract.panels import finite
+from components.runtime.shared.stats import (
+    percentile,  # the one definition (the product's figures use it too)
+)
 
 FIGURE_KEYS = ("figure", "mechanism", "baseline", "unit", "ratio", "target", "met")
 

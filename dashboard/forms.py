@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from django.conf import settings
 
-from components.runtime.registry import get_kind
+from components.runtime.contract.registry import get_kind
 from strata.api.values import value_problems
 from strata.jobs.api.serializers import SUBMIT_FIELDS, JobSubmitSerializer
 from strata.jobs.selectors import SubmitTeamError, submit_team

@@ -1,6 +1,6 @@
 """Component panels on dashboard pages: the render loop (the database-backed PanelData is strata.jobs.panel_data).
 
-Components declare panels on their ``KindSpec.panels`` (see :mod:`components.runtime.panels`); this module is the
+Components declare panels on their ``KindSpec.panels`` (see :mod:`components.runtime.contract.panels`); this module is the
 only place the dashboard touches them, so a new component's panels appear without editing any page.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from components.runtime import registry
-from components.runtime.panels import (
+from components.runtime.contract import registry
+from components.runtime.contract.panels import (
     PanelData,
     finite,  # noqa: F401 - the one definition, used here and by views
 )

@@ -271,7 +271,7 @@ def login_clock(db, login_policy, monkeypatch):
 def install_plugins(monkeypatch):
     """``install_plugins(*paths)``: the registry as if these ``"module:PLUGIN"`` manifests were installed next to
     the built-ins (reloaded now, and again after the test)."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     def install(*paths: str) -> None:
         monkeypatch.setattr(registry, "BUILTIN_PLUGINS", (*registry.BUILTIN_PLUGINS, *paths))

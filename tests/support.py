@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from components.runtime.conformance import wait_for  # the one definition, shipped with the suites
+from components.runtime.testing.conformance import wait_for  # the one definition, shipped with the suites
 
 
 def free_port() -> int:

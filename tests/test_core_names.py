@@ -1,7 +1,7 @@
 """The core names no plugin: the check docs/architecture.md and docs/plugins.md state.
 
 In every .py, .html, .js and .css file under platform/, dashboard/ and components/runtime/, except database
-migrations (history) and the BUILTIN_PLUGINS tuple of components/runtime/registry.py, the case-sensitive regular
+migrations (history) and the BUILTIN_PLUGINS tuple of components/runtime/contract/registry.py, the case-sensitive regular
 expression ``\\b(NAMES)\\b`` matches nothing, where NAMES are the built-in plugins' names and job kinds (today
 ``train|serve|serving|gpushare|tune|tuning``): a new built-in plugin is covered by the check as soon as it is
 listed.
@@ -18,7 +18,7 @@ SUFFIXES = {".py", ".html", ".js", ".css"}
 
 
 def _builtin_names() -> list[str]:
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     names = set()
     for loaded in registry.plugins().values():
@@ -43,7 +43,7 @@ def test_the_core_names_no_plugin():
     found = []
     for path in core_files():
         text = path.read_text(errors="replace")
-        if path == ROOT / "components" / "runtime" / "registry.py":
+        if path == ROOT / "components" / "runtime" / "contract" / "registry.py":
             text = BUILTINS.sub(lambda match: "\n" * match.group(0).count("\n"), text)
         for number, line in enumerate(text.splitlines(), 1):
             if NAMES.search(line):
@@ -54,7 +54,7 @@ def test_the_core_names_no_plugin():
 def test_the_check_sees_the_core_and_the_builtin_list():
     assert {"train", "serve", "serving", "gpushare", "tune", "tuning"} <= set(_builtin_names())
     files = list(core_files())
-    assert ROOT / "components" / "runtime" / "agent.py" in files
+    assert ROOT / "components" / "runtime" / "node" / "agent.py" in files
     assert any(path.suffix == ".html" for path in files) and any(path.suffix == ".js" for path in files)
-    registry = (ROOT / "components" / "runtime" / "registry.py").read_text()
+    registry = (ROOT / "components" / "runtime" / "contract" / "registry.py").read_text()
     assert NAMES.search(BUILTINS.search(registry).group(0))  # the one place that names them, and only there

@@ -37,8 +37,8 @@ def test_every_table_is_on_a_page():
 
 
 def test_the_tables_list_what_the_code_holds(tables):
-    from components.runtime import registry
-    from components.runtime.plugins import seams
+    from components.runtime.contract import registry
+    from components.runtime.contract.plugins import seams
 
     assert all(f"`{seam}`" in tables["seams"] for seam, _ in seams())
     builtin = [loaded.name for loaded in registry.plugins().values() if loaded.source in registry.BUILTIN_PLUGINS]

@@ -95,7 +95,7 @@ def steps(ctx) -> None:
 def bench_job() -> tuple[str, dict]:
     """``(kind, spec)`` of a job that runs :func:`noop`: the first registered kind that can run a bare function
     (``KindSpec.entrypoint_spec``)."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     for kind, spec in registry.kinds().items():
         found = spec.entrypoint_spec(NOOP)
@@ -145,7 +145,7 @@ def _wait_started(client, job_ids: list[str], timeout: float) -> dict[str, dict]
 def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> dict:
     """Start a stack on ``backend`` ("embedded" or "postgres+redis"), submit ``jobs`` short jobs at ``rate``
     per second, and return submit -> RUNNING statistics."""
-    from components.runtime.client import ControlPlaneClient
+    from components.runtime.client.client import ControlPlaneClient
 
     home = Path(tempfile.mkdtemp(prefix=f"strata-bench-{backend.replace('+', '-')}-"))
     extra_env, database, prefix = {}, None, None
@@ -208,7 +208,7 @@ def measure_latency(backend: str, jobs: int, rate: float, virtual_gpus: int) -> 
 # --- the sandbox's cost: start and step time of a job's own code, with and without it ---------------------------
 
 def _entrypoint_body(name: str, function: str) -> dict:
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     for kind, spec in registry.kinds().items():
         found = spec.entrypoint_spec(function)
@@ -238,8 +238,8 @@ def measure_sandbox(jobs: int) -> dict:
     """``jobs`` start probes and 2 step probes, run one at a time (entry points: a job's own code, so the node
     sandboxes them), on a node with the sandbox off and on (``STRATA_SANDBOX``). Start = when the job's code began
     minus the attempt's ``started_at`` (its claim): the worker's preparation, the process, bwrap, Python."""
-    from components.runtime import sandbox
-    from components.runtime.client import ControlPlaneClient
+    from components.runtime.client.client import ControlPlaneClient
+    from components.runtime.node import sandbox
 
     modes = ["none"] + (["bwrap"] if sandbox.resolve_mode("auto") == "bwrap" else [])
     out: dict = {"jobs": jobs, "modes": {}}
@@ -283,7 +283,7 @@ def measure_sandbox(jobs: int) -> dict:
 def measure_sandbox_spawn(runs: int = 30) -> dict:
     """What bwrap itself adds to starting a process, without the rest of an attempt's start around it: ``python -I
     -c pass`` spawned and waited for, plain and in a sandbox laid out as a worker lays one out, alternated."""
-    from components.runtime import sandbox
+    from components.runtime.node import sandbox
 
     root = Path(tempfile.mkdtemp(prefix="strata-bench-spawn-"))
     work = root / "state" / "work" / "a-0"

@@ -7,7 +7,7 @@ process plays a node through the real HTTP protocol: it registers a node with th
 device), submits a job with the stack's user token, takes the attempt the scheduler placed on that node and its
 fencing token (what the broker's dispatch carries; read here from the stack's database, as no worker consumes the
 node's queue), claims it (``node/attempts/ID/claim/``), and keeps its lease with full heartbeats that list the
-attempt. Every transfer is then :func:`components.runtime.transfers.upload` / ``download`` with that attempt's
+attempt. Every transfer is then :func:`components.runtime.client.transfers.upload` / ``download`` with that attempt's
 ``node=&token=`` fencing, as the node's worker calls them.
 
 1. **Checkpoint write** of 1 GiB (quick: 256 MiB) of incompressible bytes from a local file, MiB/s:
@@ -115,7 +115,7 @@ class Node:
 
     def __init__(self, stack, credentials: dict):
         from benchmarks.core.control_plane import bench_job
-        from components.runtime.client import ControlPlaneClient
+        from components.runtime.client.client import ControlPlaneClient
 
         self.client = ControlPlaneClient(stack.url, credentials["node_token"], retries=3, timeout=600)
         name = f"bench-storage-{uuid.uuid4().hex[:6]}"
@@ -195,12 +195,12 @@ class StorageStack:
         return self.stack.process.pid
 
     def upload(self, path: Path, name: str = "bench.ckpt") -> dict:
-        from components.runtime import transfers
+        from components.runtime.client import transfers
 
         return transfers.upload(self.node.client, self.node.base, self.node.auth, path, name, "checkpoint")
 
     def download(self, target: Path) -> None:
-        from components.runtime import transfers
+        from components.runtime.client import transfers
 
         if not transfers.download(self.node.client, f"{self.node.base}checkpoint/", self.node.auth, target):
             raise RuntimeError("the attempt's checkpoint was not found")
@@ -227,7 +227,7 @@ def _random_file(path: Path, size: int) -> Path:
 
 
 def _same(a: Path, b: Path) -> bool:
-    from components.runtime.transfers import file_digest
+    from components.runtime.client.transfers import file_digest
 
     return a.stat().st_size == b.stat().st_size and file_digest(a) == file_digest(b)
 

@@ -83,7 +83,7 @@ def seed_raw(root: Path, definition: dict[str, Any]) -> None:
 
 # -- one way, in a process of its own ----------------------------------------------------------------------------
 def _timed_context(spec: dict[str, Any], workdir: Path, began: float):
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
 
     class Timed(LocalContext):
         curve: list[list[float]] = []

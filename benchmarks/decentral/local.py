@@ -1,6 +1,6 @@
 """A swarm of local peers, each its own process on 127.0.0.1, for tests, benchmarks and demos (node side).
 
-Credentials come from a key this harness holds (``components.runtime.credentials.sign_with``), as the control
+Credentials come from a key this harness holds (``components.runtime.shared.credentials.sign_with``), as the control
 plane's would: a peer started with ``credentialed=False`` gets none and cannot join. Every peer writes its summary
 (:meth:`SwarmPeer.summary` plus its last swarm view) to ``<workdir>/<name>.json`` when it ends; :meth:`kill` sends
 SIGKILL (a crash), :meth:`close` stops and reaps every process.
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.runtime.credentials import public_key_hex, sign_with
+from components.runtime.shared.credentials import public_key_hex, sign_with
 
 DEFAULT_SPEC: dict[str, Any] = {"model": "tiny", "steps": 300, "batch_size": 16, "lr": 3e-3, "seed": 0,
                                 "peers": {"min": 2, "max": 16}, "averaging": {"period_s": 2.0, "max_update_ratio": 10.0},

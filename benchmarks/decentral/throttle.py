@@ -1,6 +1,6 @@
 """Real throttled network links: a token bucket and a TCP proxy that charges every byte to it (node side, stdlib).
 
-:class:`components.runtime.distributed.Link` turns a byte count into a sleep; the links here carry the real
+:class:`components.runtime.contract.distributed.Link` turns a byte count into a sleep; the links here carry the real
 bytes. A :class:`ThrottledProxy` listens on an explicit address (127.0.0.1 unless told otherwise) and forwards
 each connection it accepts to one target, charging the bytes of each direction to that direction's
 :class:`TokenBucket` -- one bucket per direction, shared by every connection through the proxy, so the proxy is

@@ -145,7 +145,7 @@ def make_model(directory: Path, steps: int) -> dict[str, Any]:
     (``TrainLoop.finish`` -> ``_store_results``); returns its path and what it serves."""
     import torch
 
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.serving.model import load_served_model
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec

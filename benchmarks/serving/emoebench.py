@@ -60,7 +60,7 @@ def run(quick: bool = False, *, say=None, sizes: dict[str, Any] | None = None) -
     import torch
 
     from benchmarks.serving.bench import SOURCE_JOB
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.serving.emoe import ExpertPlacement
     from components.serving.model import load_served_model
     from components.train.loop import TrainLoop

@@ -61,7 +61,7 @@ def make_model(directory: Path, workload: str, steps: int, **fields: Any) -> dic
     """Train built-in ``workload`` for ``steps`` steps and store its ``model.pt`` as a train job does."""
     import torch
 
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.serving.model import load_served_model
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec

@@ -80,7 +80,7 @@ def _worker(rank: int, world: int, workdir: str, spec: dict[str, Any]) -> None:
     """One rank: the train loop through the strategy runtime; rank 0 writes what the figures need."""
     import torch
 
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec
     from components.train.workloads import builtin_workload

@@ -132,7 +132,7 @@ class LocalCluster:
         return response.json()
 
     def push(self, directory: Path) -> str:
-        from components.runtime import bundles
+        from components.runtime.shared import bundles
 
         with tempfile.TemporaryFile() as archive:
             bundles.pack(directory, archive, max_bytes=2**30)
@@ -236,7 +236,7 @@ def _all(cluster: LocalCluster, path: str) -> list[dict]:
 def _ddp_with_torchrun(epochs: int, node_env: dict[str, str], work: Path) -> float:
     """The same script under torchrun in a virtual environment with its requirements (pip, the same index)."""
     env_dir = work / "torchrun-env"
-    from components.runtime.project import build_environment
+    from components.runtime.node.project_cache import build_environment
 
     if not env_dir.exists():
         previous = {k: os.environ.get(k) for k in node_env}
@@ -258,7 +258,7 @@ def _ddp_with_torchrun(epochs: int, node_env: dict[str, str], work: Path) -> flo
                               "STRATA_OUTPUT_DIR": str(directory / "output")})
     if out.returncode != 0:
         raise RuntimeError(f"torchrun failed: {out.stderr[-500:]}")
-    from components.runtime.project import parse_report
+    from components.runtime.contract.project import parse_report
 
     values = [(step, found[0]["step_seconds"]) for line in out.stdout.splitlines()
               if (found := parse_report(line)) and (step := found[1]) and "step_seconds" in found[0]]

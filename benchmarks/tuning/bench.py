@@ -217,7 +217,7 @@ class StrataSweeps:
         from pathlib import Path
 
         from benchmarks.stack import Stack, free_port
-        from components.runtime.client import ControlPlaneClient
+        from components.runtime.client.client import ControlPlaneClient
 
         self.gpus = gpus
         self.home = Path(tempfile.mkdtemp(prefix="strata-bench-tuning-"))
@@ -319,7 +319,7 @@ def train_trial(params: dict[str, Any], *, workload: str, iterations: int, workd
     import contextlib
     from pathlib import Path
 
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec
     from components.train.workloads import builtin_workload

@@ -18,10 +18,10 @@ import copy
 from pathlib import Path
 from typing import Any, ClassVar
 
-from components.runtime.collections import Collection, RecordContext, name_problem
-from components.runtime.data import DATA_COLLECTION, DATA_NAME, recipe_key
-from components.runtime.panels import PanelData
-from components.runtime.spec import Checker, SpecError
+from components.runtime.contract.collections import Collection, RecordContext, name_problem
+from components.runtime.contract.data import DATA_COLLECTION, DATA_NAME, recipe_key
+from components.runtime.contract.panels import PanelData
+from components.runtime.contract.spec import Checker, SpecError
 
 PLUGIN = "datacache"
 FORMAT_VERSION = 1
@@ -280,7 +280,7 @@ def source_path(definition: dict[str, Any]) -> Path:
     mount = uploaded_mount(source)
     if mount is None:
         return Path(source["path"])
-    from components.runtime.data import data_set_path
+    from components.runtime.contract.data import data_set_path
 
     root = data_set_path(str(mount["digest"]))
     return root / str(mount["file"]) if mount.get("format") == "file" and mount.get("file") else root

@@ -1,6 +1,6 @@
 """The scheduler's locality preference: place a job where the node's cache already holds its pipeline.
 
-A :class:`~components.runtime.policies.PlacementScore` hook: among the places that fit a job *now*, nodes whose
+A :class:`~components.runtime.contract.policies.PlacementScore` hook: among the places that fit a job *now*, nodes whose
 datacache report lists entries of the job's pipeline score lower (better), more entries lower still. It only
 orders places that fit; it never keeps a job waiting for a particular node, so locality is a preference and
 never a reason to wait.
@@ -9,7 +9,7 @@ never a reason to wait.
 from __future__ import annotations
 
 from components.datacache.datasets import PLUGIN, dataset_pipeline
-from components.runtime.policies import Candidate, PlacementScore, QueuedJob
+from components.runtime.contract.policies import Candidate, PlacementScore, QueuedJob
 
 
 class PreferCachedPipeline(PlacementScore):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from components.datacache.report import DataCacheReport
-from components.runtime.plugins import Sample
+from components.runtime.contract.plugins import Sample
 
 COUNTER_HELP = {
     "hits": "Cache lookups that found the prepared samples.",

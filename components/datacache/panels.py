@@ -11,7 +11,7 @@ import datetime
 from typing import Any, ClassVar
 
 from components.datacache.report import PLUGIN, hit_rate
-from components.runtime.panels import Panel, PanelData, finite
+from components.runtime.contract.panels import Panel, PanelData, finite
 
 
 def _reads_dataset(job: dict[str, Any]) -> bool:

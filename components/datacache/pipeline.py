@@ -289,7 +289,7 @@ def worker_pool(workers: int) -> ProcessPoolExecutor | None:
     import multiprocessing
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from components.runtime.services import set_parent_death_signal
+    from components.runtime.contract.services import set_parent_death_signal
 
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=set_parent_death_signal)

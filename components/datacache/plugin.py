@@ -2,7 +2,7 @@
 node-local disk, shared by every job on the node; a data provider streams epochs to train's ``cnn-dataset``
 workload (``data: {dataset, cache, perfect}``); datasets are a collection at ``/api/v1/datasets/``."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="datacache",

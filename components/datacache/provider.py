@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from components.datacache.datasets import BUILTINS, resolve_dataset, uploaded_mount
-from components.runtime.data import DataProvider, EpochSource
-from components.runtime.spec import SpecError
+from components.runtime.contract.data import DataProvider, EpochSource
+from components.runtime.contract.spec import SpecError
 
 PERFECT_FIELDS = {"reuse", "switch", "target", "metric"}
 MAX_WORKERS = 32

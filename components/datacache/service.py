@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.datacache.store import BYTES_ENV, DIR_ENV, CacheStore, default_budget
-from components.runtime.services import NodeInfo, NodeService
+from components.runtime.contract.services import NodeInfo, NodeService
 
 log = logging.getLogger("strata.datacache")
 REPORTED_ENTRIES = 100

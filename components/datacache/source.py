@@ -41,7 +41,7 @@ import numpy as np
 from components.datacache import pipeline as pipelines
 from components.datacache.datasets import pipeline_id
 from components.datacache.store import CacheStore
-from components.runtime.data import EpochSource, recipe_key
+from components.runtime.contract.data import EpochSource, recipe_key
 
 log = logging.getLogger("strata.datacache")
 

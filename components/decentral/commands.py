@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any, ClassVar
 
-from components.runtime.plugins import Command
+from components.runtime.contract.plugins import Command
 
 
 class PeerCommand(Command):
@@ -55,7 +55,7 @@ def join_swarm(url: str, job: str, token: str, *, name: str = "", gpus: float = 
 
     from components.decentral.component import peer_config
     from components.decentral.peer import PeerIO, SwarmPeer
-    from components.runtime.participant import ParticipantSession
+    from components.runtime.client.participant import ParticipantSession
 
     name = name or socket.gethostname().split(".")[0][:40] or "volunteer"
     with ParticipantSession(url, job, token, name=name, gpus=gpus, info={"host": host}, workdir=workdir) as ctx:

@@ -18,7 +18,7 @@ import torch
 
 from components.decentral.peer import PeerConfig, PeerIO, SwarmPeer
 from components.decentral.spec import PLUGIN
-from components.runtime.component import Component
+from components.runtime.contract.component import Component
 
 CHECKPOINT_EVERY_S = 60.0
 

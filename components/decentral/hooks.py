@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from components.runtime.policies import FailurePolicy, LostAttempt, NodeLoss
+from components.runtime.contract.policies import FailurePolicy, LostAttempt, NodeLoss
 
 
 class SwarmCarriesOn(FailurePolicy):

@@ -116,7 +116,7 @@ class PeerIO:
 
 def credential_verifier(public_key: str, job: str) -> Callable[[str, str], str | None]:
     """``check(credential, subject) -> None | reason`` for this job's credentials."""
-    from components.runtime.credentials import verify
+    from components.runtime.shared.credentials import verify
 
     def check(credential: str, subject: str) -> str | None:
         if not isinstance(credential, str) or not credential:

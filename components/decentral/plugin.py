@@ -9,7 +9,7 @@
   ``strata bench decentral``.
 """
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="decentral",

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.runtime.plugins import ReportError, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportSchema
+from components.runtime.shared.units import finite_number
 
 LIMITS = {"peers": 256, "rounds": 64, "rejections": 64, "maddrs": 16}
 MAX_DEPTH = 6

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.spec import Checker, KindSpec, SpecError
+from components.runtime.contract.spec import Checker, KindSpec, SpecError
 
 KIND = "decentralized-train"
 PLUGIN = "decentral"

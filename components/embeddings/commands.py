@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, ClassVar
 
-from components.runtime.plugins import Command
+from components.runtime.contract.plugins import Command
 
 
 def _bytes(value: Any) -> str:

@@ -37,8 +37,8 @@ from typing import Any, ClassVar
 import torch
 
 from components.embeddings.spec import KIND, PLUGIN, CompressEmbeddingsSpec
-from components.runtime.component import Component
-from components.runtime.context import Context
+from components.runtime.contract.component import Component
+from components.runtime.contract.context import Context
 
 USER_FORMAT = "strata-clustered-embeddings/1"
 MAX_FINETUNE_EPOCHS = 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from components.embeddings.spec import KIND, PLUGIN
-from components.runtime.panels import Panel, PanelData, finite
+from components.runtime.contract.panels import Panel, PanelData, finite
 
 DASH = "—"
 NO_REPORT = "No compression report yet: the job has not started compressing."

@@ -8,7 +8,7 @@
 - Panels (summary, per field), a report schema, the ``embeddings`` CLI verb and ``strata bench embeddings``.
 """
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="embeddings",

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from typing import Any
 
 from components.embeddings.spec import ARTIFACTS, DLRM_WORKLOADS
-from components.runtime.plugins import ReportError, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportSchema
+from components.runtime.shared.units import finite_number
 
 PHASES = ("loading", "clustering", "evaluating", "finetuning", "done")
 MAX_FIELDS = 1024

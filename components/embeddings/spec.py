@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from components.runtime.spec import Checker, KindSpec, SourceRef
+from components.runtime.contract.spec import Checker, KindSpec, SourceRef
 
 KIND = "compress-embeddings"
 PLUGIN = "embeddings"

@@ -19,7 +19,7 @@ import torch
 
 from components.embeddings.datasets import CTRData, load_dataset
 from components.embeddings.model import DLRM, evaluate, step
-from components.runtime.data import prepare
+from components.runtime.contract.data import prepare
 from components.train.workloads import TorchWorkload, generator, make_optimizer
 
 EMBEDDING_DIM = 32

@@ -54,7 +54,7 @@ from components.gpushare.lanes import Admission, LaneAllocator, MemoryRequest, p
 from components.gpushare.memory import EphemeralMeter, persistent_bytes
 from components.gpushare.policies import JobView, Policy, get_policy
 from components.gpushare.sessions import Progress, Session, as_session
-from components.runtime.stats import percentile
+from components.runtime.shared.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class DeviceExecutor:
     """The execution service of one device. See the module docstring for the mechanism.
 
     ``device``: ``"cpu"`` (a virtual GPU), ``"cuda:N"``, a ``torch.device`` or a
-    :class:`~components.runtime.context.DeviceHandle`. ``memory_budget``: bytes (or ``"6GiB"``); default the
+    :class:`~components.runtime.contract.context.DeviceHandle`. ``memory_budget``: bytes (or ``"6GiB"``); default the
     handle's memory, the CUDA device's total, or 8 GiB for a virtual GPU. ``policy``: a name or a
     :class:`~components.gpushare.policies.Policy`. ``measure_iterations``: how many first iterations of
     each job run under the allocation meter on a virtual GPU (CUDA measures every iteration).

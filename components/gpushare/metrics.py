@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from components.gpushare.report import GpuShareReport
-from components.runtime.plugins import Sample
+from components.runtime.contract.plugins import Sample
 
 
 def metrics(report: Any) -> Iterator[Sample]:

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.runtime.protocol import HostAddress, call, read_authkey, socket_path
-from components.runtime.services import NodeInfo, ProcessService
+from components.runtime.contract.services import NodeInfo, ProcessService
+from components.runtime.shared.protocol import HostAddress, call, read_authkey, socket_path
 
 log = logging.getLogger("strata.gpushare.node")
 

@@ -12,7 +12,7 @@ import time
 from typing import Any, ClassVar
 
 from components.gpushare.report import attempt_measurement, read, sharing_view
-from components.runtime.panels import Panel, PanelData
+from components.runtime.contract.panels import Panel, PanelData
 
 WINDOW_SECONDS = 600  # the cluster timeline shows the last 10 minutes
 MAX_BARS = 4000  # slices drawn on the cluster timeline (the newest)

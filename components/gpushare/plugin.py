@@ -2,7 +2,7 @@
 device, reports what the services do, shows it on the job and cluster pages, lends what they measured to the
 scheduler (a shared job reserves its measured memory), and measures itself."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="gpushare",

@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from components.runtime.plugins import ReportError, ReportParts, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportParts, ReportSchema
+from components.runtime.shared.units import finite_number
 
 PLUGIN = "gpushare"
 MAX_DEVICES = 64

@@ -6,12 +6,12 @@ services measure each attempt (the ``gpushare`` report's per-attempt peak, store
 to the first attempt of a job with the same kind and spec (a sweep resubmits one spec many times, and such
 jobs have the same memory profile).
 
-Light: standard library and components.runtime.policies only (the control plane imports it).
+Light: standard library and components.runtime.contract.policies only (the control plane imports it).
 """
 
 from __future__ import annotations
 
-from components.runtime.policies import Demand, Estimate, ResourceEstimate
+from components.runtime.contract.policies import Demand, Estimate, ResourceEstimate
 
 # What a shared job reserves beyond its measured peak (allocator fragmentation, a larger batch at an epoch's end).
 MEASURED_HEADROOM = 1.1

@@ -12,7 +12,7 @@ until its first job). It listens on a unix socket
 an ``op``; every request gets exactly one reply dict:
 
 - ``run`` ``{"payload": <the attempt payload: claim + server, node_token, node, fencing_token, rank, device>}``:
-  builds the attempt's context with :func:`~components.runtime.context.context_from_payload` (as the child
+  builds the attempt's context with :func:`~components.runtime.client.remote.context_from_payload` (as the child
   process does) and asks the kind's component for its session (``component.session(ctx, hosted=True)``;
   no kind is named here). A step-at-a-time session (a ``train`` attempt's
   :class:`~components.train.sessions.TrainLoopSession`) is submitted to the executor with its measured
@@ -25,7 +25,7 @@ an ``op``; every request gets exactly one reply dict:
   itself), a spec that does not validate, a missing input, or a request that can never fit. When the job
   ends and its session settled (uploads stored, endpoint stopped), the service closes its context (flushing
   logs and metrics) and then sends one more message on the same connection:
-  :func:`components.runtime.protocol.done_event` (``state``: succeeded|stopped|failed|cancelled|lost). The
+  :func:`components.runtime.shared.protocol.done_event` (``state``: succeeded|stopped|failed|cancelled|lost). The
   caller (the worker's AttemptRunner) reports ``finish``: exactly once. If that connection closes before the
   end (the worker died), the job is asked to stop.
 - ``cancel`` ``{"attempt", "hard": False}``: ask the job to stop at its next iteration boundary; the loop
@@ -41,7 +41,7 @@ others; the node agent restarts the service and the worker reports the attempts 
 ``service_lost`` (the control plane requeues them without counting a failure, up to three times per job).
 
 Tests can pass ``--local-root DIR``: attempts then report to a
-:class:`~components.runtime.context.LocalContext` under ``DIR/<attempt>`` instead of the control plane.
+:class:`~components.runtime.contract.context.LocalContext` under ``DIR/<attempt>`` instead of the control plane.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from components.runtime.component import Session
-from components.runtime.protocol import End, call, connect, done_event, read_authkey, socket_path
-from components.runtime.services import set_parent_death_signal
+from components.runtime.contract.component import Session
+from components.runtime.contract.services import set_parent_death_signal
+from components.runtime.shared.protocol import End, call, connect, done_event, read_authkey, socket_path
 
 __all__ = ["DeviceService", "call", "connect", "main", "read_authkey", "socket_path"]
 
@@ -84,7 +84,7 @@ _ENDED = {"succeeded", "failed", "cancelled", "rejected"}
 class _Attempt:
     attempt_id: str
     ctx: Any
-    session: Any  # the attempt's Session (components.runtime.component.Session), from its component
+    session: Any  # the attempt's Session (components.runtime.contract.component.Session), from its component
     send: Any  # callable sending one message to the connection that submitted the job
     acked: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
@@ -124,7 +124,7 @@ class DeviceService:
                 import torch
 
                 from components.gpushare.executor import DeviceExecutor
-                from components.runtime.component import torch_threads
+                from components.runtime.contract.component import torch_threads
 
                 torch.set_num_threads(torch_threads())
                 device = f"cuda:{self.device_index}" if self.kind == "cuda" else "cpu"
@@ -159,13 +159,13 @@ class DeviceService:
     def run(self, payload: dict, send, owned: list[str]) -> tuple[dict, Any]:
         """Host one attempt: its component's session (``component.session(ctx, hosted=True)``), submitted to
         this device's executor as step-at-a-time work, or attached to it by the session itself (its
-        :meth:`~components.runtime.component.Session.attach` hook: a serving endpoint, say). Declined (the
+        :meth:`~components.runtime.contract.component.Session.attach` hook: a serving endpoint, say). Declined (the
         worker then runs it in a child process) when the kind is not hostable, the session cannot be built
-        here (:class:`~components.runtime.component.NotHostable`, a bad spec, a missing input), or the
+        here (:class:`~components.runtime.contract.component.NotHostable`, a bad spec, a missing input), or the
         executor can never fit it."""
-        from components.runtime.component import NotHostable
-        from components.runtime.context import context_from_payload
-        from components.runtime.registry import load_component
+        from components.runtime.client.remote import context_from_payload
+        from components.runtime.contract.component import NotHostable
+        from components.runtime.contract.registry import load_component
 
         attempt_id = str(payload["attempt"])
         if self.stopping.is_set():
@@ -461,9 +461,9 @@ def _watch_parent(service: DeviceService, parent: int) -> None:
 
 
 def warm_up() -> None:
-    """Warm every hostable kind's component (:meth:`components.runtime.component.Component.warm_up`) while the
+    """Warm every hostable kind's component (:meth:`components.runtime.contract.component.Component.warm_up`) while the
     service waits for its first attempt; a kind that fails to warm up costs a log line, never the service."""
-    from components.runtime.registry import import_path, kinds
+    from components.runtime.contract.registry import import_path, kinds
 
     began = time.monotonic()
     warmed = []

@@ -1,6 +1,6 @@
 """Sessions: jobs as step functions the shared-device executor can interleave.
 
-A :class:`Session` (the node's session contract, :class:`components.runtime.component.Session`, re-exported
+A :class:`Session` (the node's session contract, :class:`components.runtime.contract.component.Session`, re-exported
 here) advances one iteration per :meth:`~Session.step` call and keeps all of its state --
 model, optimizer state, data position, random generators -- in itself, resident on the device. Switching
 between sessions at an iteration boundary therefore copies nothing: the executor simply calls another
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components.gpushare.lanes import MemoryRequest
-from components.runtime.component import Progress, Session, never
+from components.runtime.contract.component import Progress, Session, never
 from components.train.sessions import TrainLoopSession
 
 __all__ = ["CallableSession", "Progress", "Session", "StepObjectSession", "TrainLoopSession", "WorkloadSession",

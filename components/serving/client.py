@@ -224,7 +224,7 @@ class Balancer:
     @classmethod
     def for_job(cls, api: Any, job_id: str, **options: Any) -> Balancer:
         """A balancer over the replicas of serve job ``job_id``, read through ``api`` (a
-        :class:`~components.runtime.client.ControlPlaneClient`)."""
+        :class:`~components.runtime.client.client.ControlPlaneClient`)."""
         return cls(lambda: api.get(f"jobs/{job_id}/replicas/")["endpoints"], **options)
 
     def endpoints(self) -> list[str]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from components.runtime.plugins import Command
+from components.runtime.contract.plugins import Command
 
 CLI_TOKEN_SECONDS = 600  # a token strata infer issues for itself works this long
 TOKEN_WAIT_S = 15.0  # how long it waits for the endpoint to learn a token it just issued

@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from components.runtime.component import Component, Progress, Session, never
-from components.runtime.context import Context
+from components.runtime.contract.component import Component, Progress, Session, never
+from components.runtime.contract.context import Context
 from components.serving.spec import ServeSpec
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class ServeSession(Session):
             except ValueError as error:
                 if self.hosted:
                     raise
-                from components.runtime.project import UserError
+                from components.runtime.contract.project import UserError
 
                 raise UserError(f"the model of job {self.spec['model']['job']} cannot be served: {error}") from None
 
@@ -171,7 +171,7 @@ class ServeSession(Session):
         source = self.spec["model"]["job"]
         batching = Batching.from_spec(self.spec["batching"])
         if self.spec.get("auth", "token") == "token" and self.gate is None:
-            from components.runtime.tokens import TokenGate
+            from components.runtime.shared.tokens import TokenGate
 
             self.gate = TokenGate(self.ctx.identity.token_digests, name=f"serve-{self.ctx.attempt_id[:8]}").start()
         try:
@@ -315,7 +315,7 @@ class ServeComponent(Component):
 
     def run(self, ctx: Context) -> None:
         session = self.session(ctx)
-        from components.runtime.component import torch_threads
+        from components.runtime.contract.component import torch_threads
 
         threads = torch_threads()
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -37,8 +37,8 @@ from torch import nn
 from components.gpushare.executor import DeviceExecutor, ExecutorClosed
 from components.gpushare.lanes import Admission, MemoryRequest
 from components.gpushare.stages import InferenceSession
-from components.runtime.stats import percentile
-from components.runtime.tokens import TokenGate, bearer
+from components.runtime.shared.stats import percentile
+from components.runtime.shared.tokens import TokenGate, bearer
 from components.serving import serving_pb2, serving_pb2_grpc
 from components.serving.component import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel

@@ -117,7 +117,7 @@ def load_user_model(path: str | Path, entrypoint: str) -> ServedModel:
     """
     import numpy as np
 
-    from components.runtime.registry import import_path
+    from components.runtime.contract.registry import import_path
 
     try:
         factory = import_path(entrypoint)

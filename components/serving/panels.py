@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.panels import Panel, PanelData, finite
+from components.runtime.contract.panels import Panel, PanelData, finite
 
 NOTE = ("It listens on the node's loopback interface only and has no authentication (auth: none), so only "
         "processes on that node can call it.")

@@ -1,7 +1,7 @@
 """The ``serving`` plugin: the ``serve`` job kind (a trained model behind gRPC), ``strata infer`` and its
 benchmark."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="serving",

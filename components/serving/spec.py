@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from components.runtime.spec import ENTRYPOINT_PATTERN, Checker, KindSpec, SourceRef, SpecError
+from components.runtime.contract.spec import ENTRYPOINT_PATTERN, Checker, KindSpec, SourceRef, SpecError
 
 FIELDS = {"model", "port", "request_timeout_s", "slo_ms", "max_rows", "batching", "auth", "replicas", "autoscale",
           "emoe"}

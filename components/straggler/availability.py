@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from components.runtime.services import NodeInfo, NodeService
+from components.runtime.contract.services import NodeInfo, NodeService
 
 log = logging.getLogger("strata.straggler")
 
@@ -384,7 +384,7 @@ class NodeSampler:
         cuda = [d for d in self.devices if not getattr(d, "virtual", True)]
         if not cuda:
             return "cpu" if self.devices else "none"
-        from components.runtime import devices
+        from components.runtime.node import devices
 
         return "nvml" if devices._nvml_module() else "none"
 
@@ -404,7 +404,7 @@ class NodeSampler:
             return cpu  # virtual GPUs are the CPU
         if self.gpu_source != "nvml":
             return 1.0  # nothing to measure: no opinion
-        from components.runtime import devices
+        from components.runtime.node import devices
 
         free = []
         for device in self.devices:

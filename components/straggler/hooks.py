@@ -1,7 +1,7 @@
 """SAS in the scheduler: a placement hook that puts a training gang on the group of nodes most likely to stay
 available for its whole run.
 
-:class:`AvailabilityAwarePlacement` is a :class:`~components.runtime.policies.PlacementScore` hook for ``train``
+:class:`AvailabilityAwarePlacement` is a :class:`~components.runtime.contract.policies.PlacementScore` hook for ``train``
 jobs. It answers :meth:`scores` for all the places one worker could take at once: from the candidates' nodes'
 ``straggler`` reports (each node's availability forecast, :mod:`components.straggler.availability`) it builds
 the resource matrix, groups the nodes and chooses the group for the gang (:mod:`components.straggler.sas`).
@@ -28,7 +28,7 @@ import math
 from collections import OrderedDict
 from typing import Any, ClassVar
 
-from components.runtime.policies import Candidate, PlacementScore, QueuedJob
+from components.runtime.contract.policies import Candidate, PlacementScore, QueuedJob
 from components.straggler.report import PLUGIN, RESOURCES
 
 DEFAULT_DEMAND = {"cpu": 0.2, "memory": 0.1, "gpu": 0.2, "network": 0.05}

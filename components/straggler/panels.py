@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from components.runtime.panels import Panel, PanelData, finite
+from components.runtime.contract.panels import Panel, PanelData, finite
 
 PLUGIN = "straggler"
 RANK_METRIC = re.compile(r"^rank(\d+)\.(step_ms|slowed_steps)$")

@@ -11,7 +11,7 @@ Training itself is train's distributed runtime (``spec.distributed``); this plug
 availability service and hook, panels, a report schema and ``strata bench straggler``.
 """
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="straggler",

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.runtime.plugins import ReportError, ReportParts, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportParts, ReportSchema
+from components.runtime.shared.units import finite_number
 
 PLUGIN = "straggler"
 RESOURCES = ("cpu", "memory", "gpu", "network")

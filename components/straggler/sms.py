@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from components.runtime.distributed import StrategyRuntime, ring_allreduce_bytes
+from components.runtime.contract.distributed import StrategyRuntime, ring_allreduce_bytes
 from components.straggler.strategies import SMSStrategy
 
 PROJECTION_DIMS = 32

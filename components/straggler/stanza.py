@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from components.runtime.distributed import StrategyRuntime, ring_allreduce_bytes
+from components.runtime.contract.distributed import StrategyRuntime, ring_allreduce_bytes
 from components.straggler.stanza_strategy import DEFAULT_FC_WORKERS, roles
 
 SPLIT_ERROR = "stanza needs a CNN with fully connected layers after a Flatten, e.g. cnn-fc"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.distributed import MAX_WORKERS, Strategy
+from components.runtime.contract.distributed import MAX_WORKERS, Strategy
 
 DEFAULT_FC_WORKERS = 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.distributed import Strategy
-from components.runtime.units import finite_number
+from components.runtime.contract.distributed import Strategy
+from components.runtime.shared.units import finite_number
 
 SMS_DEFAULTS: dict[str, Any] = {
     "threshold": 0.2,  # a rank straggles when its time exceeds (1 + threshold) x the median

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar
 
-from components.runtime.component import Component, NotHostable, Session, drive, torch_threads
-from components.runtime.context import Context
-from components.runtime.project import UserError
-from components.runtime.registry import import_path
+from components.runtime.contract.component import Component, NotHostable, Session, drive, torch_threads
+from components.runtime.contract.context import Context
+from components.runtime.contract.project import UserError
+from components.runtime.contract.registry import import_path
 from components.train.spec import TrainSpec
 
 
@@ -51,7 +51,7 @@ class TrainComponent(Component):
 
     ``spec.workload`` picks a built-in :class:`~components.train.workloads.Workload`; ``spec.entrypoint`` names
     user code (see :func:`resolve_entrypoint`); ``spec.command`` runs any program
-    (:mod:`components.runtime.command`: logs, metrics from stdout, checkpoints of a directory, torchrun's
+    (:mod:`components.runtime.node.command`: logs, metrics from stdout, checkpoints of a directory, torchrun's
     variables). A Workload is driven by
     :class:`~components.train.loop.TrainLoop`, which resumes from ``ctx.restore()``, reports metrics and
     logs, checkpoints every ``checkpoint_every`` steps, stops early (after a checkpoint) when
@@ -61,7 +61,7 @@ class TrainComponent(Component):
     paths: :meth:`run` drives it to the end in the attempt's child process; a device's sharing service gets it
     from :meth:`session` with ``hosted=True`` (no process-global RNG, uploads on a host thread, stage
     preemption) and interleaves it with other jobs. An entrypoint *function* may train by itself, so it
-    cannot be hosted (:class:`~components.runtime.component.NotHostable`): it runs only in a child process.
+    cannot be hosted (:class:`~components.runtime.contract.component.NotHostable`): it runs only in a child process.
     """
 
     kind: ClassVar[str] = TrainSpec.kind
@@ -124,8 +124,8 @@ class TrainComponent(Component):
     def run(self, ctx: Context) -> None:
         spec: dict[str, Any] = TrainSpec().validate(ctx.spec)
         ctx.spec = spec
-        if spec.get("command"):  # any program, with its own threads: components.runtime.command
-            from components.runtime.command import run_command
+        if spec.get("command"):  # any program, with its own threads: components.runtime.node.command
+            from components.runtime.node.command import run_command
 
             run_command(ctx, spec["command"])
             return

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.runtime.context import Context
+from components.runtime.contract.context import Context
 from components.train.workloads import TorchWorkload, generator, make_optimizer
 
 

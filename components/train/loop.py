@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from components.runtime.context import Context
+from components.runtime.contract.context import Context
 from components.train.model_format import describe_model, export_program, save_model
 from components.train.workloads import Workload, derive_seed
 
@@ -138,8 +138,8 @@ class TrainLoop:
         if self.steps_per_epoch < 1:
             raise ValueError(f"workload {self.name} has no steps per epoch")
         if self.spec.get("distributed"):
-            from components.runtime.distributed import open_runtime
-            from components.runtime.gang import init_gang
+            from components.runtime.contract.distributed import open_runtime
+            from components.runtime.node.gang import init_gang
 
             self.gang = init_gang(self.ctx, self.spec["distributed"])
             self.parallel = open_runtime(self.ctx, self.spec["distributed"], self.gang)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from components.runtime.panels import Panel, PanelData
+from components.runtime.contract.panels import Panel, PanelData
 
 EVAL_PREFIXES = ("test_", "val_", "eval_")
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from components.runtime.distributed import StrategyRuntime, ring_allreduce_bytes
+from components.runtime.contract.distributed import StrategyRuntime, ring_allreduce_bytes
 
 
 def batch_samples(batch: Any) -> int:

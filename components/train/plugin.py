@@ -1,6 +1,6 @@
 """The ``train`` plugin: the built-in training job kind (workloads, the step-at-a-time loop, its summary panel)."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="train",

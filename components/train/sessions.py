@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from components.runtime.component import Progress, Session, never
+from components.runtime.contract.component import Progress, Session, never
 
 __all__ = ["TrainLoopSession"]
 

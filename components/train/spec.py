@@ -6,20 +6,20 @@ import json
 import re
 from typing import Any, ClassVar
 
-from components.runtime.data import option_errors
-from components.runtime.distributed import distributed_errors, normalize, workers_problems
-from components.runtime.project import (
+from components.runtime.contract.data import option_errors
+from components.runtime.contract.distributed import distributed_errors, normalize, workers_problems
+from components.runtime.contract.project import (
     command_errors,
     environment_errors,
     normalize_command,
     normalize_environment,
 )
-from components.runtime.spec import ENTRYPOINT_PATTERN, Checker, KindSpec
+from components.runtime.contract.spec import ENTRYPOINT_PATTERN, Checker, KindSpec
 
 # The last two are the embeddings plugin's DLRMs on CTR data (components.train.workloads.PLUGIN_WORKLOADS).
 WORKLOADS: tuple[str, ...] = ("mlp-digits", "cnn-synthetic", "tiny-gpt", "moe-gpt", "cnn-dataset", "cnn-fc",
                               "dlrm-ctr", "dlrm-movielens")
-# Workloads whose data is a stream of epochs from spec.data.dataset (components.runtime.data.open_epochs).
+# Workloads whose data is a stream of epochs from spec.data.dataset (components.runtime.contract.data.open_epochs).
 STREAMING = ("cnn-dataset",)
 TRANSFORMERS = ("tiny-gpt", "moe-gpt")  # width a multiple of the head count
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")

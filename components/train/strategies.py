@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.distributed import Strategy
+from components.runtime.contract.distributed import Strategy
 
 
 class DDP(Strategy):

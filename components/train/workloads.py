@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.runtime.data import prepare
+from components.runtime.contract.data import prepare
 
 CORPUS_PATH = Path(__file__).with_name("data") / "corpus.txt"
 
@@ -241,7 +241,7 @@ class ClassificationWorkload(TorchWorkload):
         """Return ``(x_train, y_train, x_test, y_test)`` on the CPU, deterministically from the spec."""
 
     def recipe(self, spec: dict[str, Any]) -> dict[str, Any] | None:
-        """What :meth:`load_data` prepares for ``spec``, as a recipe (:mod:`components.runtime.data`): jobs with
+        """What :meth:`load_data` prepares for ``spec``, as a recipe (:mod:`components.runtime.contract.data`): jobs with
         equal recipes share one preparation (a sweep's trials, the jobs one device service hosts) and a data
         provider the job opted into (``spec.data``) may serve it. None (the default): prepared by each job."""
         return None
@@ -866,7 +866,7 @@ class MoEGPTWorkload(TinyGPTWorkload):
 class CNNDataset(ClassificationWorkload):
     """A small CNN over a dataset the data seam streams (``spec.data.dataset``), augmented afresh each epoch.
 
-    The epochs come from :func:`components.runtime.data.open_epochs`: the data provider that owns the
+    The epochs come from :func:`components.runtime.contract.data.open_epochs`: the data provider that owns the
     ``dataset`` option decides where each epoch's samples come from (preprocessed now by loader workers, read
     from a node cache, or a cached epoch reused: PerFect). Samples arrive as uint8 images and are scaled to
     [-1, 1] per batch on the device.
@@ -875,7 +875,7 @@ class CNNDataset(ClassificationWorkload):
     name: ClassVar[str] = "cnn-dataset"
 
     def setup(self, spec: dict[str, Any], device: torch.device) -> None:
-        from components.runtime.data import open_epochs
+        from components.runtime.contract.data import open_epochs
 
         self.spec = spec
         self.device = torch.device(device)
@@ -1002,7 +1002,7 @@ class WorkloadTable(Mapping[str, type[Workload]]):
 
     def _all(self) -> dict[str, type[Workload]]:
         if not self._loaded:
-            from components.runtime.registry import import_path
+            from components.runtime.contract.registry import import_path
 
             for path in self._plugins:
                 for name, workload in import_path(path).items():

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from components.runtime.component import Component
-from components.runtime.context import Context
+from components.runtime.contract.component import Component
+from components.runtime.contract.context import Context
 from components.tuning.schedulers import Action, make_scheduler
 from components.tuning.space import substitute
 from components.tuning.spec import TuneSpec

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-from components.runtime.panels import Panel, PanelData, finite
+from components.runtime.contract.panels import Panel, PanelData, finite
 from components.tuning.report import trials
 
 MAX_LINES = 200  # trials drawn on one chart (the best ones first)

@@ -2,7 +2,7 @@
 inside its own GPUs, water-filled by measured speed; searchers through Optuna, early stopping by ASHA,
 Hyperband, successive halving, median stopping or PBT."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="tuning",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.runtime.plugins import ReportError, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportSchema
+from components.runtime.shared.units import finite_number
 
 MAX_TRIALS = 10_000
 MAX_RUNGS = 1_000

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.runtime.units import finite_number
+from components.runtime.shared.units import finite_number
 from components.tuning.space import (
     grid_combinations,
     grid_points,

@@ -30,7 +30,7 @@ import math
 import re
 from typing import Any
 
-from components.runtime.units import finite_number
+from components.runtime.shared.units import finite_number
 
 TYPES = ("uniform", "loguniform", "int", "choice")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")

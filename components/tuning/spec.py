@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any, ClassVar
 
-from components.runtime.data import option_errors
-from components.runtime.spec import Checker, KindSpec, SpecError
+from components.runtime.contract.data import option_errors
+from components.runtime.contract.spec import Checker, KindSpec, SpecError
 from components.tuning.schedulers import SCHEDULER_OPTIONS, normalize_options, options_problems
 from components.tuning.space import normalize_space, placeholders, space_problems, substitute
 
@@ -144,7 +144,7 @@ class TuneSpec(KindSpec):
                          max_iterations: int, data: dict[str, Any]) -> None:
         """The trial spec must name only parameters of the space, and be valid for its kind with a sample of
         them (the kind's own validation, so every bad field of it is named under ``spec.trainable.spec``)."""
-        from components.runtime.registry import get_kind
+        from components.runtime.contract.registry import get_kind
 
         try:
             kind = get_kind(trainable["kind"])

@@ -25,7 +25,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from components.runtime import registry
+from components.runtime.contract import registry
 from dashboard import forms, job_figures
 from dashboard.panels import DatabasePanelData, render_panels
 from dashboard.views.common import (

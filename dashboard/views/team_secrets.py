@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_http_methods
 
-from components.runtime.project import secret_name_problem
+from components.runtime.contract.project import secret_name_problem
 from dashboard.views.common import login_required, page_context
 from strata.accounts import team_secrets
 from strata.accounts.models import Secret, Team

@@ -11,7 +11,7 @@ import os
 
 from celery import Celery
 
-from components.runtime.broker import COMMON_CELERY_SETTINGS
+from components.runtime.shared.broker import COMMON_CELERY_SETTINGS
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "strata.settings")
 

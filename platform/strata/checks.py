@@ -77,7 +77,7 @@ def check_broker(app_configs=None, **kwargs) -> list:
                              "Run Redis with --appendonly yes")]
         return []
     if scheme in {"amqp", "amqps", "pyamqp"}:
-        from components.runtime.broker import COMMON_CELERY_SETTINGS
+        from components.runtime.shared.broker import COMMON_CELERY_SETTINGS
 
         # Celery declares durable queues and sends persistent messages unless told otherwise.
         if COMMON_CELERY_SETTINGS.get("task_default_delivery_mode", "persistent") not in {"persistent", 2}:

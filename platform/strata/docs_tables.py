@@ -3,7 +3,7 @@
 A page holds a table between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``; :func:`rewrite`
 replaces what lies between them with :data:`TABLES` ``[NAME]()``, rendered from the code at run time:
 
-- ``seams``: the plugin manifest's seams (the metadata of :class:`components.runtime.plugins.Plugin`'s fields);
+- ``seams``: the plugin manifest's seams (the metadata of :class:`components.runtime.contract.plugins.Plugin`'s fields);
 - ``plugins``: the built-in plugins the registry loaded and what each contributes;
 - ``routes``: the API's routes, from Django's URL resolver (path, name, methods, the view's docstring);
 - ``settings``: every ``STRATA_*`` variable ``settings.py`` (and ``conf.py``) reads, with its reader, default and
@@ -60,7 +60,7 @@ def _first_line(doc: str | None) -> str:
 
 
 def seams_table() -> str:
-    from components.runtime.plugins import SEAMS
+    from components.runtime.contract.plugins import SEAMS
 
     shapes = {"paths": "paths", "mapping": "`{name: path}`", "path": "one path"}
     rows = []
@@ -74,13 +74,13 @@ def seams_table() -> str:
 
 
 def _builtin_plugins():
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     return [loaded for loaded in registry.plugins().values() if loaded.source in registry.BUILTIN_PLUGINS]
 
 
 def plugins_table() -> str:
-    from components.runtime.plugins import seams
+    from components.runtime.contract.plugins import seams
 
     rows = []
     for loaded in _builtin_plugins():
@@ -261,7 +261,7 @@ def _subcommands(parser: argparse.ArgumentParser):
 
 
 def cli_table() -> str:
-    from components.runtime import registry
+    from components.runtime.contract import registry
     from strata.cli.main import build_parser
 
     owners = {name: loaded.name for loaded in registry.plugins().values() for name in loaded.commands}

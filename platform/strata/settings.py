@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from components.runtime.broker import celery_broker_options
+from components.runtime.shared.broker import celery_broker_options
 from strata.conf import env_bool, env_float, env_float_or_none, env_int, env_list, env_str, strata_home
 
 HOME = strata_home()

@@ -255,7 +255,7 @@ class ChaosRun:
         every call is recorded with its answer or status."""
         import numpy as np
 
-        from components.runtime.client import ControlPlaneClient
+        from components.runtime.client.client import ControlPlaneClient
         from components.serving.client import Balancer, ServingError
 
         self._session()  # enter the control-plane host
@@ -327,7 +327,7 @@ class ChaosRun:
     def sigkill_node_worker(self) -> None:
         record = self.wait(lambda: self.running(["long"]), 180, "a long job to run")[0]
         host = self.host_of(record["attempts"][-1]["node"])
-        workers = self.processes(host, "components.runtime.worker")
+        workers = self.processes(host, "components.runtime.node.worker")
         main = [p for p in workers if "celery" in " ".join(p.cmdline())]
         for process in main[:1]:
             with contextlib.suppress(psutil.Error):

@@ -187,8 +187,8 @@ def test_tables_fragment_refreshes(world):
 
 
 def test_cluster_panels_render(world, monkeypatch):
-    from components.runtime import registry
-    from components.runtime.panels import Panel
+    from components.runtime.contract import registry
+    from components.runtime.contract.panels import Panel
 
     class FleetPanel(Panel):
         slug = "fleet"

@@ -9,8 +9,8 @@ import pytest
 from django.http import QueryDict
 from django.test import Client
 
-from components.runtime import registry
-from components.runtime.spec import Checker, KindSpec
+from components.runtime.contract import registry
+from components.runtime.contract.spec import Checker, KindSpec
 from components.train.spec import OPTIMIZERS, WORKLOADS, TrainSpec
 from dashboard import forms
 

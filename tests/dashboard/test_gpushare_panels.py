@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from components.gpushare.panels import FOREIGN, GpuShareJobPanel, GpuShareTimelinePanel
-from components.runtime.panels import PanelData
+from components.runtime.contract.panels import PanelData
 from strata.cluster.models import DevicePool
 from strata.jobs.models import Allocation, Attempt
 

@@ -8,9 +8,9 @@ from typing import ClassVar
 import pytest
 from django.test import Client
 
-from components.runtime import registry
-from components.runtime.panels import Panel, PanelData
-from components.runtime.plugins import Plugin
+from components.runtime.contract import registry
+from components.runtime.contract.panels import Panel, PanelData
+from components.runtime.contract.plugins import Plugin
 from components.train.panels import TrainSummaryPanel
 from strata.jobs.models import MetricPoint
 

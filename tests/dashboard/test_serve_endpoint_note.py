@@ -57,7 +57,7 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
 
 
 def test_a_token_serve_job_page_says_calls_need_a_deployment_token():
-    from components.runtime.panels import StaticPanelData
+    from components.runtime.contract.panels import StaticPanelData
     from components.serving.panels import ServeEndpointPanel
 
     data = StaticPanelData(job={"id": "j1", "endpoint": "10.0.0.7:50999", "spec": {"auth": "token"}})

@@ -150,11 +150,11 @@ class Cluster:
 
 
 def training_children(pgid: int) -> list[psutil.Process]:
-    """Attempt child processes (``python -m components.runtime.child``) in a process group."""
+    """Attempt child processes (``python -m components.runtime.node.child``) in a process group."""
     found = []
     for process in group_processes(pgid):
         try:
-            if "components.runtime.child" in " ".join(process.cmdline()):
+            if "components.runtime.node.child" in " ".join(process.cmdline()):
                 found.append(process)
         except psutil.Error:
             continue

@@ -12,7 +12,7 @@ A real control plane (``strata up --virtual-gpus 0``: ``strata server`` and ``st
 - Wipe (restarted without its data) while a dispatch waits in Redis: the reconciler republishes it
   (``STRATA_DISPATCH_REPUBLISH_SECONDS``) and the job runs, still with one attempt.
 
-Before the fix (components/runtime/broker.py) the worker died of ``AttributeError: 'NoneType' object has no
+Before the fix (components/runtime/shared/broker.py) the worker died of ``AttributeError: 'NoneType' object has no
 attribute 'hostname'`` on the restart (the agent restarted it), and cancelled the running attempt.
 """
 

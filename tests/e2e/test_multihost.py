@@ -119,7 +119,7 @@ def test_an_unchanged_torchrun_script_trains_across_the_two_hosts(multihost, tmp
     import shutil
     from pathlib import Path
 
-    from components.runtime import bundles
+    from components.runtime.shared import bundles
 
     example = Path(__file__).resolve().parents[2] / "examples" / "projects" / "ddp-torchrun"
     archive = io.BytesIO()
@@ -265,13 +265,13 @@ def test_a_host_whose_processes_die_is_replaced_by_the_other(multihost):
 
 
 def children(hosts, host: str) -> list[int]:
-    """Attempt child processes (``python -m components.runtime.child``) on ``host``."""
+    """Attempt child processes (``python -m components.runtime.node.child``) on ``host``."""
     found = []
     for pid in hosts.pids(host):
         try:
             command = " ".join(psutil.Process(pid).cmdline())
         except psutil.Error:
             continue
-        if "components.runtime.child" in command:
+        if "components.runtime.node.child" in command:
             found.append(pid)
     return found

@@ -332,7 +332,7 @@ def test_a_user_model_is_served_over_grpc(cluster, tmp_path):
     (serve.yaml), in a sandboxed process of its own (it reads what the team's code wrote), never in the
     GPU-sharing service; a loader class of the team's from the bundle serves the same model (serve-loader.yaml).
     Both answer real predictions over gRPC."""
-    from components.runtime import sandbox
+    from components.runtime.node import sandbox
     from components.serving.client import describe, predict
 
     example = tmp_path / "workload-share"

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from e2e_support import wait_for
 
-from components.runtime import sandbox
+from components.runtime.node import sandbox
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ def listener(port: int) -> psutil.Process:
 
 
 def test_a_two_replica_deployment_survives_losing_a_replica(bare_cluster):
-    from components.runtime.client import ControlPlaneClient
+    from components.runtime.client.client import ControlPlaneClient
     from components.serving.client import Balancer
 
     cluster = bare_cluster

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.runtime import bundles
-from components.runtime.devices import DEFAULT_VIRTUAL_GPU_MEMORY
+from components.runtime.node.devices import DEFAULT_VIRTUAL_GPU_MEMORY
+from components.runtime.shared import bundles
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB_FILES = sorted(p for p in EXAMPLES.rglob("*.yaml") if "plugins" not in p.parts)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from components.runtime import registry
-from components.runtime.context import LocalContext
-from components.runtime.plugins import ReportError
-from components.runtime.spec import SpecError
+from components.runtime.contract import registry
+from components.runtime.contract.context import LocalContext
+from components.runtime.contract.plugins import ReportError
+from components.runtime.contract.spec import SpecError
 
 
 def test_the_segmented_sieve_agrees_with_trial_division():
@@ -80,7 +80,7 @@ def test_the_plugin_registers_every_seam_without_a_problem(install_plugins):
 
 # -- the conformance suites shipped beside the contracts ----------------------------------------------------
 
-from components.runtime.conformance.services import NodeServiceConformance  # noqa: E402
+from components.runtime.testing.conformance.services import NodeServiceConformance  # noqa: E402
 
 
 class TestScratchDiskServiceConformance(NodeServiceConformance):
@@ -111,8 +111,8 @@ def test_the_benchmark_writes_the_common_document(tmp_path, capsys):
     assert "count_time" not in capsys.readouterr().err
 
 
-from components.runtime.conformance.kinds import KindSpecConformance  # noqa: E402
-from components.runtime.conformance.panels import PanelConformance, StaticData  # noqa: E402
+from components.runtime.testing.conformance.kinds import KindSpecConformance  # noqa: E402
+from components.runtime.testing.conformance.panels import PanelConformance, StaticData  # noqa: E402
 
 
 class TestPrimesSpecConformance(KindSpecConformance):
@@ -138,7 +138,7 @@ class TestScratchDiskPanelConformance(PanelConformance):
             "disk_free": 2**30, "disk_total": 2**32, "load1": 0.5}}]}})
 
 
-from components.runtime.conformance.policies import QueueOrderConformance  # noqa: E402
+from components.runtime.testing.conformance.policies import QueueOrderConformance  # noqa: E402
 
 
 class TestSmallestLimitFirstConformance(QueueOrderConformance):
@@ -146,7 +146,7 @@ class TestSmallestLimitFirstConformance(QueueOrderConformance):
     specs = ({"limit": 500}, {"limit": 20}, {"limit": 100})
 
     def test_smaller_sieves_go_first(self):
-        from components.runtime.policies import reorder
+        from components.runtime.contract.policies import reorder
 
         order = [job.spec["limit"] for job in reorder(self.jobs(), [self.hook()]) if job.kind == "primes"]
         assert order == [20, 100, 500, 20, 100, 500]
@@ -157,7 +157,7 @@ def test_the_subscriber_logs_primes_transitions_only(caplog):
 
     from strata_primes.events import on_event
 
-    from components.runtime.events import AttemptEnded, JobTransitioned
+    from components.runtime.contract.events import AttemptEnded, JobTransitioned
 
     with caplog.at_level(logging.INFO, logger="strata_primes"):
         on_event(JobTransitioned(job_id="j1", team_id=1, kind="primes", source="QUEUED", target="SCHEDULED",

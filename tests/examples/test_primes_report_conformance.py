@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from components.runtime.conformance.reports import ReportSchemaConformance
-from components.runtime.plugins import ReportError
+from components.runtime.contract.plugins import ReportError
+from components.runtime.testing.conformance.reports import ReportSchemaConformance
 
 pytest.importorskip("strata_primes.report", reason="the example plugin is not importable here")
 

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from components.runtime.tokens import token_digest  # noqa: F401 -- re-exported: one digest for every token
+from components.runtime.shared.tokens import token_digest  # noqa: F401 -- re-exported: one digest for every token
 
 
 class Team(models.Model):

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from components.runtime.project import requested_secrets, secret_name_problem
+from components.runtime.contract.project import requested_secrets, secret_name_problem
 from strata.accounts.models import Secret
 
 MAX_VALUE_BYTES = 64 * 1024

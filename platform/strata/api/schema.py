@@ -38,7 +38,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.settings import spectacular_settings
 from rest_framework.permissions import AllowAny
 
-from components.runtime.registry import kinds
+from components.runtime.contract.registry import kinds
 from strata.api.error_answers import (
     ERROR_DESCRIPTIONS,
     ERROR_REF,
@@ -454,7 +454,7 @@ def add_plugin_routes(result, generator, request, public):
     ``/api/v1/{collection}/`` and ``/api/v1/{collection}/{name}/``, which still answer for every plugin)
     are replaced by one path per route the registry holds, each typed by what its plugin declares: a job
     route's answer (``function.schema``), a collection's body (``Collection.schema``) and its records."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     paths = result.get("paths", {})
     schemas = result.setdefault("components", {}).setdefault("schemas", {})

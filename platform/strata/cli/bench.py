@@ -1,5 +1,5 @@
 """``strata bench``: benchmarks of Strata's parts. The core's (control-plane, dashboard, storage) and every plugin's come
-from the registry (:func:`components.runtime.registry.benchmarks`); each is a ``main(quick, output)`` function
+from the registry (:func:`components.runtime.contract.registry.benchmarks`); each is a ``main(quick, output)`` function
 (``main(quick, output, peers)`` when it can also run real peer systems), imported only when asked for (a plugin's
 may need a node's Python: torch). The benchmarks' code lives outside the product, in the top-level ``benchmarks``
 package: the product names it by ``"module:function"`` strings only and never imports it (an import-linter
@@ -7,7 +7,7 @@ contract)."""
 
 from __future__ import annotations
 
-from components.runtime import registry
+from components.runtime.contract import registry
 
 CORE_BENCHMARKS: dict[str, str] = {
     "control-plane": "benchmarks.core.control_plane:main",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from components.runtime.client import ApiError, ControlPlaneClient
+from components.runtime.client.client import ApiError, ControlPlaneClient
 from strata.cli.config import client_settings
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -38,7 +38,7 @@ def load_job_file(path: str) -> dict:
 
 
 def _human(size: float) -> str:
-    from components.runtime.bundles import human_size
+    from components.runtime.shared.bundles import human_size
 
     return human_size(int(size))
 
@@ -48,7 +48,7 @@ def push_code(client: ControlPlaneClient, directory: str, team: str | None) -> s
     The same contents uploaded again by the team are the same bundle (nothing is stored twice)."""
     import tempfile
 
-    from components.runtime import bundles
+    from components.runtime.shared import bundles
     from strata.cli.config import ConfigError
 
     with tempfile.TemporaryFile() as archive:
@@ -131,7 +131,7 @@ def _data_source(path: str, spool) -> tuple[str, str, object]:
     canonical tar.gz with every file (ignore files are data too), or a file as it is."""
     import os
 
-    from components.runtime import bundles
+    from components.runtime.shared import bundles
     from strata.cli.config import ConfigError
 
     if os.path.isdir(path):
@@ -152,11 +152,11 @@ def _data_source(path: str, spool) -> tuple[str, str, object]:
 def _data_direct(client: ControlPlaneClient, upload: dict, path: str, size: int, chunk_size: int,
                  missing: list[int]) -> None:
     """Send the ``missing`` chunks of a direct upload straight to the object store, each through a URL the
-    control plane signs for it with the chunk's MD5 (``components.runtime.transfers.send_parts``)."""
+    control plane signs for it with the chunk's MD5 (``components.runtime.client.transfers.send_parts``)."""
     import time
     from pathlib import Path
 
-    from components.runtime import transfers
+    from components.runtime.client import transfers
 
     def sign(index: int, md5: str) -> str:
         return client.post(f"uploads/{upload['id']}/parts/", {"parts": [{"index": index, "md5": md5}]})["urls"][0]["url"]
@@ -223,7 +223,7 @@ def data_upload(client: ControlPlaneClient, name: str, path: str, *, team: str |
 def data(args) -> int:
     """``strata data upload|list|show|delete``: the team's uploaded data sets (jobs mount them with
     ``spec.data.mount``)."""
-    from components.runtime.units import parse_bytes
+    from components.runtime.shared.units import parse_bytes
 
     client = connect(args)
     params = {"team": args.team} if getattr(args, "team", None) else {}
@@ -340,7 +340,7 @@ def env_build(args) -> int:
 
 def _progress(kind: str):
     """The kind's KindSpec when it names a progress route, else None (an unknown kind shows no table)."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     try:
         spec = registry.get_kind(kind)
@@ -477,8 +477,8 @@ def cancel(args) -> int:
 def plugins(args) -> int:
     """``strata plugins``: the installed plugins (this machine's registry), each with its version, the plugins it
     requires and what it contributes."""
-    from components.runtime import registry
-    from components.runtime.plugins import SEAMS
+    from components.runtime.contract import registry
+    from components.runtime.contract.plugins import SEAMS
 
     for name, loaded in sorted(registry.plugins().items()):
         parts = [f"requires: {', '.join(loaded.plugin.requires)}"] if loaded.plugin.requires else []

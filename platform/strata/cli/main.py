@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     quota.add_argument("team", nargs="?")
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
 
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     bench = commands.add_parser("bench", help="run a benchmark")
     bench.add_argument("component", help="what to measure (strata plugins lists the benchmarks)")
@@ -236,7 +236,7 @@ def dispatch(args) -> int:
                 "env": client.env_build, "data": client.data, "artifacts": client.artifacts}
     if args.command in handlers:
         return handlers[args.command](args)
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     command = registry.commands()[args.command]()
     return command.run(args, client.connect(args) if command.needs_server else None)
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from django.core.exceptions import ImproperlyConfigured
 
-    from components.runtime.client import ApiError
+    from components.runtime.client.client import ApiError
     from strata.cli.config import ConfigError
 
     try:

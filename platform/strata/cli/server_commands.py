@@ -183,8 +183,8 @@ def check(args) -> int:
 
 
 def node(args) -> int:
-    from components.runtime.agent import NodeAgent, NodeOptions
-    from components.runtime.units import parse_bytes
+    from components.runtime.node.agent import NodeAgent, NodeOptions
+    from components.runtime.shared.units import parse_bytes
 
     token = args.token or os.environ.get("STRATA_NODE_TOKEN")
     token_file = os.environ.get("STRATA_NODE_TOKEN_FILE")

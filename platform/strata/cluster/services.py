@@ -128,8 +128,8 @@ MAX_SERIES_ROWS = 64 * 2000  # series rows stored per plugin and heartbeat
 
 def _parts(plugin: str, payload: dict):
     """The plugin's ReportParts of a checked node payload, or None when its schema failed (logged)."""
-    from components.runtime import registry
-    from components.runtime.plugins import ReportParts
+    from components.runtime.contract import registry
+    from components.runtime.contract.plugins import ReportParts
 
     schema = registry.report_schema(plugin)
     if schema is None:
@@ -251,8 +251,8 @@ def reports_clean(reports: object, scope: str) -> tuple[dict, dict]:
     """``(normalized, errors)`` of a ``{plugin: payload}`` report: each payload checked by its plugin's
     ``ReportSchema`` (``scope`` is "node" or "attempt"). ``errors`` is ``{plugin: {field: [message]}}``: an
     unregistered plugin, a plugin without a schema, a refused payload, or a schema that failed."""
-    from components.runtime import registry
-    from components.runtime.plugins import ReportError
+    from components.runtime.contract import registry
+    from components.runtime.contract.plugins import ReportError
 
     if not isinstance(reports, dict):
         return {}, {"non_field_errors": ["must be an object {plugin: payload}"]}

@@ -1,4 +1,4 @@
-"""Code bundles: a team's project, uploaded once per content and run by its jobs (``components.runtime.bundles``).
+"""Code bundles: a team's project, uploaded once per content and run by its jobs (``components.runtime.shared.bundles``).
 
 The control plane checks every upload (a tar, tar.gz or zip: no absolute paths, ``..``, links, devices, and no
 more than ``STRATA_MAX_CODE_BYTES`` unpacked), stores it in its canonical form through the artifact storage and
@@ -13,7 +13,7 @@ from typing import BinaryIO
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import CodeBundle, Job
 from strata.jobs.services import storage_admission
 from strata.jobs.storage import get_storage

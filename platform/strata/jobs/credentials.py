@@ -2,7 +2,7 @@
 plane's secret and the job's id (HKDF-SHA256), so nothing is stored and every control-plane process derives the
 same key. A credential is a short-lived statement, signed with it, that a worker of the job (an attempt's rank,
 or a participant) may act as a ``subject`` (an identity it holds, such as a peer's key); the format and the check
-are in :mod:`components.runtime.credentials`, which the job's workers use to check each other."""
+are in :mod:`components.runtime.shared.credentials`, which the job's workers use to check each other."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from components.runtime.credentials import public_key_hex, sign_with
+from components.runtime.shared.credentials import public_key_hex, sign_with
 
 SALT = b"strata-job-credentials"
 
@@ -37,6 +37,6 @@ def sign(job_id, subject: str, holder: str, ttl_s: float | None = None) -> dict[
     """A credential of job ``job_id`` for ``subject``, held by ``holder`` (who asked: ``attempt <id> ...`` or
     ``participant <id>``), valid ``ttl_s`` seconds (default ``STRATA_CREDENTIAL_TTL_S``): ``{"credential",
     "public_key", "expires", "issued"}``. ValueError for a subject that is not one
-    (``components.runtime.credentials.SUBJECT_PATTERN``)."""
+    (``components.runtime.shared.credentials.SUBJECT_PATTERN``)."""
     ttl = settings.STRATA_CREDENTIAL_TTL_S if ttl_s is None else float(ttl_s)
     return sign_with(_seed(job_id), job=_job(job_id), subject=subject, holder=holder, ttl_s=ttl)

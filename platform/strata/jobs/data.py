@@ -3,11 +3,11 @@
 An upload is chunked and resumable: :func:`upload_open` starts one (or finds the team's open upload of the same
 name and contents, so an interrupted client sends only the chunks still missing), :func:`chunk_store` keeps one
 chunk after checking its SHA-256, and :func:`upload_complete` assembles the chunks, verifies the SHA-256 of the
-whole, checks a directory's archive entry by entry (``components.runtime.bundles``: no absolute paths, ``..``,
+whole, checks a directory's archive entry by entry (``components.runtime.shared.bundles``: no absolute paths, ``..``,
 links or devices; within ``STRATA_MAX_DATA_BYTES`` unpacked) and creates the :class:`DataSet`.
 
 Jobs mount data sets by name (``spec.data.mount: {alias: name}``, the core's data option in
-``components.runtime.data``); the name is resolved at submit to the data set's digest (:func:`data_lookup`) and
+``components.runtime.contract.data``); the name is resolved at submit to the data set's digest (:func:`data_lookup`) and
 the job is linked to it (:func:`data_link`), so a data set is not deleted while an unfinished job mounts it.
 
 Bytes go through the artifact storage behind the functions of :class:`DataBytes`. With an object store that signs
@@ -37,8 +37,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from components.runtime import bundles
-from components.runtime.data import DATA_NAME, data_sets_of
+from components.runtime.contract.data import DATA_NAME, data_sets_of
+from components.runtime.shared import bundles
 from strata.jobs.models import TERMINAL_STATES, DataSet, DataUpload, Job
 from strata.jobs.storage import direct, get_storage
 from strata.jobs.transfers import content_md5
@@ -528,7 +528,7 @@ def data_delete(data_set: DataSet) -> None:
 
 
 def data_lookup(team, name: str) -> dict[str, Any] | None:
-    """What a job's mount of ``name`` resolves to (``components.runtime.data.Mounts``), or None."""
+    """What a job's mount of ``name`` resolves to (``components.runtime.contract.data.Mounts``), or None."""
     found = DataSet.objects.filter(team=team, name=name).first()
     if found is None:
         return None

@@ -1,4 +1,4 @@
-"""Delivering lifecycle events (:mod:`components.runtime.events`) to the plugins' subscribers.
+"""Delivering lifecycle events (:mod:`components.runtime.contract.events`) to the plugins' subscribers.
 
 ``emit(event)`` schedules delivery for after the current transaction commits (at once outside one): an event of
 a rolled-back transaction is never seen. Delivery is synchronous and at most once, in the committing process;
@@ -13,14 +13,14 @@ import logging
 
 from django.db import transaction
 
-from components.runtime.events import Event
+from components.runtime.contract.events import Event
 
 log = logging.getLogger(__name__)
 
 
 def deliver(event: Event) -> None:
     """Call every registered subscriber with ``event`` now, isolating each."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     for subscriber in registry.subscribers():
         try:
@@ -31,7 +31,7 @@ def deliver(event: Event) -> None:
 
 def emit(event: Event) -> None:
     """Deliver ``event`` once the current transaction commits."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     if not registry.subscribers():
         return  # nothing to do: no on_commit hook on the hot path of a platform without subscribers
@@ -40,7 +40,7 @@ def emit(event: Event) -> None:
 
 def emit_many(events: list[Event]) -> None:
     """Deliver several events, in order, once the current transaction commits (the scheduler's bulk moves)."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     if not events or not registry.subscribers():
         return

@@ -39,7 +39,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from components.runtime.tokens import token_digest as full_digest
+from components.runtime.shared.tokens import token_digest as full_digest
 
 _lock = threading.Lock()
 _open: dict[str, int] = {}  # path -> file descriptor (reopened after a fork: keyed by pid too)

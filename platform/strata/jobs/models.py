@@ -45,7 +45,7 @@ class StoredFiles(models.Model):
 
 
 class CodeBundle(StoredFiles):
-    """A team's project directory as one content-addressed archive (``components.runtime.bundles``): the SHA-256
+    """A team's project directory as one content-addressed archive (``components.runtime.shared.bundles``): the SHA-256
     of its canonical bytes names it, so a team's identical uploads are stored once. Kept while a job uses it
     (``Job.code`` protects it)."""
 
@@ -62,7 +62,7 @@ class CodeBundle(StoredFiles):
 
 class DataSet(StoredFiles):
     """A team's uploaded data (one file, or a directory as a canonical gzip'd tar made by
-    ``components.runtime.bundles``), named uniquely in the team and mounted read-only into jobs
+    ``components.runtime.shared.bundles``), named uniquely in the team and mounted read-only into jobs
     (``spec.data.mount``). Its SHA-256 (of the stored bytes) is what a job's resolved spec names."""
 
     class Format(models.TextChoices):
@@ -342,7 +342,7 @@ class JobToken(models.Model):
 
 
 class PluginRecord(models.Model):
-    """One named record of a plugin's collection (``components.runtime.collections``), owned by a team: e.g. a
+    """One named record of a plugin's collection (``components.runtime.contract.collections``), owned by a team: e.g. a
     dataset registered once and named by jobs. ``body`` is what the collection's ``validate`` returned."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

@@ -21,8 +21,8 @@ def release_node_attempts(node: Node, reason: str, *, keep_session=None, only=No
     ``node``, except those of session ``keep_session`` (``only``: just these attempt ids). Without a
     ``FailurePolicy`` hook for its kind an attempt ends ``node_lost`` and its job is requeued. Returns how many
     attempts were affected."""
-    from components.runtime import registry
-    from components.runtime.policies import FailurePolicy, LostAttempt, NodeLoss, node_loss
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import FailurePolicy, LostAttempt, NodeLoss, node_loss
 
     hooks = registry.hooks(FailurePolicy)
     attempts = (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node).distinct()

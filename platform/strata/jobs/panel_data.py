@@ -1,4 +1,4 @@
-"""The database-backed :class:`~components.runtime.panels.PanelData`: what a panel (or a plugin's job route)
+"""The database-backed :class:`~components.runtime.contract.panels.PanelData`: what a panel (or a plugin's job route)
 reads of a job and the cluster, scoped to the teams the viewer may see. The dashboard's pages and the API's
 plugin job routes both use it."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from components.runtime.panels import PanelData
+from components.runtime.contract.panels import PanelData
 from strata.cluster.models import Device, gpu_devices
 from strata.jobs.models import Allocation, Job
 

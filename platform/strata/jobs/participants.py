@@ -30,8 +30,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from components.runtime.credentials import subject_problem
-from components.runtime.tokens import MAX_TOKEN_CHARS, token_digest
+from components.runtime.shared.credentials import subject_problem
+from components.runtime.shared.tokens import MAX_TOKEN_CHARS, token_digest
 from strata.api.values import safe_name
 from strata.jobs.models import TERMINAL_STATES, Job, JobState, JobToken, Participant
 from strata.jobs.services import SubmitRejected, job_event, participant_admission
@@ -191,7 +191,7 @@ def participant_authorize(raw_token: Any, job_id) -> tuple[Job, JobToken]:
     """The job and the token when ``raw_token`` is a working access token of job ``job_id`` (ParticipantDenied
     otherwise, the same for an unknown job, another job's token, a revoked or an expired one); then the job's kind
     must take participants (a 400 on ``job``) and the job must be RUNNING (ParticipantConflict)."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
 
     denied = ParticipantDenied(f"the access token is not valid for job {job_id} (unknown, revoked, expired or "
                                "another job's): ask the job's team for one (strata job-token create)")

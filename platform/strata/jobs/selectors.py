@@ -83,7 +83,7 @@ def submit_team(request, slug: str | None) -> Team:
 
 def source_artifact(job: Job, name: str):
     """Artifact ``name`` of a job that ``job``'s spec reads from (same team only), or None."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
     from strata.jobs.models import Artifact
 
     for ref in get_kind(job.kind).sources(job.spec):
@@ -95,12 +95,12 @@ def source_artifact(job: Job, name: str):
 
 def reads_user_output(job: Job, depth: int = 8) -> bool:
     """Whether ``job`` reads artifacts (its kind's ``sources()``) that a team's own code produced: a source job
-    that ran a project, a command or an entry point (``components.runtime.project.runs_user_code``), or that
+    that ran a project, a command or an entry point (``components.runtime.contract.project.runs_user_code``), or that
     itself read such artifacts, up to ``depth`` jobs back. What a team's code wrote (a model file holding an
     exported program, say) may be code too, so such a job runs like one: in its own processes, in the node's
     sandbox, never in a node service shared with other teams' attempts."""
-    from components.runtime.project import runs_user_code
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.project import runs_user_code
+    from components.runtime.contract.registry import get_kind
 
     try:
         refs = get_kind(job.kind).sources(job.spec)

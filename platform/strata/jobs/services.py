@@ -16,9 +16,9 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from components.runtime import protocol
-from components.runtime.registry import subscribers as registry_subscribers
-from components.runtime.tokens import token_digest
+from components.runtime.contract.registry import subscribers as registry_subscribers
+from components.runtime.shared import protocol
+from components.runtime.shared.tokens import token_digest
 from strata.cluster.models import Device
 from strata.jobs import history
 from strata.jobs.data import data_link
@@ -120,7 +120,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
             history.record("submit", job=job, kind=job.kind, team=team.slug, max_attempts=job.max_attempts,
                            parent=str(parent.pk) if parent is not None else None)
             if registry_subscribers():
-                from components.runtime.events import JobTransitioned
+                from components.runtime.contract.events import JobTransitioned
 
                 emit(JobTransitioned(job_id=str(job.pk), team_id=team.pk, kind=job.kind, source=None,
                                      target=S.PENDING, reason="submitted"))
@@ -190,7 +190,7 @@ def nested_fit_problem(resources: dict, room: list[dict]) -> str | None:
 def check_sources(team, kind: str, spec: dict) -> None:
     """Every job a spec reads from must be a job of ``team`` of the right kind that SUCCEEDED and stored the
     artifact. Another team's job is reported exactly like a missing one."""
-    from components.runtime.registry import get_kind, kinds
+    from components.runtime.contract.registry import get_kind, kinds
 
     kind_spec = get_kind(kind)
     for ref in kind_spec.sources(spec):
@@ -215,7 +215,7 @@ def check_sources(team, kind: str, spec: dict) -> None:
 def check_secrets(team, spec: dict) -> None:
     """The secrets a spec asks for (``environment.secrets``, whatever its kind) must be the team's: a missing one
     (another team's included) is a 400 naming ``spec.environment.secrets``."""
-    from components.runtime.project import requested_secrets, secrets_errors
+    from components.runtime.contract.project import requested_secrets, secrets_errors
     from strata.accounts.team_secrets import secrets_missing
 
     environment = spec.get("environment") if isinstance(spec, dict) else None
@@ -233,8 +233,8 @@ def record_lookup(team):
     """``lookup(collection, name)``: the body (with ``name``) of ``team``'s record of that name in a plugin's
     collection, or of the collection's built-in entry of that name; None when there is neither. The core's own
     collection ``DATA_COLLECTION`` is the team's uploaded data sets (``strata.jobs.data``)."""
-    from components.runtime import registry
-    from components.runtime.data import DATA_COLLECTION
+    from components.runtime.contract import registry
+    from components.runtime.contract.data import DATA_COLLECTION
     from strata.jobs.data import data_lookup
     from strata.jobs.models import PluginRecord
 
@@ -256,7 +256,7 @@ def record_lookup(team):
 def resolve_data(team, spec: dict) -> dict:
     """The spec with its ``data`` options resolved by their providers (names of the team's registered records
     replaced by what they name, see ``DataProvider.resolve``); a name that resolves to nothing is a 400."""
-    from components.runtime.data import resolve_options
+    from components.runtime.contract.data import resolve_options
 
     data = spec.get("data") if isinstance(spec, dict) else None
     if not isinstance(data, dict) or not data:
@@ -273,7 +273,7 @@ def job_token_create(job: Job, *, user, name: str = "", expires_in_s: int | None
 
     Only kinds whose ``KindSpec.accepts_tokens`` is true have tokens, and not once the job has ended (a
     :class:`SubmitRejected` on ``kind`` or ``state``, a 400)."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
 
     if not get_kind(job.kind).accepts_tokens:
         raise SubmitRejected("kind", f"{job.kind} jobs take no access tokens: nothing in them checks one")
@@ -579,7 +579,7 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
                  for item in logs[: max(room, 0)]]
         LogLine.objects.bulk_create(lines)
     if metrics and registry_subscribers():
-        from components.runtime.events import MetricsReported
+        from components.runtime.contract.events import MetricsReported
 
         last = {}
         for item in sorted(metrics, key=lambda item: int(item["step"])):
@@ -628,7 +628,7 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
         job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
                   attempt=attempt, outcome=outcome)
         if registry_subscribers():
-            from components.runtime.events import AttemptEnded
+            from components.runtime.contract.events import AttemptEnded
 
             kind = Job.objects.filter(pk=attempt.job_id).values_list("kind", flat=True).first() or ""
             emit(AttemptEnded(attempt_id=str(attempt.pk), job_id=str(attempt.job_id), kind=kind,
@@ -637,7 +637,7 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
     return bool(ended)
 
 
-# How an attempt ended, as data (components.runtime.protocol, shared with the node's worker): an outcome that
+# How an attempt ended, as data (components.runtime.shared.protocol, shared with the node's worker): an outcome that
 # ``requeue``s (a host such as a device's sharing service died under the attempt) is recorded as that outcome
 # (Attempt.Outcome.SERVICE_LOST) and the job is requeued without counting a failure, as for a lost node --
 # except that the LOST_LIMIT-th such loss of one job fails it (a crash loop must end).
@@ -693,7 +693,7 @@ def _secondary_end(attempt: Attempt, job: Job, node, outcome: str) -> bool:
 
 
 def _elastic(kind: str) -> bool:
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
 
     try:
         return bool(get_kind(kind).elastic_ranks)

@@ -78,11 +78,11 @@ def _stop_participants(job_id, target: str, now) -> None:
 
 def _announce(job, job_id, sources, target: str, reason: str) -> None:
     """The lifecycle event of a transition, delivered to plugins after commit (strata.jobs.events)."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     if not registry.subscribers():
         return
-    from components.runtime.events import JobTransitioned
+    from components.runtime.contract.events import JobTransitioned
     from strata.jobs.events import emit
 
     if isinstance(job, Job):

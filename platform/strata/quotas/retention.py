@@ -122,7 +122,7 @@ class Jobs:
 
 def _objective(rule: Rule) -> tuple[str, str] | None:
     """The metric and mode a ``best`` rule ranks by: the rule's own, else the governing job's kind's objective."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
 
     metric, mode = rule.value.get("metric"), rule.value.get("mode")
     if metric is None or mode is None:
@@ -156,7 +156,7 @@ def readers(jobs) -> tuple[set[tuple[str, str]], set[int]]:
     """What the given jobs (not ended) read: ``{(source job id, artifact name)}`` from their kinds' ``sources()``,
     and the teams of jobs whose sources cannot be known (a kind no longer installed: nothing of those teams'
     artifacts is collected)."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
 
     read, unknown = set(), set()
     for kind, spec, team_id in jobs.values_list("kind", "spec", "team_id"):

@@ -3,7 +3,7 @@
 A cluster admin grants roots to a team (``Quota.data_roots``: ``PATCH /api/v1/quotas/{team}/``, ``strata quota
 TEAM --set data_roots=...``, the quota editor). The rules a path a team names must pass live here, once
 (:func:`path_problem`), and reach the plugins' collections through the collections seam
-(:class:`components.runtime.collections.RecordContext`, built per registration by :func:`record_context`):
+(:class:`components.runtime.contract.collections.RecordContext`, built per registration by :func:`record_context`):
 
 1. it never lies under, or contains, the platform's own directories: the state directory (``STRATA_HOME``), the
    artifact store's root and the SQLite database's directory, even when a granted root contains them;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from components.runtime.collections import RecordContext, normal_path, path_within
+from components.runtime.contract.collections import RecordContext, normal_path, path_within
 from strata.quotas.models import Quota
 
 MAX_ROOTS = 64

@@ -334,7 +334,7 @@ KEEP_FIELD = "keep"
 
 
 def _clean_value(name: str, value):
-    from components.runtime.units import parse_bytes
+    from components.runtime.shared.units import parse_bytes
 
     kind, nullable, minimum, maximum = QUOTA_FIELDS[name]
     if isinstance(value, str):

@@ -150,8 +150,8 @@ class _Queue:
 def _queue_by_team(quotas: dict[int, Quota]) -> _Queue:
     """Each team's queued jobs in priority order: ``(-(priority + boost), queued_at, id, resources, reason,
     kind)``, with the resources the plugins' resource-estimate hooks say the job reserves."""
-    from components.runtime import registry
-    from components.runtime.policies import ResourceEstimate
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import ResourceEstimate
 
     estimators = registry.hooks(ResourceEstimate)
     queues: dict[int, list] = defaultdict(list)
@@ -179,7 +179,7 @@ class _estimator:
     attempts, and recent jobs of its kind and spec (``by_spec``: kinds for which that exists)."""
 
     def __init__(self, hooks: list, rows):
-        from components.runtime.policies import Demand, estimate
+        from components.runtime.contract.policies import Demand, estimate
 
         self.demand, self.estimate = Demand, estimate
         self.hooks = hooks
@@ -214,10 +214,10 @@ class _estimator:
 
 
 def _hooked_order(team_id: int, items: list[tuple]) -> list[tuple]:
-    """One team's queue after the plugins' queue-order hooks (``components.runtime.policies.QueueOrder``): each
+    """One team's queue after the plugins' queue-order hooks (``components.runtime.contract.policies.QueueOrder``): each
     permutes only its own kinds' jobs within a priority level. Unchanged when no plugin has such a hook."""
-    from components.runtime import registry
-    from components.runtime.policies import QueueOrder, reorder
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import QueueOrder, reorder
 
     hooks = registry.hooks(QueueOrder)
     if not hooks or len(items) < 2:
@@ -240,8 +240,8 @@ def _specs(job_ids: list) -> dict:
 
 
 def _view(team_id: int, item: tuple, spec: dict | None):
-    """What a hook sees of a queued job (``components.runtime.policies.QueuedJob``)."""
-    from components.runtime.policies import QueuedJob
+    """What a hook sees of a queued job (``components.runtime.contract.policies.QueuedJob``)."""
+    from components.runtime.contract.policies import QueuedJob
 
     return QueuedJob(id=str(item[2]), team_id=team_id, kind=item[5], priority=-item[0],
                      queued_at=item[1].timestamp() if item[1] else 0.0, resources=dict(item[3]),
@@ -290,7 +290,7 @@ def _chooser(team_id: int, item: tuple, hooks: list, capacity: CapacityIndex, in
     (``PlacementScore.wants``), so such a job costs no candidate list."""
     if not any(hook.applies(item[5]) for hook in hooks):
         return None
-    from components.runtime.policies import Candidate, best, wanting
+    from components.runtime.contract.policies import Candidate, best, wanting
 
     view = _view(team_id, item, inputs.specs.get(item[2]))
     hooks = [hook for hook in hooks if hook.applies(item[5]) and wanting(hook, view)]
@@ -328,8 +328,8 @@ def _held_by_team() -> dict[int, float]:
 @timed_pass  # strata_scheduler_pass_seconds (strata.telemetry.metrics)
 def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassResult:
     """Admit pending jobs, then place queued jobs in priority and weighted fair-share order."""
-    from components.runtime import registry
-    from components.runtime.policies import PlacementScore
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import PlacementScore
 
     started = time.perf_counter()
     result = PassResult()
@@ -567,11 +567,11 @@ def _placed_text(taken: list, nested: bool, names: dict) -> str:
 
 def _announce_scheduled(job_ids: list) -> None:
     """One lifecycle event per job the bulk UPDATE moved QUEUED -> SCHEDULED, delivered after commit."""
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     if not registry.subscribers():
         return
-    from components.runtime.events import JobTransitioned
+    from components.runtime.contract.events import JobTransitioned
     from strata.jobs.events import emit_many
 
     rows = Job.objects.filter(pk__in=job_ids).values_list("id", "team_id", "kind")
@@ -585,8 +585,8 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
     cost least in all (each costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise; a hook may refuse
     one). Attempts that are already stopping (cancelled or preempted) count as free at no cost. Returns how
     many were preempted."""
-    from components.runtime import registry
-    from components.runtime.policies import PreemptionCost, Victim, preemption_cost
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import PreemptionCost, Victim, preemption_cost
 
     hooks = registry.hooks(PreemptionCost)
     # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.

@@ -8,7 +8,7 @@ Three tiers, so a chart over any range reads a bounded number of rows:
   ``STRATA_TELEMETRY_RETENTION_DAYS`` (35 days).
 
 ``ReportSeries`` rows are the plugins' time series from the generic report channel (the ``series`` part of a
-node report, see ``components.runtime.plugins.ReportParts``: who ran when on a device, for example); they are
+node report, see ``components.runtime.contract.plugins.ReportParts``: who ran when on a device, for example); they are
 kept as long as raw samples.
 
 ``RollupWatermark`` records, per resolution, up to where rollups are complete (see

@@ -6,13 +6,13 @@ from typing import ClassVar
 
 from components.datacache.datasets import DEFAULT_AUGMENT, Datasets, definition, pipeline_id
 from components.datacache.hooks import PreferCachedPipeline
-from components.runtime.conformance.collections import CollectionConformance
-from components.runtime.conformance.data import DataProviderConformance
-from components.runtime.conformance.panels import PanelConformance
-from components.runtime.conformance.policies import PlacementScoreConformance
-from components.runtime.conformance.services import NodeServiceConformance
-from components.runtime.panels import StaticPanelData
-from components.runtime.policies import Candidate, QueuedJob
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.contract.policies import Candidate, QueuedJob
+from components.runtime.testing.conformance.collections import CollectionConformance
+from components.runtime.testing.conformance.data import DataProviderConformance
+from components.runtime.testing.conformance.panels import PanelConformance
+from components.runtime.testing.conformance.policies import PlacementScoreConformance
+from components.runtime.testing.conformance.services import NodeServiceConformance
 
 PETS = {"name": "pets", "source": {"path": "/data/pets"}, "format": "image-folder"}
 

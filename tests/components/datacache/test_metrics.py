@@ -6,8 +6,8 @@ import numpy as np
 
 from components.datacache.metrics import metrics
 from components.datacache.service import DataCacheService
-from components.runtime.conformance.reports import MetricsConformance
-from components.runtime.plugins import Sample
+from components.runtime.contract.plugins import Sample
+from components.runtime.testing.conformance.reports import MetricsConformance
 
 REPORT = {"time": 5.0, "bytes": 2 << 20, "budget": 1 << 30, "hits": 3, "misses": 1, "evictions": 2, "corrupt": 0,
           "uncached": 1, "entries": [{"key": "k" * 16, "dataset": "pets", "pipeline": "p", "part": "variant-0",

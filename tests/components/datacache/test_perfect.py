@@ -12,7 +12,7 @@ import pytest
 from components.datacache import pipeline as pipelines
 from components.datacache.source import Plan
 from components.datacache.store import CacheStore
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.component import TrainComponent
 from components.train.spec import TrainSpec
 

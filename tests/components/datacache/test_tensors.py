@@ -7,7 +7,7 @@ import torch
 
 from components.datacache.provider import DataCacheProvider
 from components.datacache.store import CacheStore
-from components.runtime.data import Memo, prepare
+from components.runtime.contract.data import Memo, prepare
 
 
 def test_prepared_tensors_are_cached_and_read_back_identical(cache_dir):

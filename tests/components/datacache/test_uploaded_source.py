@@ -19,9 +19,9 @@ from components.datacache.datasets import (
 )
 from components.datacache.pipeline import load_raw
 from components.datacache.provider import DataCacheProvider
-from components.runtime.collections import StaticRecordContext
-from components.runtime.data import DATA_COLLECTION, DATA_SETS_ENV, data_sets_of, resolve_options
-from components.runtime.spec import SpecError
+from components.runtime.contract.collections import StaticRecordContext
+from components.runtime.contract.data import DATA_COLLECTION, DATA_SETS_ENV, data_sets_of, resolve_options
+from components.runtime.contract.spec import SpecError
 
 DIGEST = "a" * 64
 IMAGES = {"digest": DIGEST, "format": "archive", "size": 900, "expanded_size": 4000}

@@ -10,12 +10,12 @@ import pytest
 from components.decentral.hooks import SwarmCarriesOn
 from components.decentral.report import SwarmReport
 from components.decentral.spec import DecentralizedTrainSpec
-from components.runtime.conformance.kinds import KindSpecConformance
-from components.runtime.conformance.panels import PanelConformance
-from components.runtime.panels import StaticPanelData
-from components.runtime.plugins import ReportError
-from components.runtime.policies import LostAttempt, NodeLoss
-from components.runtime.spec import SpecError
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.contract.plugins import ReportError
+from components.runtime.contract.policies import LostAttempt, NodeLoss
+from components.runtime.contract.spec import SpecError
+from components.runtime.testing.conformance.kinds import KindSpecConformance
+from components.runtime.testing.conformance.panels import PanelConformance
 
 
 class TestDecentralizedTrainSpec(KindSpecConformance):

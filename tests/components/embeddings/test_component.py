@@ -11,7 +11,7 @@ import torch
 
 from components.embeddings.component import USER_FORMAT, CompressComponent, read_user_checkpoint
 from components.embeddings.spec import CompressEmbeddingsSpec
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 
 SOURCE = "5b0c3f7e-2a51-4c1e-9d0e-3f6b8f1a2c44"
 

@@ -12,9 +12,9 @@ from components.embeddings.panels import (
     signed,
 )
 from components.embeddings.report import CompressionReport
-from components.runtime.conformance.job_routes import JobRouteConformance
-from components.runtime.conformance.panels import PanelConformance
-from components.runtime.panels import StaticPanelData
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.testing.conformance.job_routes import JobRouteConformance
+from components.runtime.testing.conformance.panels import PanelConformance
 
 JOB = {"id": "j1", "kind": "compress-embeddings", "state": "RUNNING",
        "spec": {"source": {"job": "0b7a4c1e-1111-2222-3333-444455556666", "artifact": "model.pt"}, "ratio": 20.0}}

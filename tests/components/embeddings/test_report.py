@@ -8,8 +8,8 @@ import json
 import pytest
 
 from components.embeddings.report import MAX_FIELDS, CompressionReport
-from components.runtime.conformance.kinds import light_import_problem
-from components.runtime.plugins import ReportError
+from components.runtime.contract.plugins import ReportError
+from components.runtime.testing.conformance.kinds import light_import_problem
 
 FIELD = {"name": "C1", "features": 100, "seen": 90, "distinct": 80, "clusters": 10, "head": 9,
          "bytes_before": 12800, "bytes_after": 640, "seconds": 0.5, "lossless": False, "distortion": 0.25,

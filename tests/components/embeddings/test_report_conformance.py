@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime.conformance.reports import ReportSchemaConformance
-from components.runtime.plugins import ReportError
+from components.runtime.contract.plugins import ReportError
+from components.runtime.testing.conformance.reports import ReportSchemaConformance
 
 
 def _sibling(name: str):

@@ -7,9 +7,9 @@ import pytest
 from components.embeddings.commands import render
 from components.embeddings.routes import compression
 from components.embeddings.spec import CompressEmbeddingsSpec
-from components.runtime.conformance.kinds import KindSpecConformance
-from components.runtime.panels import StaticPanelData
-from components.runtime.spec import SourceRef, SpecError
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.contract.spec import SourceRef, SpecError
+from components.runtime.testing.conformance.kinds import KindSpecConformance
 
 JOB = "5b0c3f7e-2a51-4c1e-9d0e-3f6b8f1a2c44"
 

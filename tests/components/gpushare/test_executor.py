@@ -10,7 +10,7 @@ from components.gpushare.executor import DeviceExecutor, ExecutorClosed, JobStat
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.sessions import CallableSession, Progress, Session, TrainLoopSession, WorkloadSession
 from components.gpushare.stages import InferenceSession, StagedSession
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.loop import TrainLoop
 from components.train.spec import TrainSpec
 from components.train.workloads import builtin_workload

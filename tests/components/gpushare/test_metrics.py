@@ -8,7 +8,7 @@ import pytest
 
 from components.gpushare.metrics import metrics
 from components.gpushare.node import DeviceSharingService
-from components.runtime.conformance.reports import MetricsConformance
+from components.runtime.testing.conformance.reports import MetricsConformance
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())
 

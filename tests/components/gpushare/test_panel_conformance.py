@@ -1,6 +1,6 @@
 """gpushare's panels against the panel conformance suite (on data with nothing shared, and on a job share)."""
 
-from components.runtime.conformance.panels import PanelConformance, StaticData
+from components.runtime.testing.conformance.panels import PanelConformance, StaticData
 
 
 class TestGpuShareTimelinePanel(PanelConformance):

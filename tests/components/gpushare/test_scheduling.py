@@ -4,8 +4,8 @@ never more than the largest device when the measurement fits it; the hook passes
 from __future__ import annotations
 
 from components.gpushare.scheduling import MEASURED_HEADROOM, LendMeasuredMemory
-from components.runtime.conformance.policies import ResourceEstimateConformance
-from components.runtime.policies import Demand
+from components.runtime.contract.policies import Demand
+from components.runtime.testing.conformance.policies import ResourceEstimateConformance
 
 GiB = 2**30
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from components.gpushare.node import DeviceSharingService
-from components.runtime.conformance import wait_for
-from components.runtime.conformance.services import NodeServiceConformance
-from components.runtime.protocol import HostAddress
+from components.runtime.shared.protocol import HostAddress
+from components.runtime.testing.conformance import wait_for
+from components.runtime.testing.conformance.services import NodeServiceConformance
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,7 @@ import torch
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.sessions import CallableSession, TrainLoopSession
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.loop import TrainLoop
 from components.train.spec import TrainSpec
 from components.train.workloads import builtin_workload

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import components.gpushare.sessions  # noqa: F401 -- the host: installs its tools (memory profiling) into train's sessions
-from components.runtime.component import NotHostable
-from components.runtime.conformance.sessions import SessionConformance
-from components.runtime.context import LocalContext
+from components.runtime.contract.component import NotHostable
+from components.runtime.contract.context import LocalContext
+from components.runtime.testing.conformance.sessions import SessionConformance
 from components.train.component import TrainComponent
 
 pytestmark = pytest.mark.timeout(300)

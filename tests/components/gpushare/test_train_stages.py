@@ -14,7 +14,7 @@ from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.sessions import CallableSession, Progress, TrainLoopSession
 from components.gpushare.stages import InferenceSession, StagedTrainStep
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.loop import TrainLoop, cpu_snapshot
 from components.train.spec import TrainSpec
 from components.train.workloads import MLPDigits, builtin_workload

@@ -1,14 +1,14 @@
-"""The node agent's drain and leave (components.runtime.agent), and the devices a batch system grants
-(components.runtime.devices.visible_indices). The real thing runs under Slurm in tests/e2e/test_slurm.py."""
+"""The node agent's drain and leave (components.runtime.node.agent), and the devices a batch system grants
+(components.runtime.node.devices.visible_indices). The real thing runs under Slurm in tests/e2e/test_slurm.py."""
 
 from __future__ import annotations
 
 import signal
 import time
 
-from components.runtime.agent import LEAVE_MARGIN_S, NodeAgent, NodeOptions
-from components.runtime.client import ApiError
-from components.runtime.devices import DeviceInfo, visible_ids, visible_indices
+from components.runtime.client.client import ApiError
+from components.runtime.node.agent import LEAVE_MARGIN_S, NodeAgent, NodeOptions
+from components.runtime.node.devices import DeviceInfo, visible_ids, visible_indices
 
 
 class FakeClient:

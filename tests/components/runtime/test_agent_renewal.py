@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from components.runtime.client import ApiError
+from components.runtime.client.client import ApiError
 
 
 class Plane:
@@ -31,7 +31,7 @@ class Plane:
 
 
 def make_agent(tmp_path, plane):
-    from components.runtime.agent import NodeAgent, NodeOptions
+    from components.runtime.node.agent import NodeAgent, NodeOptions
 
     agent = NodeAgent(NodeOptions(server="http://127.0.0.1:9", token="t", name="node-a", virtual_gpus=2,
                                   virtual_gpu_memory=4 << 30, state_dir=tmp_path / "node", sandbox="none"))

@@ -10,7 +10,7 @@ import time
 import pytest
 from kombu import Connection
 
-from components.runtime.broker import EMBEDDED_SCHEME, celery_broker_options
+from components.runtime.shared.broker import EMBEDDED_SCHEME, celery_broker_options
 
 MESSAGES = 400
 PAYLOAD = {"body": "x" * 200_000}  # large enough that a write is not one instant
@@ -115,7 +115,7 @@ def _answers(client) -> bool:
 
 @pytest.mark.parametrize("scheme", ["redis", "rediss"])
 def test_redis_urls_keep_their_scheme_and_get_the_restart_safe_transport(scheme):
-    from components.runtime.broker import RedisTransport
+    from components.runtime.shared.broker import RedisTransport
 
     settings = celery_broker_options(f"{scheme}://127.0.0.1:1/0")
     assert settings["broker_url"] == f"{scheme}://127.0.0.1:1/0"

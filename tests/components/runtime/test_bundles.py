@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from components.runtime import bundles
-from components.runtime.bundles import BundleError
+from components.runtime.shared import bundles
+from components.runtime.shared.bundles import BundleError
 
 
 def make_project(root):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from components.runtime.client import _describe, storable_text
+from components.runtime.client.client import _describe, storable_text
 
 
 def response(status: int, body: str, content_type: str) -> requests.Response:

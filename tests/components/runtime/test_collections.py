@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from components.runtime.collections import Collection, StaticRecordContext, normal_path, path_within
-from components.runtime.conformance.collections import CollectionConformance
-from components.runtime.spec import SpecError
+from components.runtime.contract.collections import Collection, StaticRecordContext, normal_path, path_within
+from components.runtime.contract.spec import SpecError
+from components.runtime.testing.conformance.collections import CollectionConformance
 
 
 @pytest.mark.parametrize("path,normal", [("/", "/"), ("/srv/data/", "/srv/data"), ("//srv//./data", "/srv/data"),

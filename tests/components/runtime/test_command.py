@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from components.runtime.command import CommandFailed, run_command
-from components.runtime.context import LocalContext
-from components.runtime.project import UserError, parse_report
+from components.runtime.contract.context import LocalContext
+from components.runtime.contract.project import UserError, parse_report
+from components.runtime.node.command import CommandFailed, run_command
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.runtime.context import context_from_payload
+from components.runtime.client.remote import context_from_payload
 
 
 def payload(**extra):

@@ -1,4 +1,4 @@
-"""Job credentials (components.runtime.credentials): signed, checked, refused when tampered with, expired, for
+"""Job credentials (components.runtime.shared.credentials): signed, checked, refused when tampered with, expired, for
 another job or subject, or checked with another key; the local context signs with a key its workdir keeps, and
 the remote context asks the control plane."""
 
@@ -10,9 +10,9 @@ import secrets
 
 import pytest
 
-from components.runtime.context import Context, LocalContext
-from components.runtime.credentials import parse, public_key_hex, sign_with, verify
-from components.runtime.remote import RemoteContext
+from components.runtime.client.remote import RemoteContext
+from components.runtime.contract.context import Context, LocalContext
+from components.runtime.shared.credentials import parse, public_key_hex, sign_with, verify
 
 SEED = bytes(range(32))
 JOB = "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"

@@ -1,4 +1,4 @@
-"""The prepared-data seam (components/runtime/data.py): recipes and their keys, the per-process memo (one build
+"""The prepared-data seam (components/runtime/contract/data.py): recipes and their keys, the per-process memo (one build
 per recipe, even for concurrent callers), providers that jobs opt into with ``spec.data``, the option check that
 names every bad option, and the registry's ``data_providers`` seam."""
 
@@ -10,9 +10,8 @@ from typing import ClassVar
 
 import pytest
 
-from components.runtime import registry
-from components.runtime.conformance.data import DataProviderConformance
-from components.runtime.data import (
+from components.runtime.contract import registry
+from components.runtime.contract.data import (
     DATA_COLLECTION,
     DataProvider,
     Memo,
@@ -22,7 +21,8 @@ from components.runtime.data import (
     recipe_key,
     resolve_options,
 )
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
+from components.runtime.testing.conformance.data import DataProviderConformance
 
 
 class DiskCache(DataProvider):
@@ -144,7 +144,7 @@ def test_plugins_contribute_data_providers_and_an_option_has_one_owner(install_p
     assert [type(p).__name__ for p in registry.data_providers()] == ["DataCacheProvider", "DiskCache"]
     assert "data option 'stash' (already disk-cache's)" in registry.problems()["other-cache"]
     # The train kind's spec takes the installed provider's option, and names a bad value.
-    from components.runtime.spec import SpecError
+    from components.runtime.contract.spec import SpecError
     from components.train.spec import TrainSpec
 
     assert TrainSpec().validate({"workload": "mlp-digits", "data": {"stash": True}})["data"] == {"stash": True}

@@ -1,4 +1,4 @@
-"""The distributed-training seam (components.runtime.distributed): the ``spec.distributed`` check, defaults,
+"""The distributed-training seam (components.runtime.contract.distributed): the ``spec.distributed`` check, defaults,
 fault injection (Slowdown, Link), strategy runtimes, and the gang collectives and rendezvous across two real
 gloo processes on 127.0.0.1."""
 
@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-from components.runtime import distributed
-from components.runtime.context import LocalContext
-from components.runtime.distributed import (
+from components.runtime.contract import distributed
+from components.runtime.contract.context import LocalContext
+from components.runtime.contract.distributed import (
     Link,
     Slowdown,
     Strategy,
@@ -28,8 +28,8 @@ from components.runtime.distributed import (
     ring_allreduce_bytes,
     slow_errors,
 )
-from components.runtime.gang import Gang
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
+from components.runtime.node.gang import Gang
 
 ROOT = Path(__file__).resolve().parents[3]
 P = "spec.distributed"
@@ -364,7 +364,7 @@ RANK = r"""
 import json, sys
 import torch
 torch.set_num_threads(1)
-from components.runtime.gang import Gang, init_gang
+from components.runtime.node.gang import Gang, init_gang
 mode, rank, world, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 logs = []
 if mode == "store":  # a process group made by hand: tests Gang alone
@@ -375,7 +375,7 @@ if mode == "store":  # a process group made by hand: tests Gang alone
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     gang = Gang(rank=rank, world_size=world, backend="gloo", device="cpu", address=f"127.0.0.1:{where}")
 else:  # init_gang through LocalContexts sharing one workdir
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     ctx = LocalContext(job_id="j", attempt_id="a1", spec={}, rank=rank, world_size=world, workdir=where)
     gang = init_gang(ctx, {"timeout_s": 90, "backend": "auto"})
     logs = [message for _, _, message in ctx.logs]
@@ -446,7 +446,7 @@ def test_a_local_rank_waits_for_its_own_attempt(tmp_path):
 
 
 def test_the_base_context_has_no_rendezvous(tmp_path):
-    from components.runtime.context import Rendezvous
+    from components.runtime.contract.context import Rendezvous
 
     gang = Rendezvous(ctx(tmp_path))  # what a context without the part answers
     assert gang.node_address() is None and gang.nodes() == []

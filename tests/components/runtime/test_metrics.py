@@ -1,4 +1,4 @@
-"""The node agent's Prometheus metrics (components.runtime.metrics) and a report schema's ``metrics``."""
+"""The node agent's Prometheus metrics (components.runtime.node.metrics) and a report schema's ``metrics``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from components.runtime import registry
-from components.runtime.agent import NodeAgent, NodeOptions
-from components.runtime.plugins import Plugin, ReportSchema, Sample, sample_problems
-from components.runtime.services import NodeInfo, NodeService, Supervisor
+from components.runtime.contract import registry
+from components.runtime.contract.plugins import Plugin, ReportSchema, Sample, sample_problems
+from components.runtime.contract.services import NodeInfo, NodeService, Supervisor
+from components.runtime.node.agent import NodeAgent, NodeOptions
 
 # -- two outside plugins: one whose metrics work, one whose metrics function raises ----------------------------
 
@@ -192,7 +192,7 @@ def test_the_node_serves_devices_heartbeats_services_and_plugin_metrics(agent):
 
 
 def test_a_plugin_sample_that_takes_a_core_or_another_plugins_name_is_left_out(agent):
-    from components.runtime.metrics import NodeMetrics
+    from components.runtime.node.metrics import NodeMetrics
 
     functions = {"probe": lambda report: [Sample("strata_probe_queue", 1.0)],
                  "node": lambda report: [Sample("strata_node_attempts_running", 5.0)]}
@@ -218,7 +218,7 @@ def test_the_agent_starts_the_server_on_its_address_when_asked(agent):
     assert agent.start_metrics() == port  # --metrics-bind defaults to the node's --address (127.0.0.1)
     assert ("strata_node_heartbeats_total", (("node", "node-a"),)) in _scrape(port)
     # A taken port costs only the metrics.
-    from components.runtime.metrics import NodeMetrics
+    from components.runtime.node.metrics import NodeMetrics
 
     assert NodeMetrics(agent).start(port, "127.0.0.1") is None
 

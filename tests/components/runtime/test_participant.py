@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from components.runtime.client import ApiError
-from components.runtime.participant import ParticipantContext, ParticipantSession
+from components.runtime.client.client import ApiError
+from components.runtime.client.participant import ParticipantContext, ParticipantSession
 
 JOINED = {"id": "p1", "name": "box", "gpus": 0.0, "secret": "sp_s", "public_key": "ab" * 32,
           "job": {"id": "j1", "kind": "swarm", "spec": {"steps": 3}, "state": "RUNNING"},
@@ -171,7 +171,7 @@ def test_state_and_artifacts_stay_in_the_workdir(tmp_path):
 
 
 def test_the_session_joins_and_leaves(tmp_path, monkeypatch):
-    from components.runtime import participant
+    from components.runtime.client import participant
 
     calls = []
     monkeypatch.setattr(participant, "participant_join",

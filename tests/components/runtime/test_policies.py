@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
-from components.runtime.conformance.policies import PlacementScoreConformance
-from components.runtime.policies import Candidate, PlacementScore, QueuedJob, best
+from components.runtime.contract.policies import Candidate, PlacementScore, QueuedJob, best
+from components.runtime.testing.conformance.policies import PlacementScoreConformance
 
 JOB = QueuedJob(id="j", team_id=1, kind="k", priority=0, queued_at=1.0, resources={"workers": 2})
 

@@ -11,17 +11,16 @@ import time
 import pytest
 from support import index_environment, package_index
 
-from components.runtime import bundles
-from components.runtime.project import (
+from components.runtime.contract.project import UserError, uses_project
+from components.runtime.node.project_cache import (
     DiskCache,
     ProjectCache,
-    UserError,
     build_environment,
     environment_digest,
     prepare_rank,
     remove_workdir,
-    uses_project,
 )
+from components.runtime.shared import bundles
 
 HELLO = {"strata-hello": {"strata_hello/__init__.py": "GREETING = 'hello from the index'\n"}}
 
@@ -97,7 +96,7 @@ def test_the_environment_installs_from_the_index_and_sees_the_node_packages(tmp_
     import subprocess
 
     out = subprocess.run([str(tmp_path / "env" / "bin" / "python"), "-c",
-                          "import strata_hello, torch, components.runtime.bundles; print(strata_hello.GREETING)"],
+                          "import strata_hello, torch, components.runtime.shared.bundles; print(strata_hello.GREETING)"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "hello from the index"
@@ -237,7 +236,7 @@ def test_a_data_set_whose_bytes_do_not_match_is_a_user_error(tmp_path):
 def test_what_runs_as_a_teams_code():
     """A bundle, an environment, a command, an entry point, or reading what a team's code wrote (the claim's
     ``reads_user_output``): such an attempt runs in its own sandboxed processes, never in a shared node service."""
-    from components.runtime.project import runs_user_code
+    from components.runtime.contract.project import runs_user_code
 
     builtin = {"spec": {"workload": "mlp-digits"}, "code": None}
     assert not runs_user_code(builtin) and not runs_user_code({**builtin, "reads_user_output": False})

@@ -11,16 +11,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from components.runtime import bundles, data, worker
-from components.runtime.data import DATA_SETS_ENV, DataProvider, data_set_path, data_sets_of
-from components.runtime.project import (
-    ProjectCache,
-    fetch_data_sets,
-    prepare_rank,
-    reads_data_sets,
-    runs_user_code,
-    uses_project,
-)
+from components.runtime.contract import data
+from components.runtime.contract.data import DATA_SETS_ENV, DataProvider, data_set_path, data_sets_of
+from components.runtime.contract.project import reads_data_sets, runs_user_code, uses_project
+from components.runtime.node import worker
+from components.runtime.node.project_cache import ProjectCache, fetch_data_sets, prepare_rank
+from components.runtime.shared import bundles
 
 
 class Reads(DataProvider):

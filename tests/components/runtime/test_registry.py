@@ -1,7 +1,7 @@
 import pytest
 
-from components.runtime import registry
-from components.runtime.spec import KindSpec
+from components.runtime.contract import registry
+from components.runtime.contract.spec import KindSpec
 from components.train.component import TrainComponent
 from components.train.spec import TrainSpec
 
@@ -46,9 +46,9 @@ def test_import_path_needs_module_and_attribute():
 
 from typing import ClassVar  # noqa: E402
 
-from components.runtime.collections import Collection  # noqa: E402
-from components.runtime.plugins import Command, Plugin, ReportError, ReportSchema  # noqa: E402
-from components.runtime.spec import SpecError  # noqa: E402
+from components.runtime.contract.collections import Collection  # noqa: E402
+from components.runtime.contract.plugins import Command, Plugin, ReportError, ReportSchema  # noqa: E402
+from components.runtime.contract.spec import SpecError  # noqa: E402
 
 
 class HelloSpec(TrainSpec):
@@ -119,7 +119,7 @@ def test_a_broken_plugin_costs_its_own_parts(install_plugins):
     assert "command 'submit' (already core's)" in problems["shadow"]
     assert "name 'Bad Name' must match" in problems["Bad Name"]
     assert "kinds must be a tuple" in problems["Bad Name"] and "benchmark name 'UP'" in problems["Bad Name"]
-    assert "is not a components.runtime.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
+    assert "is not a components.runtime.contract.plugins.Plugin" in problems[f"{__name__}:NOT_A_PLUGIN"]
     assert "cannot import the manifest: ModuleNotFoundError" in problems["no.such.module:PLUGIN"]
     # The platform and the healthy plugins are untouched.
     assert set(registry.plugins()) == {"train", "serving", "gpushare", "tuning", "datacache", "straggler", "decentral", "embeddings",
@@ -219,7 +219,7 @@ def test_a_declared_schema_must_be_a_json_object_schema(install_plugins):
 
 
 # -- distributed-training strategies --------------------------------------------------------------------------------
-from components.runtime.distributed import Strategy  # noqa: E402
+from components.runtime.contract.distributed import Strategy  # noqa: E402
 
 
 class Gossip(Strategy):
@@ -286,7 +286,7 @@ def test_strategies_are_checked_and_their_names_are_unique(install_plugins):
 
 # -- requirements between plugins ---------------------------------------------------------------------------
 
-from components.runtime.plugins import Requirement  # noqa: E402
+from components.runtime.contract.plugins import Requirement  # noqa: E402
 
 NEEDS_MISSING = Plugin(name="needs-missing", requires=("no-such-plugin",))
 NEEDS_TRAIN = Plugin(name="needs-train", version="1.2", requires=("train>=0.1,<1",))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.runtime.client import ApiError
-from components.runtime.remote import RemoteContext
+from components.runtime.client.client import ApiError
+from components.runtime.client.remote import RemoteContext
 
 
 class Client:
@@ -52,7 +52,7 @@ def test_a_refused_report_is_dropped_and_the_attempt_goes_on():
     assert "reports" not in client.bodies[-1] and not ctx.should_stop()
 
 
-# -- rendezvous through the control plane (components.runtime.gang.init_gang) ---------------------------------
+# -- rendezvous through the control plane (components.runtime.node.gang.init_gang) ---------------------------------
 class Rendezvous:
     """The control plane's rendezvous route: ``answers`` are what successive GETs return (an int: that error)."""
 
@@ -87,7 +87,7 @@ def test_rank_0_publishes_its_port_and_gets_its_nodes_address():
 
 
 def test_the_other_ranks_wait_for_the_address(monkeypatch):
-    from components.runtime import remote
+    from components.runtime.client import remote
 
     monkeypatch.setattr(remote.time, "sleep", lambda seconds: None)
     client = Rendezvous([{"address": None}, 503, {"address": None}, {"address": "10.0.0.1:29500"}])

@@ -1,4 +1,4 @@
-"""The sandbox a team's code runs in (components.runtime.sandbox), with the real bubblewrap: what it hides, what it
+"""The sandbox a team's code runs in (components.runtime.node.sandbox), with the real bubblewrap: what it hides, what it
 may write, its uid, its limits (rlimits here; cgroup v2 where the machine delegates a subtree), and an environment
 without the node's credentials."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime import sandbox
+from components.runtime.node import sandbox
 
 
 @pytest.fixture(scope="module")

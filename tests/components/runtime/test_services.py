@@ -1,5 +1,5 @@
-"""Node services as the agent supervises them (components.runtime.services), the agent's heartbeat body,
-the worker's choice of a host, and outcomes as data (components.runtime.protocol)."""
+"""Node services as the agent supervises them (components.runtime.contract.services), the agent's heartbeat body,
+the worker's choice of a host, and outcomes as data (components.runtime.shared.protocol)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from components.runtime import protocol
-from components.runtime.client import ApiError
-from components.runtime.conformance.services import NodeServiceConformance
-from components.runtime.protocol import End, HostAddress, finish_for
-from components.runtime.services import (
+from components.runtime.client.client import ApiError
+from components.runtime.contract.services import (
     DISABLE_ENV,
     NodeInfo,
     NodeService,
@@ -21,6 +18,9 @@ from components.runtime.services import (
     disabled_plugins,
     find_host,
 )
+from components.runtime.shared import protocol
+from components.runtime.shared.protocol import End, HostAddress, finish_for
+from components.runtime.testing.conformance.services import NodeServiceConformance
 
 
 class Memory(NodeService):
@@ -180,7 +180,7 @@ class FakeClient:
 
 @pytest.mark.parametrize("refuse", [False, True])
 def test_the_heartbeat_carries_only_core_fields_and_reports_and_a_refusal_costs_only_them(tmp_path, refuse):
-    from components.runtime.agent import NodeAgent
+    from components.runtime.node.agent import NodeAgent
 
     agent = object.__new__(NodeAgent)
     agent.state_dir = tmp_path
@@ -230,7 +230,8 @@ def test_find_host_asks_each_plugin_and_a_broken_one_loses_only_its_attempts():
 
 
 def test_the_worker_hosts_only_hostable_components(tmp_path):
-    from components.runtime import registry, worker
+    from components.runtime.contract import registry
+    from components.runtime.node import worker
 
     hostable = [kind for kind in registry.kinds() if worker.hostable(kind)]
     assert hostable, "no built-in kind is hostable"
@@ -296,7 +297,7 @@ def test_done_events_and_exit_codes():
 def test_a_hosted_attempt_ends_as_its_host_says(tmp_path, monkeypatch, event, expected):
     from multiprocessing import Pipe
 
-    from components.runtime import worker
+    from components.runtime.node import worker
 
     config = {"server": "http://127.0.0.1:9", "node_token": "t", "node": "n1", "state_dir": str(tmp_path)}
     runner = worker.AttemptRunner(config, "a" * 32, "token")
@@ -323,7 +324,7 @@ class SelectiveClient(FakeClient):
 
 
 def test_a_refused_plugin_report_costs_only_that_plugin(tmp_path):
-    from components.runtime.agent import NodeAgent
+    from components.runtime.node.agent import NodeAgent
 
     agent = object.__new__(NodeAgent)
     agent.state_dir = tmp_path

@@ -4,7 +4,7 @@ import threading
 
 from support import wait_for
 
-from components.runtime.tokens import TokenGate, bearer, token_digest
+from components.runtime.shared.tokens import TokenGate, bearer, token_digest
 
 
 def test_bearer_reads_the_authorization_header_or_x_strata_token():

@@ -1,4 +1,4 @@
-"""The node's side of direct transfers (components/runtime/transfers.py): what it sends for a part. The whole
+"""The node's side of direct transfers (components/runtime/client/transfers.py): what it sends for a part. The whole
 protocol against a real control plane and SeaweedFS: tests/e2e/test_direct_transfers.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import hashlib
 
 import requests
 
-from components.runtime.transfers import _Range, file_digest
+from components.runtime.client.transfers import _Range, file_digest
 
 
 def test_a_part_is_sent_with_its_length_never_chunked(tmp_path):

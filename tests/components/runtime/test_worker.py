@@ -1,4 +1,4 @@
-"""The node worker's supervision of an attempt's ranks (components.runtime.worker.AttemptRunner.supervise)."""
+"""The node worker's supervision of an attempt's ranks (components.runtime.node.worker.AttemptRunner.supervise)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from components.runtime import worker
+from components.runtime.node import worker
 
 
 def runner_with(tmp_path, monkeypatch, *programs: str) -> worker.AttemptRunner:

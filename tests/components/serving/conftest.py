@@ -31,7 +31,7 @@ def no_leftover_threads():
 @pytest.fixture(scope="session")
 def digits_model(tmp_path_factory):
     """A real ``model.pt``: mlp-digits trained for 3 epochs (69 steps) by a TrainLoop, as a train job saves it."""
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
     from components.train.loop import TrainLoop
     from components.train.spec import TrainSpec
     from components.train.workloads import builtin_workload

@@ -8,7 +8,7 @@ import pytest
 from support import wait_for
 
 from components.gpushare.executor import DeviceExecutor
-from components.runtime.tokens import TokenGate, token_digest
+from components.runtime.shared.tokens import TokenGate, token_digest
 from components.serving.client import ServingError, describe, predict
 from components.serving.endpoint import start_serving
 from components.serving.model import load_served_model

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from support import wait_for
 
-from components.runtime.context import DeviceHandle, LocalContext
-from components.runtime.spec import SpecError
-from components.runtime.tokens import token_digest
+from components.runtime.contract.context import DeviceHandle, LocalContext
+from components.runtime.contract.spec import SpecError
+from components.runtime.shared.tokens import token_digest
 from components.serving.client import ServingError, describe, predict
 from components.serving.component import InsecureBindError, ServeComponent, serving_hosts
 from components.serving.model import load_served_model
@@ -147,7 +147,7 @@ def test_a_refused_bind_fails_the_attempt_before_the_model_is_loaded(tmp_path, m
 
 # -- the serve session against the session conformance suite -------------------------------------------------
 
-from components.runtime.conformance.sessions import SessionConformance  # noqa: E402
+from components.runtime.testing.conformance.sessions import SessionConformance  # noqa: E402
 
 
 class TestServeSession(SessionConformance):

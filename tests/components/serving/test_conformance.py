@@ -1,8 +1,8 @@
 """The serve kind and its panel against the conformance suites shipped with the contracts."""
 
-from components.runtime.conformance.job_routes import JobRouteConformance
-from components.runtime.conformance.kinds import KindSpecConformance
-from components.runtime.conformance.panels import PanelConformance, StaticData
+from components.runtime.testing.conformance.job_routes import JobRouteConformance
+from components.runtime.testing.conformance.kinds import KindSpecConformance
+from components.runtime.testing.conformance.panels import PanelConformance, StaticData
 
 JOB = "7a1e0000-0000-4000-8000-000000000001"
 

@@ -21,7 +21,7 @@ from components.train.workloads import builtin_workload, encode
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory):
     """A moe-gpt model.pt trained for a few steps (routing that is not uniform)."""
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
 
     spec = TrainSpec().validate({"workload": "moe-gpt", "hidden": 32, "max_steps": 30, "batch_size": 8, "seed": 2})
     ctx = LocalContext(job_id="moe", attempt_id="a", spec=dict(spec), workdir=tmp_path_factory.mktemp("moe"))

@@ -21,7 +21,7 @@ from support import wait_for
 
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
-from components.runtime.tokens import TokenGate, token_digest
+from components.runtime.shared.tokens import TokenGate, token_digest
 from components.serving import endpoint as endpoint_module
 from components.serving import serving_pb2
 from components.serving.client import predict

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components.runtime.panels import StaticPanelData
+from components.runtime.contract.panels import StaticPanelData
 from components.serving.panels import ServeSloPanel, _windowed_attainment
 
 

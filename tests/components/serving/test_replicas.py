@@ -11,8 +11,8 @@ from support import wait_for
 
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
-from components.runtime.context import DeviceHandle, LocalChildren, LocalContext
-from components.runtime.panels import StaticPanelData
+from components.runtime.contract.context import DeviceHandle, LocalChildren, LocalContext
+from components.runtime.contract.panels import StaticPanelData
 from components.serving.client import Balancer, ServingError
 from components.serving.endpoint import start_serving
 from components.serving.model import load_served_model

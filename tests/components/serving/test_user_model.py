@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from components.gpushare.executor import DeviceExecutor
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.serving.client import ServingError, describe, predict
 from components.serving.endpoint import start_serving
 from components.serving.model import load_user_model
@@ -98,8 +98,8 @@ def team_model(path):
 
 
 def test_a_team_model_is_served_from_its_exported_program_in_its_own_process_only(tmp_path):
-    from components.runtime.context import DeviceHandle
-    from components.runtime.project import UserError
+    from components.runtime.contract.context import DeviceHandle
+    from components.runtime.contract.project import UserError
     from components.serving.component import ServeComponent
     from components.serving.model import load_served_model
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from components.runtime.conformance.services import NodeServiceConformance
-from components.runtime.services import NodeInfo
+from components.runtime.contract.services import NodeInfo
+from components.runtime.testing.conformance.services import NodeServiceConformance
 from components.straggler.availability import (
     AvailabilityPredictor,
     AvailabilityService,
@@ -172,7 +172,7 @@ class TestAvailabilityService(NodeServiceConformance):
 
     def test_reports_pass_the_schema_once_sampled(self, services):
         self.started(services)
-        from components.runtime.conformance import wait_for
+        from components.runtime.testing.conformance import wait_for
 
         wait_for(lambda: services[0].report() is not None, 10.0, "a first report")
         StragglerReport().node(services[0].report())

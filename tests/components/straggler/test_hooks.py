@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from components.runtime.conformance.policies import PlacementScoreConformance
-from components.runtime.policies import Candidate, PlacementScore, QueuedJob, best
+from components.runtime.contract.policies import Candidate, PlacementScore, QueuedJob, best
+from components.runtime.testing.conformance.policies import PlacementScoreConformance
 from components.straggler.hooks import AvailabilityAwarePlacement
 
 STEADY = {"predicted": {"cpu": 0.85, "memory": 0.8, "gpu": 0.9, "network": 0.95},

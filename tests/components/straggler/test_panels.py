@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from components.runtime.conformance.panels import PanelConformance
-from components.runtime.panels import StaticPanelData
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.testing.conformance.panels import PanelConformance
 from components.straggler.panels import (
     NodeGroupsPanel,
     PredictedStragglersPanel,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from components.runtime.plugins import ReportError
+from components.runtime.contract.plugins import ReportError
 from components.straggler.report import MAX_PAIRS, MAX_STEPS, StragglerReport
 
 FRACTIONS = {"cpu": 0.7, "memory": 0.5, "gpu": 0.9, "network": 0.99}

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime.conformance.reports import ReportSchemaConformance
-from components.runtime.plugins import ReportError
-from components.runtime.services import NodeInfo
+from components.runtime.contract.plugins import ReportError
+from components.runtime.contract.services import NodeInfo
+from components.runtime.testing.conformance.reports import ReportSchemaConformance
 from components.straggler.availability import AvailabilityService
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.runtime.distributed import ring_allreduce_bytes
-from components.runtime.gang import Gang
+from components.runtime.contract.distributed import ring_allreduce_bytes
+from components.runtime.node.gang import Gang
 from components.straggler.sms import (
     GradientControl,
     SMSRuntime,

@@ -78,7 +78,7 @@ LOOP_RANK = r"""
 import json, sys
 import torch
 torch.set_num_threads(1)
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.component import TrainComponent
 
 rank, world, attempt, workdir, spec, stop_step, out = sys.argv[1:8]
@@ -195,8 +195,8 @@ def _ranks_equal(flat) -> bool:
 
 
 def _run_sms(rank, world, port, folder, spec, options, steps=STEPS):
-    from components.runtime.context import LocalContext
-    from components.runtime.gang import Gang
+    from components.runtime.contract.context import LocalContext
+    from components.runtime.node.gang import Gang
     from components.straggler.sms import SMSRuntime
 
     workload = _workload(spec)
@@ -218,8 +218,8 @@ def _run_ddp(spec, steps=STEPS):
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from components.runtime.distributed import StrategyRuntime
-    from components.runtime.gang import Gang
+    from components.runtime.contract.distributed import StrategyRuntime
+    from components.runtime.node.gang import Gang
 
     workload = _workload(spec)
     import torch.distributed as dist

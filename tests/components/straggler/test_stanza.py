@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from components.runtime import distributed
-from components.runtime import gang as gang_module
+from components.runtime.contract import distributed
+from components.runtime.node import gang as gang_module
 from components.straggler.stanza import (
     SPLIT_ERROR,
     StanzaRuntime,
@@ -115,7 +115,7 @@ def test_roles_put_rank_0_among_conv_workers_and_serve_them_round_robin():
 
 
 def test_runtime_refuses_a_gang_without_enough_conv_workers(tmp_path):
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
 
     ctx = LocalContext(job_id="j", attempt_id="a", spec=make_spec(), rank=0, world_size=3, workdir=tmp_path)
     gang = gang_module.Gang(0, 3, "gloo", "cpu", "127.0.0.1:1")
@@ -279,7 +279,7 @@ def rank_main(rank: int, world: int, port: int, out: Path, args: dict) -> None:
 
 def attempt(gang, out: Path, args: dict, name: str) -> dict:
     """One attempt of a training loop's life on this rank: what the loop does with a strategy runtime."""
-    from components.runtime.context import LocalContext
+    from components.runtime.contract.context import LocalContext
 
     rank, world, spec = gang.rank, gang.world_size, args["spec"]
     ctx = LocalContext(job_id="stanza-test", attempt_id=name, spec=spec, rank=rank, world_size=world,

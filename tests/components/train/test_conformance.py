@@ -1,7 +1,7 @@
 """The train kind and its panel against the conformance suites shipped with the contracts."""
 
-from components.runtime.conformance.kinds import KindSpecConformance
-from components.runtime.conformance.panels import PanelConformance, StaticData
+from components.runtime.testing.conformance.kinds import KindSpecConformance
+from components.runtime.testing.conformance.panels import PanelConformance, StaticData
 
 
 class TestTrainSpec(KindSpecConformance):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train import model_format
 from components.train.loop import TrainLoop
 from components.train.model_format import describe_model, load_model, read_model, save_model

@@ -1,5 +1,5 @@
 """Train's distributed strategies end to end on one machine: two gloo ranks (processes) of the train loop meet
-through LocalContexts sharing one workdir (components.runtime.gang.init_gang), train mlp-digits with
+through LocalContexts sharing one workdir (components.runtime.node.gang.init_gang), train mlp-digits with
 ``ddp`` and ``post-local-sgd``, stop together when one rank is asked to, and resume on a new pair of processes
 from rank 0's checkpoint."""
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.component import TrainComponent
 from components.train.loop import GANG_STOP_EVERY
 
@@ -31,7 +31,7 @@ RANK = r"""
 import json, sys
 import torch
 torch.set_num_threads(1)
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.component import TrainComponent
 
 rank, world, attempt, workdir, spec, stop_rank, stop_step, out = sys.argv[1:9]

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from components.runtime.spec import SpecError
+from components.runtime.contract.spec import SpecError
 from components.train.spec import FIELDS, TrainSpec
 
 SPEC = TrainSpec()
@@ -215,7 +215,7 @@ def test_data_options_belong_to_an_installed_provider():
 
 
 def test_distributed_is_checked_with_the_rest_and_stored_normalized():
-    """``spec.distributed`` (a gang's strategy, components.runtime.distributed): every bad option is named beside
+    """``spec.distributed`` (a gang's strategy, components.runtime.contract.distributed): every bad option is named beside
     the spec's other errors; a good one is stored with its defaults, and only when given."""
     assert "distributed" not in SPEC.validate({"workload": "mlp-digits"})
     errors = errors_of({"workload": "mlp-digits", "epochs": 0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.runtime.conformance.strategies import StrategyConformance
+from components.runtime.testing.conformance.strategies import StrategyConformance
 
 
 class TestDDP(StrategyConformance):

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from components.runtime.context import LocalContext
+from components.runtime.contract.context import LocalContext
 from components.train.component import TrainComponent, resolve_entrypoint, torch_threads
 from components.train.loop import TrainLoop
 from components.train.spec import TrainSpec

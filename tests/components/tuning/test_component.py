@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from components.runtime.context import Children, DeviceHandle, LocalContext
+from components.runtime.contract.context import Children, DeviceHandle, LocalContext
 from components.tuning.component import Engine
 from components.tuning.spec import TuneSpec
 
@@ -307,7 +307,7 @@ def test_pbt_without_a_donor_checkpoint_keeps_the_trials_weights(tmp_path):
 def test_the_sweeps_data_options_reach_every_trial(tmp_path, install_plugins):
     """The shared-data hook: a tune job's ``data`` options (an installed data provider's) go into every trial's
     spec, so the trials prepare their data once; an option no provider takes is named at submit."""
-    from components.runtime.spec import SpecError
+    from components.runtime.contract.spec import SpecError
 
     install_plugins("tests.components.runtime.test_data:CACHE")
     spec = TuneSpec().validate({"space": {"lr": {"type": "uniform", "low": 0.01, "high": 0.1}},

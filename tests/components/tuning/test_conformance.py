@@ -1,6 +1,6 @@
 """The tune kind against the KindSpec conformance suite shipped with the contracts."""
 
-from components.runtime.conformance.kinds import KindSpecConformance
+from components.runtime.testing.conformance.kinds import KindSpecConformance
 
 TRAINABLE = {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}"}}
 SPACE = {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-1}}

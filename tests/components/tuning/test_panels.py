@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime.conformance.job_routes import JobRouteConformance
-from components.runtime.conformance.panels import PanelConformance
-from components.runtime.panels import StaticPanelData
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.testing.conformance.job_routes import JobRouteConformance
+from components.runtime.testing.conformance.panels import PanelConformance
 from components.tuning.panels import ParametersPanel, RungsPanel, SharesPanel, TrialCurvesPanel
 
 HERE = Path(__file__).parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.runtime.panels import StaticPanelData
-from components.runtime.plugins import ReportError
+from components.runtime.contract.panels import StaticPanelData
+from components.runtime.contract.plugins import ReportError
 from components.tuning.report import TuningReport, trials
 
 GOOD = {"metric": "test_accuracy", "mode": "max", "budget": 1.0,

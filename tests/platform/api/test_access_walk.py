@@ -28,7 +28,7 @@ from django.test import Client
 from django.utils import timezone
 from support import api_routes, fill_route
 
-from components.runtime import registry
+from components.runtime.contract import registry
 from strata.accounts.models import ApiToken, Secret, token_digest
 from strata.jobs.models import (
     Artifact,

@@ -155,7 +155,7 @@ artifact = jobs.artifact_store(attempt, "model.pt", io.BytesIO(b"weights"))
 # A job of every registered kind, RUNNING, on a SUCCEEDED train job (the source the kinds that read another job's
 # model name), so that every plugin's job route has a job of its own kind behind it; and a record of the team in
 # every collection (its schema's first example).
-from components.runtime.registry import collections, kinds
+from components.runtime.contract.registry import collections, kinds
 from strata.jobs.models import PluginRecord
 
 SMALL = {"gpus": 0.1, "gpu_memory": "256MiB"}

@@ -30,7 +30,7 @@ import pytest
 from django.test import Client
 from support import kill_group, wait_for
 
-from components.runtime import registry
+from components.runtime.contract import registry
 from strata.accounts.models import ApiToken
 from strata.jobs.models import Artifact, Attempt, Job, PluginRecord
 from strata.jobs.services import artifact_store

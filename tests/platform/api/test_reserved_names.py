@@ -5,7 +5,7 @@ unreachable, never an error: the registry must refuse it (``RESERVED_COLLECTIONS
 ``secrets`` was missing from the collections' list.
 """
 
-from components.runtime import registry
+from components.runtime.contract import registry
 from strata.docs_tables import _route_path, _walk
 
 

@@ -12,8 +12,8 @@ from typing import ClassVar
 import pytest
 from jsonschema import Draft4Validator
 
-from components.runtime.plugins import Plugin
-from components.runtime.registry import kinds
+from components.runtime.contract.plugins import Plugin
+from components.runtime.contract.registry import kinds
 from components.train.spec import TrainSpec
 from strata.api.schema import kind_component_prefix, openapi30
 
@@ -157,7 +157,7 @@ def test_openapi30_converts_json_schema_2020_keywords():
 # --- the plugins' routes -----------------------------------------------------------------------------------
 
 def test_every_registered_plugin_route_has_its_own_typed_path(schema):
-    from components.runtime.registry import collections, job_routes
+    from components.runtime.contract.registry import collections, job_routes
 
     paths = schema["paths"]
     assert "/api/v1/jobs/{id}/{route}/" not in paths and "/api/v1/{collection}/" not in paths
@@ -188,7 +188,7 @@ def test_every_registered_plugin_route_has_its_own_typed_path(schema):
 
 
 def test_answers_of_the_plugin_routes_validate(schema, world):
-    from components.runtime.registry import collections, job_routes
+    from components.runtime.contract.registry import collections, job_routes
 
     alice, job, foreign = world["alice"], world["job"], world["foreign"]
     for route in job_routes():

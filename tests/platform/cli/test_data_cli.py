@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from components.runtime.client import ApiError
+from components.runtime.client.client import ApiError
 from strata.cli.client_commands import data_upload
 from strata.jobs.models import DataSet
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from components.runtime.client import ApiError
+from components.runtime.client.client import ApiError
 from strata.cli import client_commands
 from strata.cli.server_commands import grant_local_data_roots
 from strata.quotas.models import Quota

@@ -5,7 +5,7 @@
 duplicate verb, costing the whole CLI instead of the plugin.)
 """
 
-from components.runtime import registry
+from components.runtime.contract import registry
 from strata.cli.main import build_parser
 from strata.docs_tables import _subcommands
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from components.runtime.client import ApiError
+from components.runtime.client.client import ApiError
 from strata.accounts import team_secrets
 from strata.accounts.models import Secret
 from strata.cli.main import build_parser, main
@@ -24,7 +24,7 @@ class Adapter:
         self.api = api
 
     def request(self, method, path, *, json=None, params=None, **_kwargs):
-        from components.runtime.client import _describe
+        from components.runtime.client.client import _describe
 
         url = f"/api/v1/{path}"
         if method == "POST":

@@ -88,7 +88,7 @@ def test_heartbeats_hold_a_cpu_attempt_to_its_node(make_team, make_user, make_no
 
 
 def test_the_agent_reads_cpus_and_memory_from_an_override_or_the_machine(monkeypatch):
-    from components.runtime.agent import host_resources
+    from components.runtime.node.agent import host_resources
 
     monkeypatch.setenv("STRATA_NODE_CPUS", "3.5")
     monkeypatch.setenv("STRATA_NODE_MEMORY", "2GiB")

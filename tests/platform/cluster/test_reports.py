@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from components.runtime.plugins import Plugin, ReportError, ReportSchema
+from components.runtime.contract.plugins import Plugin, ReportError, ReportSchema
 from strata.cluster.models import Node
 from strata.jobs.models import Attempt, JobState
 
@@ -67,7 +67,7 @@ def test_a_refused_payload_and_an_unknown_plugin_are_400s_naming_the_fields(clus
 
 
 def test_a_schema_that_raises_is_a_400_not_a_500(cluster, primes, monkeypatch):
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     schema = registry.report_schema("primes")
     monkeypatch.setattr(type(schema), "node", lambda self, payload: 1 / 0)
@@ -130,7 +130,7 @@ STEPS = Plugin(name="steps", reports=f"{__name__}:StepsSchema")
 
 
 def test_node_reports_reach_panels_through_the_static_twin_and_the_database(cluster, primes):
-    from components.runtime.panels import StaticPanelData
+    from components.runtime.contract.panels import StaticPanelData
     from dashboard.panels import DatabasePanelData
 
     assert beat(cluster, reports={"primes": DISK}).status_code == 200
@@ -165,7 +165,7 @@ class LedgerSchema(ReportSchema):
         return payload
 
     def parts(self, payload):
-        from components.runtime.plugins import ReportParts
+        from components.runtime.contract.plugins import ReportParts
 
         return ReportParts(node={"beat": True}, devices={int(k): {"n": v} for k, v in payload.get("devices", {}).items()},
                            attempts=[{"attempt": a["attempt"], "device": a.get("device"), "memory": a.get("memory"),
@@ -228,7 +228,7 @@ def test_parts_are_stored_per_device_attempt_and_series_and_read_scoped(cluster,
 
 
 def test_the_static_twin_filters_as_the_database_does():
-    from components.runtime.panels import StaticPanelData
+    from components.runtime.contract.panels import StaticPanelData
 
     reports = {"ledger": {
         "nodes": [{"node": "n1", "node_id": "x", "time": 10.0, "payload": {}}],

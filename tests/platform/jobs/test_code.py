@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import CodeBundle, Job
 
 CODE = "/api/v1/code/"

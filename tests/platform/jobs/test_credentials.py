@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from components.runtime.credentials import verify
+from components.runtime.shared.credentials import verify
 from strata.jobs.credentials import job_public_key, sign
 from strata.jobs.models import Attempt
 

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 import requests
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import DataSet, DataUpload
 from strata.jobs.storage import get_storage
 

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import Attempt, DataSet, DataUpload, Job
 
 UPLOADS = "/api/v1/uploads/"

@@ -4,7 +4,7 @@ a route may not shadow the core's own job actions."""
 
 from __future__ import annotations
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 
 def summary(data):
@@ -26,7 +26,7 @@ def test_a_plugin_route_answers_for_the_viewers_jobs_only(install_plugins, make_
     from strata.jobs.models import Job, MetricPoint
 
     install_plugins(f"{__name__}:ROUTES", f"{__name__}:SHADOW")
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     assert "job route 'cancel' (already core's)" in registry.problems()["shadow"]
     alpha, beta = make_team("alpha"), make_team("beta")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from components.runtime.tokens import token_digest
+from components.runtime.shared.tokens import token_digest
 from strata.jobs.models import Attempt, JobToken
 
 NODE = "/api/v1/node/attempts"

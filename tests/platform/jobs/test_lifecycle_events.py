@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from components.runtime.events import AttemptEnded, JobTransitioned, MetricsReported
-from components.runtime.plugins import Plugin
+from components.runtime.contract.events import AttemptEnded, JobTransitioned, MetricsReported
+from components.runtime.contract.plugins import Plugin
 from strata.jobs.models import Attempt, JobState
 
 SEEN: list = []

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import pytest
 from django.utils import timezone
 
-from components.runtime.credentials import verify
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
+from components.runtime.shared.credentials import verify
 from components.train.spec import TrainSpec
 from strata.jobs.models import Attempt, Job, JobEvent, JobState, JobToken, Participant
 
@@ -155,7 +155,7 @@ def test_bad_fields_are_named_at_once(swarm):
 
 
 def test_only_running_jobs_of_kinds_that_take_participants(swarm, run_pass):
-    from components.runtime.tokens import token_digest
+    from components.runtime.shared.tokens import token_digest
     from strata.jobs.services import job_token_create
     from strata.quotas.models import Quota
 
@@ -369,7 +369,7 @@ def test_panel_data_and_job_routes_see_participants(swarm):
     route = swarm["client"].get(f"/api/v1/jobs/{job.pk}/volunteers/")
     assert route.status_code == 200 and route.json() == [{"name": "lab-box", "state": "active", "gpus": 0.5}]
     # The static twin, for panel tests: what it is given, copied.
-    from components.runtime.panels import StaticPanelData
+    from components.runtime.contract.panels import StaticPanelData
 
     given = [{"name": "x"}]
     static = StaticPanelData(participants=given)
@@ -429,9 +429,9 @@ class DjangoSession:
 
 
 def test_a_participant_session_joins_heartbeats_and_leaves(swarm, monkeypatch, tmp_path):
-    from components.runtime import client as client_module
-    from components.runtime.client import ApiError
-    from components.runtime.participant import ParticipantSession
+    from components.runtime.client import client as client_module
+    from components.runtime.client.client import ApiError
+    from components.runtime.client.participant import ParticipantSession
     from strata.jobs.services import job_token_revoke
 
     monkeypatch.setattr(client_module.requests, "Session", DjangoSession)
@@ -460,7 +460,7 @@ def test_a_participant_session_joins_heartbeats_and_leaves(swarm, monkeypatch, t
 
 
 def test_the_participants_verb_lists_one_line_each(swarm, monkeypatch, make_token, capsys):
-    from components.runtime import client as client_module
+    from components.runtime.client import client as client_module
     from strata.cli.main import main
 
     monkeypatch.setattr(client_module.requests, "Session", DjangoSession)

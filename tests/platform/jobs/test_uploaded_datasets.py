@@ -12,7 +12,7 @@ import io
 import pytest
 from PIL import Image
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import Attempt, Job, PluginRecord
 
 UPLOADS = "/api/v1/uploads/"

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from components.runtime import bundles
+from components.runtime.shared import bundles
 from strata.jobs.models import Artifact, Attempt, CodeBundle, DataUpload
 from strata.quotas.services import quota_update, team_storage
 

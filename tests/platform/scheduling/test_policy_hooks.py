@@ -11,8 +11,8 @@ from typing import ClassVar
 import pytest
 from django.utils import timezone
 
-from components.runtime.plugins import Plugin
-from components.runtime.policies import (
+from components.runtime.contract.plugins import Plugin
+from components.runtime.contract.policies import (
     Candidate,
     Demand,
     Estimate,
@@ -60,7 +60,7 @@ def test_a_plugins_queue_order_hook_decides_which_job_is_placed(install_plugins,
     from strata.jobs.services import job_submit
 
     install_plugins(f"{__name__}:HOOKED", f"{__name__}:NOT_A_POLICY")
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     assert "is not a Policy subclass" in registry.problems()["not-a-policy"]
     team = make_team("alpha")

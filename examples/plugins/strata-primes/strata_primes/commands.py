@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, ClassVar
 
-from components.runtime.plugins import Command
+from components.runtime.contract.plugins import Command
 
 
 class PrimesCommand(Command):

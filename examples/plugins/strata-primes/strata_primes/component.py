@@ -8,8 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from components.runtime.component import Component
-from components.runtime.context import Context
+from components.runtime.contract.component import Component
+from components.runtime.contract.context import Context
 from strata_primes.sieve import base_primes, count_segment
 
 

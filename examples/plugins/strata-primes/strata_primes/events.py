@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from components.runtime.events import Event, JobTransitioned
+from components.runtime.contract.events import Event, JobTransitioned
 
 log = logging.getLogger("strata_primes")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from components.runtime.policies import QueuedJob, QueueOrder
+from components.runtime.contract.policies import QueuedJob, QueueOrder
 
 
 class SmallestLimitFirst(QueueOrder):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.panels import Panel, PanelData
+from components.runtime.contract.panels import Panel, PanelData
 
 
 class PrimesPanel(Panel):

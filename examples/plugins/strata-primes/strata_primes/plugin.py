@@ -1,6 +1,6 @@
 """The manifest: everything this plugin contributes, by seam, as "module:attribute" paths (read lazily)."""
 
-from components.runtime.plugins import Plugin
+from components.runtime.contract.plugins import Plugin
 
 PLUGIN = Plugin(
     name="primes",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.runtime.plugins import ReportError, ReportSchema
-from components.runtime.units import finite_number
+from components.runtime.contract.plugins import ReportError, ReportSchema
+from components.runtime.shared.units import finite_number
 
 FIELDS = {"disk_free": int, "disk_total": int, "load1": float}
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from components.runtime.services import NodeInfo, NodeService
+from components.runtime.contract.services import NodeInfo, NodeService
 
 
 class ScratchDiskService(NodeService):

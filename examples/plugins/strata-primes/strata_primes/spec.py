@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from components.runtime.spec import Checker, KindSpec
+from components.runtime.contract.spec import Checker, KindSpec
 
 MAX_LIMIT = 10**10
 

@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from components.runtime.project import secret_name_problem
+from components.runtime.contract.project import secret_name_problem
 from strata.accounts.models import ApiToken, Secret, Team
 from strata.accounts.team_secrets import MAX_VALUE_BYTES, value_problem
 

@@ -3,7 +3,7 @@ what the node's worker and the attempt's own processes send to :mod:`strata.jobs
 
 from rest_framework import serializers
 
-from components.runtime.protocol import FINISH_OUTCOMES
+from components.runtime.shared.protocol import FINISH_OUTCOMES
 from strata.cluster.api.serializers import clean_reports
 from strata.cluster.models import Device
 
@@ -58,7 +58,7 @@ class ReportSerializer(AttemptCallSerializer):
 
 
 class FinishSerializer(AttemptCallSerializer):
-    # The outcomes of components.runtime.protocol (the node's worker reports them): service_lost means the node
+    # The outcomes of components.runtime.shared.protocol (the node's worker reports them): service_lost means the node
     # service hosting the attempt died under it (requeued without a failure, up to a limit).
     outcome = serializers.ChoiceField(choices=list(FINISH_OUTCOMES))
     reason = serializers.CharField(max_length=500, required=False, default="", allow_blank=True)

@@ -17,7 +17,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from components.runtime.distributed import RENDEZVOUS_SUFFIX
+from components.runtime.contract.distributed import RENDEZVOUS_SUFFIX
 from strata.accounts import attempt_credentials, team_secrets
 from strata.api.error_answers import error_response
 from strata.api.permissions import IsNodeOrOwnAttempt
@@ -104,7 +104,7 @@ class AttemptClaimView(NodeAPIView):
                 # The team's id: a sandboxed attempt runs as that team's own uid on the node.
                 "team": job.team_id,
                 # Whether it reads what a team's code wrote (a source job's artifacts): then it runs as that code
-                # does, in its own sandboxed processes (components.runtime.project.runs_user_code).
+                # does, in its own sandboxed processes (components.runtime.contract.project.runs_user_code).
                 "reads_user_output": job_selectors.reads_user_output(job),
             }
             body = JSONRenderer().render(answer)
@@ -286,7 +286,7 @@ class CredentialRequestSerializer(s.AttemptCallSerializer, CredentialRequestMixi
 class AttemptCredentialView(AttemptAPIView):
     """A job credential for one of the attempt's ranks: a short-lived statement, signed with the job's key, that
     this rank may act as ``subject`` (an identity it holds, such as its peer key) in the job. The job's workers
-    check each other's with ``components.runtime.credentials.verify`` and the ``public_key`` in the answer."""
+    check each other's with ``components.runtime.shared.credentials.verify`` and the ``public_key`` in the answer."""
 
     @extend_schema(request=CredentialRequestSerializer,
                    responses={200: CredentialSerializer, 404: UNKNOWN_NODE, 409: STALE_ATTEMPT})

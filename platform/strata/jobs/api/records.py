@@ -1,9 +1,9 @@
 """``/api/v1/{collection}/``: the plugins' collections of named, team-owned records
-(:mod:`components.runtime.collections`): list, register, read and delete.
+(:mod:`components.runtime.contract.collections`): list, register, read and delete.
 
 A registration is checked by the collection's ``validate`` and then its ``access_problems`` (and stored as its
 ``resolve`` answers), with the
-:class:`~components.runtime.collections.RecordContext` that :attr:`CollectionView.record_context` builds for the
+:class:`~components.runtime.contract.collections.RecordContext` that :attr:`CollectionView.record_context` builds for the
 team: the URL map hands in the control plane's (``strata.quotas.roots.record_context``: the team's data roots),
 which this layer does not import; a view without one refuses every path and knows no uploaded data set."""
 
@@ -33,7 +33,7 @@ COLLECTION = OpenApiParameter("collection", str, OpenApiParameter.PATH,
 
 
 def _collection(name: str):
-    from components.runtime import registry
+    from components.runtime.contract import registry
 
     collection = registry.collections().get(name)
     if collection is None:  # answered like any URL that matches no route
@@ -76,11 +76,11 @@ class CollectionView(APIView):
 
     permission_classes = [IsUser]
     record_context = None
-    """team -> :class:`~components.runtime.collections.RecordContext`, given by the URL map
+    """team -> :class:`~components.runtime.contract.collections.RecordContext`, given by the URL map
     (``CollectionView.as_view(record_context=...)``); None refuses every path a record names."""
 
     def _context(self, team):
-        from components.runtime.collections import StaticRecordContext
+        from components.runtime.contract.collections import StaticRecordContext
 
         if self.record_context is None:  # fail closed: no roots granted, so every path is refused
             return StaticRecordContext(team=team.slug)
@@ -110,8 +110,8 @@ class CollectionView(APIView):
                               404: error_response(404, "No such collection."),
                               409: error_response(409, "The team already has a record of that name.")})
     def post(self, request, collection):
-        from components.runtime.collections import name_problem
-        from components.runtime.spec import SpecError
+        from components.runtime.contract.collections import name_problem
+        from components.runtime.contract.spec import SpecError
 
         found = _collection(collection)
         body = request.data

@@ -4,10 +4,10 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from components.runtime.credentials import SUBJECT_PATTERN
-from components.runtime.registry import UnknownKind, get_kind
-from components.runtime.spec import SpecError
-from components.runtime.units import parse_bytes, parse_duration
+from components.runtime.contract.registry import UnknownKind, get_kind
+from components.runtime.contract.spec import SpecError
+from components.runtime.shared.credentials import SUBJECT_PATTERN
+from components.runtime.shared.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
 from strata.jobs.data import missing_chunks, upload_deadline
 from strata.jobs.keep import KeepInvalid, keep_clean
@@ -351,7 +351,7 @@ class JobTokenCreatedSerializer(JobTokenSerializer):
 
 
 class CredentialSerializer(serializers.Serializer):
-    """A job credential (``components.runtime.credentials``): a signed statement that its holder may act as
+    """A job credential (``components.runtime.shared.credentials``): a signed statement that its holder may act as
     ``subject`` in the job until ``expires``."""
 
     credential = serializers.CharField(help_text="base64url(claims JSON).base64url(Ed25519 signature)")

@@ -271,7 +271,7 @@ class JobRouteView(APIView):
                    responses={200: OpenApiTypes.OBJECT, 404: error_response(404, "No such job, or no such route."),
                               500: error_response(500, "The plugin's route failed.")})
     def get(self, request, pk, route):
-        from components.runtime import registry
+        from components.runtime.contract import registry
         from strata.jobs.panel_data import DatabasePanelData
 
         function = registry.job_routes().get(route)
@@ -327,7 +327,7 @@ class ParticipantAPIView(APIView):
 def _payload(job) -> dict:
     """What the job's kind hands a joining participant (``KindSpec.participant_payload``), from the job's
     PanelData, as JSON. Raises what the kind raised."""
-    from components.runtime.registry import get_kind
+    from components.runtime.contract.registry import get_kind
     from strata.jobs.panel_data import DatabasePanelData
 
     job = jobs_with_attempts(jobs_visible([job.team_id])).get(pk=job.pk)

@@ -1,0 +1,3 @@
+"""Clients of the control plane: the REST client, the attempt's remote context, a volunteer participant's
+context, and direct transfers.
+"""

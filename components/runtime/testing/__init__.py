@@ -1,0 +1,2 @@
+"""Test support for plugins: the conformance suites (``components.runtime.testing.conformance``).
+"""
