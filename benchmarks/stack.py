@@ -4,6 +4,7 @@ removed at the end. ``STRATA_BENCH_POSTGRES_URL`` and ``STRATA_BENCH_REDIS_URL``
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -86,8 +88,32 @@ def clear_redis_prefix(prefix: str) -> None:
         print(f"  warning: could not clear Redis keys {prefix}*: {error}", flush=True)
 
 
+_LIVE: set[Stack] = set()  # stacks started and not yet stopped
+
+
+def _stop_live(signum: int | None = None, frame=None) -> None:
+    """Stop every live stack (its whole process group); on SIGTERM, SIGHUP or SIGINT, then exit as that signal
+    would have: an interrupted benchmark leaves no ``strata up`` behind."""
+    for stack in list(_LIVE):
+        stack.stop(grace=2.0)
+    if signum is not None:
+        raise SystemExit(128 + signum)
+
+
+def _watch_signals() -> None:
+    """Stop the live stacks when this process is told to stop (main thread only; once)."""
+    if getattr(_watch_signals, "done", False) or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _stop_live)
+    atexit.register(_stop_live)
+    _watch_signals.done = True  # type: ignore[attr-defined]
+
+
 class Stack:
-    """``strata up`` in its own process group; ``stop()`` kills the whole group."""
+    """``strata up`` in its own process group; ``stop()`` kills the whole group, and so does a SIGTERM or SIGHUP
+    to this process (or its normal exit) while the stack runs."""
 
     def __init__(self, home: Path, port: int, virtual_gpus: int, extra_env: dict):
         self.home, self.port = home, port
@@ -100,6 +126,8 @@ class Stack:
             [sys.executable, "-m", "strata.cli.main", "up", "--home", str(home), "--port", str(port),
              "--virtual-gpus", str(virtual_gpus), "--node-name", "bench"],
             env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        _LIVE.add(self)
+        _watch_signals()
 
     def wait_ready(self, timeout: float = 120.0) -> dict:
         import requests
@@ -118,13 +146,14 @@ class Stack:
             time.sleep(0.2)
         raise RuntimeError(f"the stack did not come up within {timeout:g} s; see {self.log_path}")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 20.0) -> None:
+        _LIVE.discard(self)
         try:
             os.killpg(self.process.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
-            self.process.wait(timeout=20)
+            self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
         try:  # whatever is left in the group (workers, attempt children)
@@ -135,4 +164,5 @@ class Stack:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
