@@ -40,6 +40,7 @@ def _fmt(value: Any, digits: int = 3) -> Any:
 
 
 class _SwarmPanel(Panel):
+    kinds: ClassVar[tuple[str, ...]] = ("decentralized-train",)
     placement: ClassVar[str] = "job"
 
     def applies(self, job: dict[str, Any]) -> bool:

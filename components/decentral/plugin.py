@@ -18,6 +18,8 @@ PLUGIN = Plugin(
     description="Decentralized training on hivemind (Atom): elastic swarms of peers on cluster nodes and volunteer "
                 "machines, layer swapping, guarded asynchronous averaging, job-token membership.",
     kinds=("components.decentral.spec:DecentralizedTrainSpec",),
+    panels=("components.decentral.panels:SwarmPeersPanel", "components.decentral.panels:PeerThroughputPanel",
+            "components.decentral.panels:SwarmLossPanel", "components.decentral.panels:SwapTimelinePanel"),
     reports="components.decentral.report:SwarmReport",
     hooks=("components.decentral.hooks:SwarmCarriesOn",),
     commands=("components.decentral.commands:PeerCommand",),

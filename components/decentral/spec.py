@@ -50,10 +50,6 @@ class DecentralizedTrainSpec(KindSpec):
     component: ClassVar[str] = "components.decentral.component:DecentralComponent"
     description: ClassVar[str] = ("Decentralized training on hivemind (Atom): peers on cluster nodes and volunteers' "
                                   "machines average their models asynchronously; layers swap in from host memory.")
-    panels: ClassVar[tuple[str, ...]] = ("components.decentral.panels:SwarmPeersPanel",
-                                         "components.decentral.panels:PeerThroughputPanel",
-                                         "components.decentral.panels:SwarmLossPanel",
-                                         "components.decentral.panels:SwapTimelinePanel")
     accepts_tokens: ClassVar[bool] = True  # volunteers join with the job's access tokens
     accepts_participants: ClassVar[bool] = True
     elastic_ranks: ClassVar[bool] = True

@@ -64,6 +64,7 @@ def _difference(after: Any, before: Any) -> float | None:
 
 
 class _CompressionPanel(Panel):
+    kinds: ClassVar[tuple[str, ...]] = ("compress-embeddings",)
     placement: ClassVar[str] = "job"
 
     def applies(self, job: dict[str, Any]) -> bool:

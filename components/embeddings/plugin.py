@@ -17,6 +17,7 @@ PLUGIN = Plugin(
     description="Embedding compression for recommendation models (Saec): per-field clustering of feature "
                 "embeddings, head by KMeans and tail by nearest centroid, served like any other model.",
     kinds=("components.embeddings.spec:CompressEmbeddingsSpec",),
+    panels=("components.embeddings.panels:CompressionSummaryPanel", "components.embeddings.panels:FieldCompressionPanel"),
     reports="components.embeddings.report:CompressionReport",
     commands=("components.embeddings.commands:EmbeddingsCommand",),
     job_routes={"compression": "components.embeddings.routes:compression"},

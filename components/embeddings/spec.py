@@ -47,8 +47,6 @@ class CompressEmbeddingsSpec(KindSpec):
     description: ClassVar[str] = (
         "Compress a recommendation model's embedding tables (Saec): per field, KMeans on the frequent features, "
         "the long tail assigned to the nearest centroid; a centroid table plus an index, evaluated before and after.")
-    panels: ClassVar[tuple[str, ...]] = ("components.embeddings.panels:CompressionSummaryPanel",
-                                         "components.embeddings.panels:FieldCompressionPanel")
     products: ClassVar[tuple[str, ...]] = ("model.pt",)  # the compressed model, when the source was a model.pt
 
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:

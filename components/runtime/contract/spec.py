@@ -187,5 +187,8 @@ def check_kind(spec: KindSpec, path: str, name: str | None) -> None:
     """The registry's check of a ``kinds`` part (the seam table's ``check``): a kind name and a heavy component."""
     if not isinstance(getattr(spec, "kind", None), str) or not spec.kind:
         raise TypeError(f"{path} declares no kind")
+    if getattr(spec, "panels", None):
+        raise TypeError(f"{path}.panels: a kind no longer lists panels; name them in the manifest's panels, with the "
+                        "kinds each is shown on in its Panel.kinds")
     if ":" not in (getattr(spec, "component", "") or ""):
         raise TypeError(f"{path}.component must be 'module:Class', got {getattr(spec, 'component', None)!r}")

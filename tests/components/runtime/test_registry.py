@@ -389,3 +389,17 @@ def test_the_import_contract_allows_exactly_the_declared_requirements():
     declared = {(name, requirement.name) for name, loaded in builtins.items()
                 for requirement in loaded.plugin.requirements()}
     assert allowed == declared
+
+
+class OldPanelsSpec(TrainSpec):
+    kind: ClassVar[str] = "old-panels"
+    panels: ClassVar[tuple[str, ...]] = ("components.train.panels:TrainSummaryPanel",)
+
+
+OLD_PANELS = Plugin(name="old-panels", kinds=(f"{__name__}:OldPanelsSpec",))
+
+
+def test_a_kind_that_still_lists_panels_is_left_out_with_where_they_go_now(install_plugins):
+    install_plugins(f"{__name__}:OLD_PANELS")
+    assert "old-panels" not in registry.plugins()
+    assert "name them in the manifest's panels" in registry.problems()["old-panels"]

@@ -417,7 +417,6 @@ class ParticipantsSpec(TrainSpec):
     """A throwaway kind that takes participants (the participant routes' answers are checked with it)."""
 
     kind: ClassVar[str] = "schema-swarm"
-    panels: ClassVar[tuple[str, ...]] = ()
     accepts_tokens: ClassVar[bool] = True
     accepts_participants: ClassVar[bool] = True
 

@@ -24,7 +24,6 @@ class SwarmSpec(TrainSpec):
     """A kind that takes participants; what it hands them shows what PanelData gave it."""
 
     kind: ClassVar[str] = "swarmtest"
-    panels: ClassVar[tuple[str, ...]] = ()
     accepts_tokens: ClassVar[bool] = True
     accepts_participants: ClassVar[bool] = True
 

@@ -9,6 +9,7 @@ from components.runtime.contract.panels import Panel, PanelData
 
 class PrimesPanel(Panel):
     """Job page of a ``primes`` job: how far the sieve got."""
+    kinds: ClassVar[tuple[str, ...]] = ("primes",)
 
     slug: ClassVar[str] = "primes-progress"
     title: ClassVar[str] = "Sieve progress"

@@ -13,7 +13,6 @@ class PrimesSpec(KindSpec):
     kind: ClassVar[str] = "primes"
     component: ClassVar[str] = "strata_primes.component:PrimesComponent"
     description: ClassVar[str] = "Count the primes below a limit with a segmented sieve (an example plugin)."
-    panels: ClassVar[tuple[str, ...]] = ("strata_primes.panels:PrimesPanel",)
 
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
         check = Checker(spec)
