@@ -46,7 +46,7 @@ def test_an_installed_outside_plugin_contributes_every_seam(primes_cluster, tmp_
     listing = cluster.cli("plugins")
     assert listing.returncode == 0, listing.stderr
     line = next(line for line in listing.stdout.splitlines() if line.startswith("primes"))
-    for part in ("kinds: primes", "PrimesPanel", "ScratchDiskPanel", "report: ScratchDiskReport",
+    for part in ("kinds: primes", "PrimesPanel", "ScratchDiskPanel", "reports: ScratchDiskReport",
                  "hooks: SmallestLimitFirst", "subscribers: on_event", "commands: primes", "node services: ScratchDiskService",
                  "benchmarks: primes"):
         assert part in line, (part, line)
