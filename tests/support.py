@@ -196,3 +196,15 @@ def fill_route(text: str, values: dict) -> str:
 # A package index on loopback (what a project's requirements.txt installs from; tests reach nothing else): the one
 # definition, which `strata bench byo` uses too.
 from benchmarks.core.package_index import build_wheel, index_environment, package_index  # noqa: E402, F401
+
+
+def sibling_module(test_file: str, name: str):
+    """The test module ``name`` of ``test_file``'s folder, loaded by path (the test folders are no packages), so a
+    test can reuse another's builders without pytest collecting its tests twice."""
+    import importlib.util
+
+    path = Path(test_file).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_sibling_{path.parent.name}_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

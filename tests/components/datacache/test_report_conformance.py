@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support import sibling_module
 
 from components.datacache.service import DataCacheService
 from components.runtime.contract.plugins import ReportError
@@ -16,11 +15,7 @@ from components.runtime.testing.conformance.reports import ReportSchemaConforman
 
 
 def _sibling(name: str):
-    """A test module of this folder, loaded by path (the test folders are no packages)."""
-    spec = importlib.util.spec_from_file_location(f"_datacache_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_module(__file__, name)
 
 
 REPORT = _sibling("test_metrics").REPORT  # what DataCacheService.report() sends, with one entry

@@ -4,21 +4,15 @@ model.pt path when done (reused from test_report) and the user embeddings.pt pat
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from support import sibling_module
 
 from components.runtime.contract.plugins import ReportError
 from components.runtime.testing.conformance.reports import ReportSchemaConformance
 
 
 def _sibling(name: str):
-    """A test module of this folder, loaded by path (the test folders are no packages)."""
-    spec = importlib.util.spec_from_file_location(f"_embeddings_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_module(__file__, name)
 
 
 DONE = _sibling("test_report").PAYLOAD

@@ -4,10 +4,8 @@ builds them, reused from test_metrics)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from support import sibling_module
 
 from components.gpushare.node import DeviceSharingService
 from components.runtime.contract.plugins import ReportError
@@ -15,11 +13,7 @@ from components.runtime.testing.conformance.reports import ReportSchemaConforman
 
 
 def _sibling(name: str):
-    """A test module of this folder, loaded by path (the test folders are no packages)."""
-    spec = importlib.util.spec_from_file_location(f"_gpushare_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_module(__file__, name)
 
 
 _metrics = _sibling("test_metrics")

@@ -4,11 +4,10 @@ rank 0 of a distributed attempt (``SMSRuntime.report()`` and ``StanzaRuntime.rep
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from support import sibling_module
 
 from components.runtime.contract.plugins import ReportError
 from components.runtime.contract.services import NodeInfo
@@ -17,11 +16,7 @@ from components.straggler.availability import AvailabilityService
 
 
 def _sibling(name: str):
-    """A test module of this folder, loaded by path (the test folders are no packages)."""
-    spec = importlib.util.spec_from_file_location(f"_straggler_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_module(__file__, name)
 
 
 _report = _sibling("test_report")

@@ -3,11 +3,11 @@ simulated ASHA sweep), and what each shows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from support import sibling_module
 
 from components.runtime.contract.panels import StaticPanelData
 from components.runtime.testing.conformance.job_routes import JobRouteConformance
@@ -18,9 +18,7 @@ HERE = Path(__file__).parent
 
 
 def _report(tmp: Path) -> dict:
-    spec = importlib.util.spec_from_file_location("sweep_sim", HERE / "test_component.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = sibling_module(__file__, "test_component")
     ctx = module.SimulatedCluster(tmp, gpus=1.0)
     spec_ = module.tune_spec()
     spec_["space"] = {"curve": {"type": "int", "low": 0, "high": 26}, "opt": {"type": "choice",

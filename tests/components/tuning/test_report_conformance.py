@@ -4,22 +4,17 @@ sweep, and every one a simulated ASHA and PBT sweep (test_component's SimulatedC
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from support import sibling_module
 
 from components.runtime.contract.plugins import ReportError
 from components.runtime.testing.conformance.reports import ReportSchemaConformance
 
 
 def _sibling(name: str):
-    """A test module of this folder, loaded by path (the test folders are no packages)."""
-    spec = importlib.util.spec_from_file_location(f"_tuning_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sibling_module(__file__, name)
 
 
 GOOD = _sibling("test_report").GOOD
