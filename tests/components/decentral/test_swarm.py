@@ -101,10 +101,11 @@ def test_a_peer_without_credentials_cannot_join_and_a_hostile_peer_is_dropped_an
 
 
 def test_a_crash_leaves_the_swarm_training_and_a_newcomer_catches_up(tmp_path):
-    with LocalSwarm(tmp_path, {"steps": 300, "peers": {"min": 3, "max": 8}}) as swarm:
+    with LocalSwarm(tmp_path, {"steps": 600, "peers": {"min": 3, "max": 8}}) as swarm:
         _start(swarm, "a", "b", "c")
         # The three train as soon as they see each other; c crashes a moment later. Not much later: the newcomer
-        # must come up (seconds) and average with a and b before their 300 steps are done.
+        # must come up (seconds; more on a loaded machine, where it once joined at step 221 of 300 and found no
+        # round before a and b were done) and average with a and b before their 600 steps are done.
         time.sleep(3)
         swarm.kill("c")  # a crash: SIGKILL, no goodbye
         swarm.start("late")  # bootstraps from a and b, downloads their parameters
@@ -113,7 +114,7 @@ def test_a_crash_leaves_the_swarm_training_and_a_newcomer_catches_up(tmp_path):
     assert swarm.result("c") is None  # it never got to write a summary
     for name in ("a", "b"):
         result = results[name]
-        assert result["steps"] == 300
+        assert result["steps"] == 600
         after_crash = [record for record in result["rounds"] if record.get("ok") and "c" not in record["members"]]
         assert len(after_crash) >= 2, result["rounds"]  # rounds went on without the dead peer
         assert result["test_loss"] < 3.0
