@@ -1,4 +1,4 @@
-"""datacache's node metrics (the manifest's ``metrics`` seam; light): the node cache's latest report as
+"""datacache's node metrics (its report schema's ``metrics``; light): the node cache's latest report as
 Prometheus samples.
 
 The report (:mod:`components.datacache.report`) is checked by the plugin's own schema first, so a malformed
@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from components.datacache.report import DataCacheReport
 from components.runtime.contract.plugins import Sample
 
 COUNTER_HELP = {
@@ -24,8 +23,8 @@ COUNTER_HELP = {
 }
 
 
-def metrics(report: Any) -> Iterator[Sample]:
-    stats = DataCacheReport().node(report)
+def metrics(stats: dict[str, Any]) -> Iterator[Sample]:
+    """The samples of a report :meth:`DataCacheReport.node` checked (``DataCacheReport.metrics`` calls this)."""
     yield Sample("strata_datacache_bytes", stats["bytes"], help="Bytes held by the node's cache.")
     yield Sample("strata_datacache_budget_bytes", stats["budget"], help="The node cache's budget in bytes.")
     yield Sample("strata_datacache_entries_reported", len(stats["entries"]),

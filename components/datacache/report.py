@@ -69,7 +69,7 @@ class DataCacheReport(ReportSchema):
         """The plugin's node metrics (components.datacache.metrics)."""
         from components.datacache.metrics import metrics
 
-        return metrics(report)
+        return metrics(self.node(report))
 
 
 def hit_rate(stats: dict[str, Any]) -> float | None:

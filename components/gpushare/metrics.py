@@ -1,4 +1,4 @@
-"""gpushare's node metrics (the manifest's ``metrics`` seam; light): its latest report as Prometheus samples.
+"""gpushare's node metrics (its report schema's ``metrics``; light): its latest report as Prometheus samples.
 
 The report (``{"devices": [entry]}``, :mod:`components.gpushare.report`) is checked by the plugin's own schema
 first, so a malformed one raises and costs only these samples. Per device (label ``device``, its index, and
@@ -12,12 +12,12 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from components.gpushare.report import GpuShareReport
 from components.runtime.contract.plugins import Sample
 
 
-def metrics(report: Any) -> Iterator[Sample]:
-    devices = GpuShareReport().node(report)["devices"]
+def metrics(checked: dict[str, Any]) -> Iterator[Sample]:
+    """The samples of a report :meth:`GpuShareReport.node` checked (``GpuShareReport.metrics`` calls this)."""
+    devices = checked["devices"]
     for entry in devices:
         device = {"device": str(entry["index"]), "policy": entry["policy"]}
         yield Sample("strata_gpushare_switches_total", entry["switches"], kind="counter", labels=device,

@@ -160,7 +160,7 @@ class GpuShareReport(ReportSchema):
         """The plugin's node metrics (components.gpushare.metrics)."""
         from components.gpushare.metrics import metrics
 
-        return metrics(report)
+        return metrics(self.node(report))
 
 
 def read(data: Any, since: float | None = None, job_id: str | None = None) -> dict[str, Any]:

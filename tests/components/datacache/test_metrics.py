@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from components.datacache.metrics import metrics
+from components.datacache.report import DataCacheReport
 from components.datacache.service import DataCacheService
 from components.runtime.contract.plugins import Sample
 from components.runtime.testing.conformance.reports import MetricsConformance
@@ -31,7 +31,7 @@ def test_a_real_cache_report_becomes_its_sizes_and_counts(tmp_path):
     for _ in range(3):  # one miss, then two hits
         service.store.get("a" * 64, lambda: arrays, meta={"dataset": "d", "pipeline": "p", "part": "0"})
     report = DataCacheService.merge([service.report()])
-    values = _values(list(metrics(report)))
+    values = _values(list(DataCacheReport().metrics(report)))
     assert values["strata_datacache_misses_total"] == 1
     assert values["strata_datacache_hits_total"] == 2
     assert values["strata_datacache_budget_bytes"] == 64 << 20
@@ -42,6 +42,6 @@ def test_a_real_cache_report_becomes_its_sizes_and_counts(tmp_path):
 
 
 def test_no_lookup_yet_has_no_hit_ratio():
-    values = _values(list(metrics({**REPORT, "hits": 0, "misses": 0})))
+    values = _values(list(DataCacheReport().metrics({**REPORT, "hits": 0, "misses": 0})))
     assert "strata_datacache_hit_ratio" not in values
     assert values["strata_datacache_evictions_total"] == 2

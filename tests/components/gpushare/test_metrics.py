@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from components.gpushare.metrics import metrics
 from components.gpushare.node import DeviceSharingService
+from components.gpushare.report import GpuShareReport
 from components.runtime.testing.conformance.reports import MetricsConformance
 
 A, B = str(uuid.uuid4()), str(uuid.uuid4())
@@ -40,7 +40,7 @@ def one_torch_thread():
 
 
 def test_real_values_per_device():
-    found = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in metrics(REPORT)}
+    found = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in GpuShareReport().metrics(REPORT)}
     one = (("device", "1"), ("policy", "lanes"))
     assert found[("strata_gpushare_switches_total", one)] == 12
     assert found[("strata_gpushare_switch_latency_seconds", (*one, ("quantile", "0.99")))] == pytest.approx(0.0095)
@@ -59,4 +59,4 @@ def test_real_values_per_device():
 
 def test_a_malformed_report_raises():
     with pytest.raises(ValueError):
-        list(metrics({"devices": [{"index": -1}]}))
+        list(GpuShareReport().metrics({"devices": [{"index": -1}]}))
