@@ -79,7 +79,15 @@ class NodeServiceConformance:
         for service in services:
             service.start()
         for service in services:
-            wait_for(service.check, self.start_timeout, f"{service.label} to be healthy")
+            def healthy(service=service) -> bool:
+                if service.check():
+                    return True
+                code = getattr(service, "returncode", None)  # a process service whose process is gone
+                if code is not None:
+                    raise AssertionError(f"{service.label} exited with code {code} before it was healthy")
+                return False
+
+            wait_for(healthy, self.start_timeout, f"{service.label} to be healthy")
         return services
 
     # -- the contract -------------------------------------------------------------------------------------
