@@ -129,13 +129,14 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     node_credential = credential.json()["credential"]
     # Stale fencing tokens: a made-up one, the right one from the wrong node, a cut-off one.
     other = make_node("n2", gpus=1)
+    stale = fence[:-4] + ("beef" if not fence.endswith("beef") else "f00d")  # never the right one by chance
     for label, call in (
-            ("stale claim", {"node": str(node.pk), "token": fence[:-4] + "beef"}),
+            ("stale claim", {"node": str(node.pk), "token": stale}),
             ("wrong node", {"node": str(other.pk), "token": fence}),
             ("short token", {"node": str(node.pk), "token": fence[:8]})):
         answer = agent.post(f"{NODE}/{attempt.pk}/report/", {**call, "logs": [{"message": "zombie"}]}, format="json")
         assert seen(label, answer).status_code == 409, (label, answer.content)
-    upload = agent.put(f"{NODE}/{attempt.pk}/artifacts/x.bin/?node={node.pk}&token={fence[:-4]}beef", b"x",
+    upload = agent.put(f"{NODE}/{attempt.pk}/artifacts/x.bin/?node={node.pk}&token={stale}", b"x",
                        content_type="application/octet-stream")
     assert seen("stale upload", upload).status_code == 409
     assert seen("node 400", agent.post(f"{NODE}/{attempt.pk}/report/", {"token": fence}, format="json")) \
