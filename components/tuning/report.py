@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from components.runtime.contract.collections import Progress
 from components.runtime.contract.plugins import ReportError, ReportSchema
 from components.runtime.shared.units import finite_number
 
@@ -125,3 +126,22 @@ trials.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer s
     },
     "required": ["metric", "mode", "budget", "best", "rungs", "trials"],
 }
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def trial_rows(answer: Any) -> tuple[str, list[tuple[str, str]]]:
+    """One line per trial for ``strata submit --wait``: status, iterations, best value, share, parameters."""
+    rows = []
+    for trial in (answer or {}).get("trials", []):
+        best = trial.get("best")
+        params = " ".join(f"{name}={_short(value)}" for name, value in sorted((trial.get("params") or {}).items()))
+        rows.append((str(trial.get("number")),
+                     f"trial {trial.get('number'):>3}  {trial.get('status', ''):9} {trial.get('iterations', 0):>4}  "
+                     f"{'-' if best is None else f'{best:.4g}':>8}  {trial.get('share', 0):>5g}  {params}"))
+    return f"{'trial':9}  {'status':9} {'its':>4}  {'best':>8}  {'GPUs':>5}  parameters", rows
+
+
+trials.progress = Progress(kinds=("tune",), rows=trial_rows)  # type: ignore[attr-defined]  (the live table)

@@ -19,10 +19,6 @@ MAX_TRIALS = 10_000
 DEFAULT_METRIC = "test_accuracy"
 
 
-def _short(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def _sample(space: dict[str, Any]) -> dict[str, Any]:
     """One valid assignment of every parameter (for checking the trainable's spec): lows and first values."""
     params: dict[str, Any] = {}
@@ -41,19 +37,6 @@ class TuneSpec(KindSpec):
         "Tune hyperparameters: trials of a train job over a search space (random, grid or TPE through Optuna; "
         "ASHA, Hyperband, successive halving, median stopping or PBT), water-filled onto the job's GPUs."
     )
-
-    progress_route: ClassVar[str | None] = "trials"
-
-    def progress_rows(self, answer: Any) -> tuple[str, list[tuple[str, str]]]:
-        """One line per trial for ``strata submit --wait``: status, iterations, best value, share, parameters."""
-        rows = []
-        for trial in (answer or {}).get("trials", []):
-            best = trial.get("best")
-            params = " ".join(f"{name}={_short(value)}" for name, value in sorted((trial.get("params") or {}).items()))
-            rows.append((str(trial.get("number")),
-                         f"trial {trial.get('number'):>3}  {trial.get('status', ''):9} {trial.get('iterations', 0):>4}  "
-                         f"{'-' if best is None else f'{best:.4g}':>8}  {trial.get('share', 0):>5g}  {params}"))
-        return f"{'trial':9}  {'status':9} {'its':>4}  {'best':>8}  {'GPUs':>5}  parameters", rows
 
     def objective(self, spec: dict[str, Any]) -> tuple[str, str] | None:
         """The sweep's metric and mode: what its trials report, and how retention ranks their checkpoints."""

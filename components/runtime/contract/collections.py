@@ -40,7 +40,8 @@ Light: imported by the control plane; no torch, no Django.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from components.runtime.contract.panels import PanelData
@@ -203,10 +204,30 @@ def name_problem(name: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Progress:
+    """The live table a job route gives ``strata submit --wait`` (a job route's optional ``progress``
+    attribute): while a job of one of ``kinds`` runs, the CLI polls the route and prints each row of
+    ``rows(answer) -> (header, [(row key, row text)])`` when it changes (a sweep's trials, say). ``rows`` runs in
+    the CLI: pure, and light like the route's module."""
+
+    kinds: tuple[str, ...]
+    rows: Callable[[Any], tuple[str, list[tuple[str, str]]]]
+
+
 def check_job_route(function: Any, path: str, name: str | None) -> None:
-    """The registry's check of a ``job_routes`` part: the answer's schema, when it declares one."""
+    """The registry's check of a ``job_routes`` part: the answer's schema and the live table, when it declares
+    them."""
     if problem := schema_problem(getattr(function, "schema", None)):
         raise TypeError(f"{path}.schema: {problem}")
+    progress = getattr(function, "progress", None)
+    if progress is not None:
+        if not isinstance(progress, Progress):
+            raise TypeError(f"{path}.progress must be a Progress, not {type(progress).__name__}")
+        if not progress.kinds or not all(isinstance(kind, str) and kind for kind in progress.kinds):
+            raise TypeError(f"{path}.progress.kinds must name at least one kind")
+        if not callable(progress.rows):
+            raise TypeError(f"{path}.progress.rows must be callable")
 
 
 def check_collection(collection: Collection, path: str, name: str | None) -> None:

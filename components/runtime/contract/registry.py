@@ -434,6 +434,16 @@ def job_routes() -> dict[str, Any]:
     return contributions("job_routes")
 
 
+def progress_route(kind: str) -> tuple[str, Any] | None:
+    """``(route name, Progress)`` of the job route that gives jobs of ``kind`` a live table in ``strata submit
+    --wait`` (:class:`components.runtime.contract.collections.Progress`), or None."""
+    for name, function in sorted(job_routes().items()):
+        progress = getattr(function, "progress", None)
+        if progress is not None and kind in progress.kinds:
+            return name, progress
+    return None
+
+
 def collections() -> dict[str, Any]:
     """Plugins' collections of named records: ``{name: Collection}`` (served at ``/api/v1/{name}/``)."""
     return contributions("collections")

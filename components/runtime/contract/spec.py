@@ -47,9 +47,6 @@ class KindSpec(abc.ABC):
     kind: ClassVar[str]
     component: ClassVar[str]
     description: ClassVar[str] = ""
-    # A job route of the kind's plugin that ``strata submit --wait`` polls while the job runs, printing the rows
-    # of :meth:`progress_rows` that changed (a sweep's trials, say). None: only states and metrics are shown.
-    progress_route: ClassVar[str | None] = None
     # Whether the kind's running attempts check their callers against the job's access tokens (as an RPC
     # endpoint may): only then can tokens be issued for a job of this kind (POST /api/v1/jobs/{id}/tokens/),
     # and its attempts read their digests through Context.identity.token_digests().
@@ -67,10 +64,6 @@ class KindSpec(abc.ABC):
     # Artifacts a SUCCEEDED job of this kind may have stored in a format other kinds read (e.g. a self-describing
     # "model.pt"): a kind that reads sources with ``SourceRef(kind=None, artifact=...)`` accepts any kind listing it.
     products: ClassVar[tuple[str, ...]] = ()
-
-    def progress_rows(self, answer: Any) -> tuple[str, list[tuple[str, str]]]:
-        """``(header, [(row key, row text)])`` from what :attr:`progress_route` answered."""
-        return "", []
 
     def participant_payload(self, spec: dict[str, Any], data: Any) -> dict[str, Any]:
         """What a participant joining a running job of this kind needs to start (JSON), e.g. the addresses of the
@@ -190,5 +183,8 @@ def check_kind(spec: KindSpec, path: str, name: str | None) -> None:
     if getattr(spec, "panels", None):
         raise TypeError(f"{path}.panels: a kind no longer lists panels; name them in the manifest's panels, with the "
                         "kinds each is shown on in its Panel.kinds")
+    if getattr(spec, "progress_route", None) or hasattr(spec, "progress_rows"):
+        raise TypeError(f"{path}.progress_route: a kind no longer names its live table; give the job route a "
+                        "Progress (components.runtime.contract.collections.Progress) naming the kind")
     if ":" not in (getattr(spec, "component", "") or ""):
         raise TypeError(f"{path}.component must be 'module:Class', got {getattr(spec, 'component', None)!r}")

@@ -339,14 +339,14 @@ def env_build(args) -> int:
 
 
 def _progress(kind: str):
-    """The kind's KindSpec when it names a progress route, else None (an unknown kind shows no table)."""
+    """``(route, Progress)`` of the job route giving ``kind``'s jobs a live table, else None (a kind or plugin
+    this client does not know shows no table)."""
     from components.runtime.contract import registry
 
     try:
-        spec = registry.get_kind(kind)
-    except Exception:  # noqa: BLE001 - a kind this client does not know: states and metrics only
+        return registry.progress_route(kind)
+    except Exception:  # noqa: BLE001 - a registry this client cannot load: states and metrics only
         return None
-    return spec if spec.progress_route else None
 
 
 def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None = None) -> int:
@@ -375,7 +375,8 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
                 last_step = step
         if table:  # the kind's live table: print each row when it changes
             try:
-                header, current = table.progress_rows(client.get(f"jobs/{job_id}/{table.progress_route}/"))
+                route, progress = table
+                header, current = progress.rows(client.get(f"jobs/{job_id}/{route}/"))
             except Exception:  # noqa: BLE001 - the table is a courtesy: a failed poll is retried next second
                 header, current = "", []
             for key, text in current:

@@ -46,7 +46,7 @@ def test_import_path_needs_module_and_attribute():
 
 from typing import ClassVar  # noqa: E402
 
-from components.runtime.contract.collections import Collection  # noqa: E402
+from components.runtime.contract.collections import Collection, Progress  # noqa: E402
 from components.runtime.contract.plugins import Command, Plugin, ReportError, ReportSchema  # noqa: E402
 from components.runtime.contract.spec import SpecError  # noqa: E402
 
@@ -403,3 +403,34 @@ def test_a_kind_that_still_lists_panels_is_left_out_with_where_they_go_now(insta
     install_plugins(f"{__name__}:OLD_PANELS")
     assert "old-panels" not in registry.plugins()
     assert "name them in the manifest's panels" in registry.problems()["old-panels"]
+
+
+class OldProgressSpec(TrainSpec):
+    kind: ClassVar[str] = "old-progress"
+    progress_route: ClassVar[str] = "trials"
+
+
+def table_route(data):
+    return {"rows": []}
+
+
+def kindless_route(data):
+    return {}
+
+
+table_route.progress = Progress(kinds=("train",), rows=lambda answer: ("rows", []))
+kindless_route.progress = Progress(kinds=(), rows=lambda answer: ("", []))
+
+OLD_PROGRESS = Plugin(name="old-progress", kinds=(f"{__name__}:OldProgressSpec",))
+TABLE_ROUTES = Plugin(name="table-routes", job_routes={"table": f"{__name__}:table_route"})
+KINDLESS_ROUTE = Plugin(name="kindless-route", job_routes={"kindless": f"{__name__}:kindless_route"})
+
+
+def test_a_live_table_belongs_to_a_job_route_naming_its_kinds(install_plugins):
+    install_plugins(f"{__name__}:OLD_PROGRESS", f"{__name__}:TABLE_ROUTES", f"{__name__}:KINDLESS_ROUTE")
+    assert "old-progress" not in registry.plugins()
+    assert "give the job route a Progress" in registry.problems()["old-progress"]
+    assert "kindless" not in registry.job_routes()
+    assert "progress.kinds must name at least one kind" in registry.problems()["kindless-route"]
+    assert registry.progress_route("train") == ("table", table_route.progress)
+    assert registry.progress_route("serve") is None

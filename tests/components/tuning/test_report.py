@@ -59,11 +59,13 @@ def test_trials_reads_the_latest_report_and_the_trial_jobs_states():
 
 
 def test_the_wait_table_has_a_row_per_trial():
-    from components.tuning.spec import TuneSpec
+    from components.runtime.contract import registry
 
-    header, rows = TuneSpec().progress_rows(trials(StaticPanelData(
+    route, progress = registry.progress_route("tune")
+    assert route == "trials" and registry.progress_route("train") is None
+    header, rows = progress.rows(trials(StaticPanelData(
         job={"id": "sweep"}, reports={"tuning": {"attempts": [{"job_id": "sweep", "time": 1.0, "payload": GOOD}]}})))
     assert header.split()[:3] == ["trial", "status", "its"]
     assert [key for key, _ in rows] == ["0", "1"]
     assert rows[0][1].split()[:5] == ["trial", "0", "completed", "3", "0.9"] and "lr=0.01" in rows[0][1]
-    assert TuneSpec().progress_rows({}) == (header, [])
+    assert progress.rows({}) == (header, [])
