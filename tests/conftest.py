@@ -46,6 +46,8 @@ def pytest_sessionfinish(session, exitstatus):
     test-fast`` selects by), from a run of the whole suite."""
     if not os.environ.get("STRATA_TEST_DURATIONS") or hasattr(session.config, "workerinput") or not _durations:
         return
+    if os.environ.get("STRATA_CHAOS") or os.environ.get("STRATA_FAST") or session.config.args != ["tests"]:
+        return  # not the whole suite (make chaos after make test in .ci/run, a part of it): keep the record
     ordered = {nodeid: round(seconds, 3) for nodeid, seconds in sorted(_durations.items())}
     DURATIONS.write_text(json.dumps(ordered, indent=0) + "\n")
 
@@ -208,6 +210,24 @@ def node_token(make_user, make_token):
     """A node-agent token, created by a cluster admin."""
     admin = make_user("node-admin", admin=True)
     return make_token(admin, kind="node")
+
+
+@pytest.fixture
+def node_protocol(api, node_token):
+    """``node_protocol(attempt, node=None, claim=True, client=None)``: a :class:`node_protocol.NodeProtocol`
+    speaking for the attempt as its node (or ``node``) with the node token (or through ``client``), the attempt
+    claimed first unless ``claim`` is false (a refused claim fails the test). ``node_protocol(node=node)`` speaks
+    for the node alone."""
+    from node_protocol import NodeProtocol
+
+    def make(attempt=None, node=None, claim: bool = True, client=None) -> NodeProtocol:
+        protocol = NodeProtocol(client or api(node_token), attempt, node)
+        if claim and attempt is not None:
+            response = protocol.claim()
+            assert response.status_code == 200, response.content
+        return protocol
+
+    return make
 
 
 @pytest.fixture

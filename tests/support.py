@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,54 +14,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from benchmarks.stack import free_port, group_processes, kill_groups  # noqa: F401 - the launcher's, re-exported
 from components.runtime.testing.conformance import wait_for  # the one definition, shipped with the suites
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def group_processes(pgid: int) -> list[psutil.Process]:
-    """The live (not zombie) processes of process group ``pgid``."""
-    found = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
 
 
 def kill_group(process: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the group's leader (started with ``start_new_session=True``), wait up to ``grace`` seconds, then
     SIGKILL whatever is left of its process group, and wait until none of it is left."""
     kill_groups([process], grace)
-
-
-def kill_groups(processes: list[subprocess.Popen], grace: float = 10.0) -> None:
-    """:func:`kill_group` for several groups at once: SIGTERM every leader, one shared ``grace`` for all of them
-    (not one after the other), then SIGKILL what is left of every group and wait until none of it is left."""
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    for process in processes:
-        process.wait(timeout=10)
-    pgids = [process.pid for process in processes]
-    wait_for(lambda: not any(group_processes(pgid) for pgid in pgids), 10,
-             message=f"process groups {pgids} to exit")
 
 
 @contextlib.contextmanager
@@ -145,7 +103,7 @@ def start_device_service(tmp_path: Path, policy: str = "pack"):
     from components.gpushare.service import read_authkey
 
     (tmp_path / "key").write_text(secrets.token_hex(16))
-    env = {**os.environ, "STRATA_TORCH_THREADS": "1"}
+    env = {**os.environ, "STRATA_TORCH_THREADS": "1", "STRATA_GPUSHARE_WARM_UP": "0"}
     process = subprocess.Popen(device_service_command(tmp_path, policy), env=env, stdin=subprocess.DEVNULL)
     handle = DeviceService(process, str(tmp_path / "s.sock"), read_authkey(tmp_path / "key"), tmp_path / "jobs")
     try:

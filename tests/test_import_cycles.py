@@ -13,10 +13,6 @@ KNOWN = {
     # job_submit and the transfers ask the quotas, which read the jobs' code and data records back.
     frozenset({"strata.jobs.code", "strata.jobs.data", "strata.jobs.services", "strata.jobs.transfers",
                "strata.quotas.roots", "strata.quotas.services"}),
-    frozenset({"benchmarks.core.control_plane", "benchmarks.core.heartbeats", "benchmarks.core.multihost"}),
-    frozenset({"benchmarks.serving.bench", "benchmarks.serving.emoebench", "benchmarks.serving.slabench"}),
-    frozenset({"components.gpushare.sessions", "components.gpushare.stages"}),
-    frozenset({"components.serving.component", "components.serving.endpoint"}),
 }
 
 

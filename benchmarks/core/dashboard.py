@@ -149,7 +149,7 @@ def populate(sizes: dict, now: datetime, rng: random.Random) -> dict:
     """Nodes, devices, a cluster admin, running jobs that share devices, and the telemetry."""
     from django.utils import timezone as dj_timezone
 
-    from benchmarks.core.control_plane import MIXED_REQUESTS, bench_job
+    from benchmarks.core.cp_shared import MIXED_REQUESTS, bench_job
     from strata.accounts import services as accounts
     from strata.cluster.models import Device, Node
     from strata.jobs.models import Job, JobState

@@ -357,7 +357,7 @@ def _pass_worker(argv: list[str]) -> int:
     from django.db import connection, transaction
     from django.utils import timezone as dj_timezone
 
-    from benchmarks.core.control_plane import MIXED_REQUESTS, bench_job
+    from benchmarks.core.cp_shared import MIXED_REQUESTS, bench_job
     from strata.accounts import services as accounts
     from strata.cluster.models import Node
     from strata.jobs.models import Job, JobState
@@ -605,7 +605,7 @@ def figures(result: dict | list[dict], quick: bool) -> list[benchkit.Figure]:
     """``heartbeats_per_s`` (higher is better, against the offered rate) and ``pass_under_heartbeats_s`` (lower
     is better, against the 1 s pass target) at the largest size. ``result`` may be several runs' results: each
     figure is then the median over the runs, with their range (never the best run)."""
-    from benchmarks.core.control_plane import PASS_TARGET
+    from benchmarks.core.cp_shared import PASS_TARGET
 
     results = result if isinstance(result, list) else [result]
     lasts = [item["steps"][-1] for item in results]

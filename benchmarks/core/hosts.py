@@ -38,13 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stack import stop_on_exit, stopped
+
 TEST_RANGE = "198.18.0.0/15"  # RFC 2544: for benchmarking networks, never routed
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
 PG_SOCKET_DIR = os.environ.get("STRATA_MULTIHOST_PG_SOCKET", "/var/run/postgresql")
 # Settings every process of a test cluster gets: short leases so that a lost host is noticed in seconds.
 FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
-        "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1", "STRATA_GPUSHARE_WARM_UP": "0"}
 SERVER_PORT = 8000
 NODE_METRICS_PORT = 9108  # each node serves Prometheus metrics on its own address
 REDIS_PORT = 6379
@@ -97,6 +99,7 @@ class Hosts:
         net = (os.getpid() + secrets.randbelow(256)) % 256  # 198.18.<net>.0/24
         self.hosts: dict[str, Host] = {}
         self.processes: list[subprocess.Popen] = []
+        stop_on_exit(self, self.close)  # interrupted, leave no process and no namespace behind
         try:
             _ip("netns", "add", self.switch)
             _ip("link", "add", "br0", "type", "bridge", namespace=self.switch)
@@ -207,6 +210,7 @@ class Hosts:
         for namespace in [*(host.namespace for host in self.hosts.values()), self.switch]:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         self.hosts = {}
+        stopped(self)
 
 
 def _enter_namespace(namespace: str) -> None:

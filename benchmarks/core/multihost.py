@@ -2,7 +2,7 @@
 the node are separate hosts (network namespaces on a bridge, :mod:`benchmarks.core.hosts`), on PostgreSQL and a
 Redis broker on the control-plane host, with the production defaults (3 s heartbeats, 2 s beat ticks).
 
-The jobs are the same as the single-host figure's (:func:`benchmarks.core.control_plane.bench_job`, a bare function
+The jobs are the same as the single-host figure's (:func:`benchmarks.core.cp_shared.bench_job`, a bare function
 that returns at once), submitted at a steady rate well under the node's slots, so the figure is latency (the
 pass the submit asks for, the dispatch through Redis to the node's worker across the bridge, its claim over
 HTTP), not queueing. Needs root (namespaces) and the machine's PostgreSQL; raises with the reason otherwise.
@@ -31,7 +31,7 @@ def _percentile(values: list[float], fraction: float) -> float:
 def measure_cross_host_latency(jobs: int, rate: float, virtual_gpus: int = 8) -> dict:
     """Start a control-plane host and a node host, submit ``jobs`` short jobs at ``rate`` per second from the
     control-plane host, and return submit -> RUNNING statistics (server timestamps: ``started_at - created_at``)."""
-    from benchmarks.core.control_plane import _job_body, _parse_time
+    from benchmarks.core.cp_shared import _job_body, _parse_time
 
     home = Path(tempfile.mkdtemp(prefix="strata-bench-hosts-"))
     _say(f"  making two hosts (network namespaces on a bridge), state in {home}")
@@ -96,7 +96,7 @@ def _standalone(argv: list[str]) -> int:
     import argparse
 
     from benchmarks import benchkit
-    from benchmarks.core.control_plane import LATENCY_P50_TARGET, measure_latency
+    from benchmarks.core.cp_shared import LATENCY_P50_TARGET, measure_latency
     from benchmarks.core.hosts import unavailable
     from benchmarks.stack import services_available
 

@@ -3,7 +3,7 @@
 A real platform on 127.0.0.1 only, each part its own process as an operator runs it: ``strata server`` (the
 hardened waitress server), ``strata scheduler`` and one ``strata node`` agent with virtual GPUs that really runs
 the jobs (the cheapest real job there is: the first registered kind that runs a bare function,
-:func:`benchmarks.core.control_plane.bench_job`, on a no-op, so each job is one short child process). It runs on
+:func:`benchmarks.core.cp_shared.bench_job`, on a no-op, so each job is one short child process). It runs on
 PostgreSQL + Redis when ``STRATA_DATABASE_URL`` / ``STRATA_BROKER_URL`` name them (a fresh database on that
 server and a fresh Redis key prefix, both removed at the end), else on SQLite and the embedded broker in a
 temporary home. Users, teams and tokens are made by a set-up process (``python -m benchmarks.core.soak setup``, the
@@ -437,7 +437,7 @@ class Record:
 
 class Soak:
     def __init__(self, platform: Platform, rate: float, duration: float, seed: int = 0):
-        from benchmarks.core.control_plane import NOOP, bench_job
+        from benchmarks.core.cp_shared import NOOP, bench_job
 
         self.platform, self.rate, self.duration = platform, rate, duration
         self.rng = random.Random(seed)

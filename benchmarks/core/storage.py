@@ -114,7 +114,7 @@ class Node:
     heartbeat interval)."""
 
     def __init__(self, stack, credentials: dict):
-        from benchmarks.core.control_plane import bench_job
+        from benchmarks.core.cp_shared import bench_job
         from components.runtime.client.client import ControlPlaneClient
 
         self.client = ControlPlaneClient(stack.url, credentials["node_token"], retries=3, timeout=600)

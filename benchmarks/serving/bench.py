@@ -37,7 +37,6 @@ training throughput in each variant's process before the requests start (alone) 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import platform
@@ -55,13 +54,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchkit import Figure, document, percentile, table, write
+from benchmarks.serving.harness import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
 
 BUDGET = 2 * 2**30
 TARGET = 5.0  # naive p99 / SwitchFlow p99
 PAPER = "SwitchFlow: up to 10x"
-SOURCE_JOB = "00000000-0000-4000-8000-000000000000"  # the (made-up) train job the model.pt comes from
 CLIENT_WORKERS = 16  # calls the client can have in flight: requests are sent open-loop, on schedule
-STARTUP_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 60.0
 
 QUICK = {"model_steps": 10, "requests": 150, "request_interval_ms": 30.0, "warmup_requests": 5,
@@ -98,44 +96,6 @@ def _ratio(baseline: float | None, mechanism: float | None) -> float | None:
 
 
 _percentile = percentile  # the harness's one definition
-
-
-@contextlib.contextmanager
-def answering(conn):
-    """The body of a child process's main: a parent that went away ends it quietly; any other failure is sent
-    to the parent as ``{"error": traceback}`` (which :class:`_Child` raises there)."""
-    try:
-        yield
-    except EOFError:  # the benchmark went away
-        pass
-    except BaseException:
-        try:
-            conn.send({"error": traceback.format_exc()})
-        except OSError:
-            pass
-
-
-def _pin(core: int | None) -> None:
-    """Pin every thread of this process (and, by inheritance, every thread it starts later) to ``core``."""
-    if core is None or not hasattr(os, "sched_setaffinity"):
-        return
-    try:
-        threads = [int(name) for name in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]
-    for thread in threads:
-        try:
-            os.sched_setaffinity(thread, {core})
-        except OSError:  # the thread ended meanwhile
-            pass
-
-
-def _cores() -> tuple[int | None, int | None]:
-    """``(device core, client core)``; the same core when only one is available, None without affinity."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None, None
-    available = sorted(os.sched_getaffinity(0))
-    return available[0], available[1] if len(available) > 1 else available[0]
 
 
 # -- the served model -------------------------------------------------------------------------------------
@@ -375,57 +335,6 @@ def _client_main(conn, core: int | None) -> None:
 
 
 # -- the harness --------------------------------------------------------------------------------------------
-
-class _Child:
-    """A spawned child process and the parent's end of its pipe."""
-
-    def __init__(self, context, name: str, target: Callable[..., None], *args: Any):
-        self.name = name
-        self.conn, child_end = context.Pipe()
-        self.process = context.Process(target=target, args=(child_end, *args), name=name, daemon=True)
-        self.process.start()
-        child_end.close()
-        self.ready: dict[str, Any] = {}
-
-    def receive(self, timeout: float) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError(f"{self.name}: no answer within {timeout:.0f} s")
-        try:
-            reply = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"{self.name} exited (code {self.process.exitcode})") from None
-        if isinstance(reply, dict) and "error" in reply:
-            raise RuntimeError(f"{self.name} failed:\n{reply['error']}")
-        return reply
-
-    def call(self, message: Any, timeout: float = 30.0) -> Any:
-        self.conn.send(message)
-        return self.receive(timeout)
-
-    def close(self, timeout: float = 15.0) -> None:
-        """Ask it to stop, then terminate (and kill) it if it does not; always joined."""
-        try:
-            if self.process.is_alive():
-                self.conn.send("stop")
-                deadline = time.monotonic() + timeout
-                while self.process.is_alive() and time.monotonic() < deadline:
-                    if self.conn.poll(0.05):
-                        try:
-                            self.conn.recv()
-                        except EOFError:
-                            break
-            self.process.join(max(0.0, timeout / 3))
-        except (OSError, BrokenPipeError):
-            pass
-        finally:
-            if self.process.is_alive():
-                self.process.terminate()
-                self.process.join(5)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
-            self.conn.close()
-
 
 def _schedule(count: int, interval_s: float, seed: int = 11) -> list[float]:
     from benchmarks.gpushare.bench import _schedule as poisson

@@ -59,7 +59,7 @@ def _perplexity(module, batches, placement=None) -> float:
 def run(quick: bool = False, *, say=None, sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
-    from benchmarks.serving.bench import SOURCE_JOB
+    from benchmarks.serving.harness import SOURCE_JOB
     from components.runtime.contract.context import LocalContext
     from components.serving.emoe import ExpertPlacement
     from components.serving.model import load_served_model

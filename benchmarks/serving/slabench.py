@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchkit import Figure, percentile, table
-from benchmarks.serving.bench import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
+from benchmarks.serving.harness import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
 
 POLICIES = ("orloj", "fifo", "edf")
 FULL = {"model_steps": 20, "width": 384, "requests": 600, "rate_rps": 200.0, "burst_mean": 4.0,

@@ -22,10 +22,10 @@ Adapters:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
+from components.gpushare.factories import workload_factory
 from components.gpushare.lanes import MemoryRequest
 from components.runtime.contract.component import Progress, Session, never
 from components.train.sessions import TrainLoopSession
@@ -172,17 +172,6 @@ def as_session(obj: Any, **options: Any) -> Session:
     if callable(obj):
         return CallableSession(obj, **options)
     raise TypeError(f"cannot run {type(obj).__name__} as a session: it has no step()")
-
-
-def workload_factory(workload: Any) -> tuple[Any, Callable[[], Any]]:
-    """``(workload or None, factory of fresh copies)`` for a Workload instance, class or factory.
-
-    A Workload is cheap before ``setup()``: a deep copy of it is a fresh, independent job (used to profile
-    memory on a throwaway copy without touching the job's own state)."""
-    if isinstance(workload, type) or (callable(workload) and not hasattr(workload, "train_step")):
-        return None, workload
-    pristine = copy.deepcopy(workload)
-    return workload, lambda: copy.deepcopy(pristine)
 
 
 def _profile(factory: Callable[[], Any], spec: dict[str, Any]) -> MemoryRequest:

@@ -37,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from components.gpushare.factories import workload_factory
 from components.gpushare.lanes import MemoryRequest
-from components.gpushare.sessions import Progress, Session, never, workload_factory
+from components.runtime.contract.component import Progress, Session, never
 
 
 def partition(costs: Sequence[float], parts: int) -> list[int]:

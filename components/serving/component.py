@@ -4,8 +4,6 @@ or no sharing service) by :class:`ServeComponent` or hosted by a device's sharin
 
 from __future__ import annotations
 
-import ipaddress
-import logging
 import os
 import socket
 import threading
@@ -14,72 +12,23 @@ from typing import Any, ClassVar
 
 from components.runtime.contract.component import Component, Progress, Session, never
 from components.runtime.contract.context import Context
+from components.serving.bind import check_bind_host
 from components.serving.spec import ServeSpec
 
-log = logging.getLogger(__name__)
-
-HOST_ENV = "STRATA_SERVING_HOST"  # interface the endpoint binds: a loopback address unless INSECURE_BIND_ENV
+HOST_ENV = "STRATA_SERVING_HOST"  # interface the endpoint binds: a loopback address unless the insecure-bind opt-in
 ADVERTISE_ENV = "STRATA_SERVING_ADVERTISE_HOST"  # host published in the job's endpoint
-# Without authentication (auth: none) binding a non-loopback interface is an operator's explicit choice.
-INSECURE_BIND_ENV = "STRATA_SERVING_INSECURE_BIND"
 TLS_CERT_ENV = "STRATA_SERVING_TLS_CERT"  # PEM certificate chain: the endpoint serves TLS (with TLS_KEY_ENV)
 TLS_KEY_ENV = "STRATA_SERVING_TLS_KEY"
 DEFAULT_HOST = "127.0.0.1"
 WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
-_TRUE = {"1", "true", "yes", "on"}
-
-
-class InsecureBindError(ValueError):
-    """The endpoint was asked to bind a non-loopback interface without the explicit opt-in."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and the loopback addresses (127.0.0.0/8, ::1, also as ``[::1]`` or IPv4-mapped)."""
-    name = host.strip()
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    if name.lower() == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False  # another host name: it could resolve to anything
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
-def insecure_bind_allowed() -> bool:
-    """Whether the node's operator opted in to a non-loopback bind (``STRATA_SERVING_INSECURE_BIND=1``)."""
-    return os.environ.get(INSECURE_BIND_ENV, "").strip().lower() in _TRUE
-
-
-def check_bind_host(host: str, *, insecure: bool | None = None, source: str = "") -> None:
-    """Refuse to serve on ``host`` unless it is a loopback address or ``insecure`` (default: the environment's
-    opt-in) allows it: without deployment tokens (auth: none) anyone who can reach the port could call
-    the model. Raises :class:`InsecureBindError` naming the fix."""
-    if is_loopback(host):
-        return
-    if insecure is None:
-        insecure = insecure_bind_allowed()
-    if insecure:
-        log.warning("the serving endpoint binds %r, which is not a loopback address, and has no authentication: "
-                    "any process that can reach the port can call the model (%s is set)", host, INSECURE_BIND_ENV)
-        return
-    origin = f" (from {source})" if source else ""
-    raise InsecureBindError(
-        f"the serving endpoint will not bind {host!r}{origin}: it has no authentication (auth: none), so it listens on a "
-        f"loopback address only (127.0.0.1, ::1 or localhost). Set {INSECURE_BIND_ENV}=1 on the node to bind "
-        f"{host!r} anyway; then any process that can reach the port can call the model"
-    )
 
 
 def serving_hosts(authenticated: bool = False) -> tuple[str, str]:
     """``(bind host, advertised host)`` from ``STRATA_SERVING_HOST`` / ``STRATA_SERVING_ADVERTISE_HOST``.
 
     Without authentication the bind host must be a loopback address unless ``STRATA_SERVING_INSECURE_BIND=1``
-    (raises :class:`InsecureBindError`). A wildcard bind host is published as this machine's host name: a
-    client cannot dial 0.0.0.0.
+    (raises :class:`~components.serving.bind.InsecureBindError`). A wildcard bind host is published as this
+    machine's host name: a client cannot dial 0.0.0.0.
     """
     host = os.environ.get(HOST_ENV, "").strip() or DEFAULT_HOST
     if not authenticated:

@@ -40,7 +40,7 @@ from components.gpushare.stages import InferenceSession
 from components.runtime.shared.stats import percentile
 from components.runtime.shared.tokens import TokenGate, bearer
 from components.serving import serving_pb2, serving_pb2_grpc
-from components.serving.component import InsecureBindError, check_bind_host
+from components.serving.bind import InsecureBindError, check_bind_host
 from components.serving.model import ServedModel
 from components.serving.orloj import BatchPolicy, EdfBatcher, FifoBatcher, OrlojBatcher, Pending
 
@@ -1102,7 +1102,7 @@ def start_serving(
     ``max_rows`` forward pass). Raises :class:`AdmissionRejected` when the executor can never fit it,
     ``ValueError`` when ``name`` is taken, :class:`~components.gpushare.executor.ExecutorClosed` when the
     executor is shutting down, ``OSError`` when the port cannot be bound, and
-    :class:`~components.serving.component.InsecureBindError` when there is no ``gate`` (no authentication),
+    :class:`~components.serving.bind.InsecureBindError` when there is no ``gate`` (no authentication),
     ``host`` is not a loopback address and ``insecure_bind`` (default: ``STRATA_SERVING_INSECURE_BIND=1`` in
     the environment) does not allow it; nothing is left running then.
     An admission that has to wait for memory is accepted: requests queue (within their deadlines) until the

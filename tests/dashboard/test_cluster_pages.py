@@ -10,6 +10,7 @@ from html import unescape
 import pytest
 from django.test import Client
 from django.utils import timezone
+from node_protocol import NodeProtocol
 
 from strata.cluster.models import Device
 from strata.telemetry.models import DeviceSample
@@ -56,8 +57,7 @@ def world(make_team, make_user, make_node, node_token, api, submit, run_pass):
 
 def heartbeat(world, samples):
     node = world["node"]
-    response = world["agent"].post("/api/v1/node/heartbeat/", {
-        "node": str(node.pk), "session": str(node.session), "samples": samples, "attempts": []}, format="json")
+    response = NodeProtocol(world["agent"], node=node).heartbeat(samples=samples, attempts=[])
     assert response.status_code == 200, response.content
 
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from django.test import Client
+from node_protocol import NodeProtocol
 
 from components.gpushare.panels import FOREIGN, GpuShareJobPanel, GpuShareTimelinePanel
 from components.runtime.contract.panels import PanelData
@@ -52,9 +53,7 @@ def world(make_team, make_user, make_node, node_token, api, submit, run_pass):
 
 def beat(world, sharing):
     node = world["node"]
-    response = world["agent"].post("/api/v1/node/heartbeat/", {
-        "node": str(node.pk), "session": str(node.session), "reports": {"gpushare": {"devices": sharing}}},
-        format="json")
+    response = NodeProtocol(world["agent"], node=node).heartbeat(reports={"gpushare": {"devices": sharing}})
     assert response.status_code == 200, response.content
     return response.json()
 

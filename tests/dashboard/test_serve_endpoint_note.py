@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 from django.test import Client
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Attempt
 
-NODE = "/api/v1/node/attempts"
 NOTE = ("It listens on the node's loopback interface only and has no authentication (auth: none), so only "
         "processes on that node can call it.")
 
@@ -23,8 +23,7 @@ def test_the_serve_job_page_says_the_endpoint_is_loopback_only_and_unauthenticat
     agent, client = api(node_token), api(make_token(user, team))
 
     def node_call(attempt, verb, **body):
-        response = agent.post(f"{NODE}/{attempt.pk}/{verb}/",
-                              {"node": str(node.pk), "token": attempt.fencing_token, **body}, format="json")
+        response = NodeProtocol(agent, attempt, node).post(verb, body)
         assert response.status_code == 200, response.content
         return response
 

@@ -6,7 +6,6 @@ in a temporary home. Every process group started here is killed in teardown.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -18,12 +17,16 @@ import pytest
 import requests
 from support import free_port, group_processes, kill_group, kill_groups, wait_for  # noqa: F401 - re-exported
 
+from benchmarks.stack import Stack
+
 # Variables the in-process tests (tests/conftest.py) or a CI job may set that must not reach the e2e processes.
 SCRUBBED = ("STRATA_DATABASE_URL", "STRATA_BROKER_URL", "STRATA_BROKER_PREFIX", "STRATA_SCHEDULE_INLINE",
             "STRATA_HOME", "STRATA_CONFIG", "STRATA_URL", "STRATA_TOKEN", "STRATA_NODE_TOKEN", "STRATA_PUBLIC_URL")
 # A volunteer participant heartbeats every third of its lease (10 s by default): 9 s lets it hear "stop" soon.
 FAST = {"STRATA_NODE_LEASE_SECONDS": "6", "STRATA_HEARTBEAT_SECONDS": "1", "STRATA_SCHEDULER_TICK_SECONDS": "1",
-        "STRATA_PARTICIPANT_LEASE_S": "9", "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        "STRATA_PARTICIPANT_LEASE_S": "9", "STRATA_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        # a device service warms up on its first session, not at start: most e2e nodes host no session
+        "STRATA_GPUSHARE_WARM_UP": "0"}
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 STOP_GRACE_S = 0.5  # teardown: SIGTERM, then SIGKILL what is left of every process group after this long
 
@@ -50,32 +53,27 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.virtual_gpus = virtual_gpus
         self.process: subprocess.Popen | None = None
+        self.stack: Stack | None = None
         self.nodes: list[subprocess.Popen] = []
         self.credentials: dict = {}
         self.session = requests.Session()
 
     # -- processes -------------------------------------------------------------------------------------
     def start(self, timeout: float = 90.0) -> Cluster:
-        self.home.mkdir(parents=True, exist_ok=True)
-        log = (self.home / "up.out").open("ab")
-        self.process = subprocess.Popen(
-            [*strata_command(), "up", "--home", str(self.home), "--port", str(self.port),
-             "--virtual-gpus", str(self.virtual_gpus)],
-            env=e2e_env(**self.env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-
-        def healthy():
-            if self.process.poll() is not None:
-                raise AssertionError(f"strata up exited with {self.process.returncode}:\n{self.output()}")
-            if not (self.home / "credentials.json").exists():
-                return False
-            try:
-                return requests.get(f"{self.url}/healthz", timeout=1).ok
-            except requests.RequestException:
-                return False
-
-        wait_for(healthy, timeout, message="strata up to answer /healthz")
-        self.credentials = json.loads((self.home / "credentials.json").read_text())
+        """``strata up`` through the one stack launcher (``benchmarks.stack.Stack``): its process group, and every
+        node this cluster starts, is stopped by :meth:`stop`, or when this process is told to stop."""
+        self.stack = Stack(self.home, self.port, self.virtual_gpus, self.env, env=e2e_env(), command=strata_command(),
+                           node_name=None, log_name="up.out")
+        self.process = self.stack.process
+        try:
+            self.credentials = self.stack.wait_ready(timeout)
+        except RuntimeError as error:
+            output = self.output()
+            self.stop()
+            raise AssertionError(f"{error}:\n{output}") from None
+        except BaseException:
+            self.stop()
+            raise
         self.session.headers["Authorization"] = f"Bearer {self.credentials['token']}"
         return self
 
@@ -88,12 +86,17 @@ class Cluster:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         self.nodes.append(node)
+        if self.stack is not None:
+            self.stack.adopt(node)
         return node
 
     def stop(self) -> None:
         # Every group at once, with a short shared grace: no test checks how the processes shut down (a graceful
         # `strata up` takes several seconds, its node's Celery worker most of them), only that none is left.
-        kill_groups([*self.nodes, *([self.process] if self.process is not None else [])], grace=STOP_GRACE_S)
+        if self.stack is not None:
+            self.stack.stop(grace=STOP_GRACE_S)
+        else:
+            kill_groups(self.nodes, grace=STOP_GRACE_S)
         self.session.close()
 
     def output(self) -> str:

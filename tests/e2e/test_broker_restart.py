@@ -18,7 +18,6 @@ attribute 'hostname'`` on the restart (the agent restarted it), and cancelled th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,8 +27,7 @@ import time
 import psutil
 import pytest
 import redis
-import requests
-from e2e_support import Cluster, e2e_env, strata_command, training_children
+from e2e_support import Cluster, training_children
 from support import free_port, reaper, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -93,10 +91,9 @@ class Broker:
 class BrokerCluster(Cluster):
     """:class:`Cluster` on a given broker: ``strata up`` and the node get ``STRATA_BROKER_URL``."""
 
-    def __init__(self, home, broker_url: str, start):
+    def __init__(self, home, broker_url: str):
         super().__init__(home, virtual_gpus=0)
-        self.start_process = start
-        self.env = e2e_env(STRATA_BROKER_URL=broker_url, STRATA_DISPATCH_REPUBLISH_SECONDS=str(REPUBLISH_S),
+        self.env = dict(STRATA_BROKER_URL=broker_url, STRATA_DISPATCH_REPUBLISH_SECONDS=str(REPUBLISH_S),
                            # far beyond this test: the agent's restart of a stalled worker must not be needed
                            STRATA_CLAIM_TIMEOUT_SECONDS="3600", STRATA_SCHEDULER_METRICS_PORT="0",
                            STRATA_NODE_SERVICES_DISABLE="gpushare,datacache,straggler")
@@ -104,34 +101,12 @@ class BrokerCluster(Cluster):
     def start(self, timeout: float = 120.0) -> BrokerCluster:
         (self.home / "jobs").mkdir(parents=True, exist_ok=True)
         (self.home / "jobs" / "brokerrestart_job.py").write_text(JOB_MODULE)
-        self.process = self.start_process(
-            [*strata_command(), "up", "--home", str(self.home), "--port", str(self.port), "--virtual-gpus", "0"],
-            env=self.env, stdout=(self.home / "up.out").open("ab"), stderr=subprocess.STDOUT)
-
-        def healthy():
-            assert self.process.poll() is None, f"strata up exited:\n{self.output()}"
-            if not (self.home / "credentials.json").exists():
-                return False
-            try:
-                return requests.get(f"{self.url}/healthz", timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        wait_for(healthy, timeout, message="strata up to answer /healthz")
-
-        self.credentials = json.loads((self.home / "credentials.json").read_text())
-        self.session.headers["Authorization"] = f"Bearer {self.credentials['token']}"
+        super().start(timeout)
         return self
 
-    def start_node(self, name: str, virtual_gpus: int = 1) -> subprocess.Popen:
-        node = self.start_process(
-            [*strata_command(), "node", "--server", self.url, "--name", name, "--virtual-gpus", str(virtual_gpus),
-             "--state-dir", str(self.home / f"node-{name}")],
-            env={**self.env, "STRATA_NODE_TOKEN": self.credentials["node_token"],
-                 "PYTHONPATH": str(self.home / "jobs")},
-            stdout=(self.home / f"node-{name}.out").open("ab"), stderr=subprocess.STDOUT)
-        self.nodes.append(node)
-        return node
+    def start_node(self, name: str, virtual_gpus: int = 1, env: dict | None = None) -> subprocess.Popen:
+        return super().start_node(name, virtual_gpus, env={**self.env, "PYTHONPATH": str(self.home / "jobs"),
+                                                          **(env or {})})
 
     def wait(self, predicate, timeout: float, what: str):
         try:
@@ -170,7 +145,7 @@ def test_running_and_queued_jobs_survive_a_broker_restart_and_a_wipe(tmp_path):
     with reaper(grace=1.0) as start:
         broker = Broker(tmp_path / "redis", start)
         broker.start()
-        cluster = BrokerCluster(tmp_path / "home", broker.url, start).start()
+        cluster = BrokerCluster(tmp_path / "home", broker.url).start()
         agent = cluster.start_node("n1", virtual_gpus=2)
         try:
             # -- dropped connections, then a restart with its data, while a job runs --------------------------

@@ -10,8 +10,9 @@ from support import wait_for
 from components.runtime.contract.context import DeviceHandle, LocalContext
 from components.runtime.contract.spec import SpecError
 from components.runtime.shared.tokens import token_digest
+from components.serving.bind import InsecureBindError
 from components.serving.client import ServingError, describe, predict
-from components.serving.component import InsecureBindError, ServeComponent, serving_hosts
+from components.serving.component import ServeComponent, serving_hosts
 from components.serving.model import load_served_model
 
 SOURCE_JOB = "0d4f3c1a-8b7e-4f60-a2d9-6c5b4e3f2a10"

@@ -18,8 +18,8 @@ from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
 from components.serving import endpoint as endpoint_module
 from components.serving import serving_pb2
+from components.serving.bind import InsecureBindError
 from components.serving.client import ServingError, predict
-from components.serving.component import InsecureBindError
 from components.serving.endpoint import MAX_DETAILS, MAX_DIMS, ServingEndpoint, start_serving
 from components.serving.model import ServedModel, load_served_model
 

@@ -26,6 +26,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 from django.utils import timezone
+from node_protocol import NodeProtocol
 from support import api_routes, fill_route
 
 from components.runtime.contract import registry
@@ -102,9 +103,9 @@ def test_the_walk_knows_every_route_kind_and_collection():
 # --- the world: one job of every kind (and each kind's objects) owned by team alpha ---------------------------
 
 def _finish(agent, node, attempt, outcome="succeeded"):
-    body = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"{PREFIX}node/attempts/{attempt.pk}/claim/", body, format="json").status_code == 200
-    return agent.post(f"{PREFIX}node/attempts/{attempt.pk}/finish/", {**body, "outcome": outcome}, format="json")
+    protocol = NodeProtocol(agent, attempt, node)
+    assert protocol.claim().status_code == 200
+    return protocol.finish(outcome)
 
 
 @pytest.fixture

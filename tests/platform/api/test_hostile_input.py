@@ -37,7 +37,6 @@ from strata.jobs.services import artifact_store
 from strata.quotas.models import Quota
 
 JOBS = "/api/v1/jobs/"
-NODE = "/api/v1/node/attempts"
 PER_REQUEST = 10.0  # seconds: generous on a loaded machine; the measured figures are far below (docs/reliability.md)
 
 
@@ -57,7 +56,7 @@ def _submit_throttle_raised(monkeypatch):
 
 
 @pytest.fixture
-def world(make_team, make_user, make_token, make_node, node_token, api, submit, run_pass):
+def world(make_team, make_user, make_token, make_node, node_token, node_protocol, api, submit, run_pass):
     """Team alpha (alice, a member, with a user token), team beta, a cluster admin's browser session, a node
     with one running attempt (claimed, with its fencing token) and a SUCCEEDED train job holding model.pt."""
     alpha, beta = make_team("alpha", data_roots=["/srv"]), make_team("beta")  # alpha's data root: /srv
@@ -69,15 +68,9 @@ def world(make_team, make_user, make_token, make_node, node_token, api, submit, 
     running = submit(alice, alpha, gpus=0.5, name="running")
     run_pass()
     attempts = {a.job_id: a for a in Attempt.objects.filter(ended_at__isnull=True)}
-    for job in (source, running):
-        attempt = attempts[job.pk]
-        claimed = agent.post(f"{NODE}/{attempt.pk}/claim/", {"node": str(node.pk), "token": attempt.fencing_token},
-                             format="json")
-        assert claimed.status_code == 200, claimed.content
+    claimed = {job.pk: node_protocol(attempts[job.pk], node, client=agent) for job in (source, running)}
     artifact_store(attempts[source.pk], "model.pt", io.BytesIO(b"model-bytes"))
-    finished = agent.post(f"{NODE}/{attempts[source.pk].pk}/finish/",
-                          {"node": str(node.pk), "token": attempts[source.pk].fencing_token, "outcome": "succeeded"},
-                          format="json")
+    finished = claimed[source.pk].finish("succeeded")
     assert finished.status_code == 200, finished.content
     # The embeddings kind reads only a DLRM's model.pt: a second SUCCEEDED source, relabelled as one.
     dlrm = Job.objects.get(pk=source.pk)
@@ -92,7 +85,8 @@ def world(make_team, make_user, make_token, make_node, node_token, api, submit, 
     browser.force_login(alice)
     return {"alpha": alpha, "beta": beta, "alice": alice, "user": api(make_token(alice, alpha)), "admin": admin,
             "browser": browser, "agent": agent, "node": node, "source": source, "dlrm": dlrm,
-            "running": running, "attempt": Attempt.objects.get(job=running, ended_at__isnull=True)}
+            "running": running, "attempt": Attempt.objects.get(job=running, ended_at__isnull=True),
+            "node_protocol": claimed[running.pk]}
 
 
 def timed(send, *args, **kwargs):
@@ -294,21 +288,18 @@ def test_traversal_in_artifact_checkpoint_and_source_names(world, settings, tmp_
     settings.STRATA_ARTIFACT_ROOT = str(store)
     sentinel = f"strata-hostile-{uuid.uuid4().hex}"
     outside = files_under(tmp_path) - files_under(store)
-    agent, attempt, node = world["agent"], world["attempt"], world["node"]
-    query = f"?node={node.pk}&token={attempt.fencing_token}"
+    protocol = world["node_protocol"]
     results = []
     for raw in TRAVERSALS:
         name = raw.format(sentinel=sentinel)
         for kind in ("artifact", "checkpoint"):
-            put = agent.generic("PUT", f"{NODE}/{attempt.pk}/artifacts/{name}/{query}&kind={kind}", b"owned",
-                                content_type="application/octet-stream")
+            put = protocol.put(f"artifacts/{name}", b"owned", kind=kind)
             results.append(("put", kind, name, put.status_code))
-        source = agent.get(f"{NODE}/{attempt.pk}/sources/{name}/{query}")
+        source = protocol.get(f"sources/{name}")
         results.append(("source", "", name, source.status_code))
         download = world["user"].get(f"{JOBS}{world['source'].pk}/artifacts/{name}/download/")
         results.append(("download", "", name, download.status_code))
-    put = agent.generic("PUT", f"{NODE}/{attempt.pk}/artifacts/ok.bin/{query}&kind=../../x", b"owned",
-                        content_type="application/octet-stream")
+    put = protocol.put("artifacts/ok.bin", b"owned", kind="../../x")
     results.append(("put", "../../x", "ok.bin", put.status_code))
     bad = [result for result in results if result[3] not in (400, 404)]
     assert not bad, bad
@@ -316,8 +307,7 @@ def test_traversal_in_artifact_checkpoint_and_source_names(world, settings, tmp_
     assert not Path("/tmp", sentinel).exists() and not Path(sentinel).exists()
     assert not Artifact.objects.filter(job=world["running"]).exists()
     # A well-formed name still lands in the store, under the job's folder.
-    ok = agent.generic("PUT", f"{NODE}/{attempt.pk}/artifacts/ok.bin/{query}", b"fine",
-                       content_type="application/octet-stream")
+    ok = protocol.put("artifacts/ok.bin", b"fine")
     assert ok.status_code == 201
     assert [p.relative_to(store).parts[0] for p in files_under(store)] == [str(world["running"].pk)]
 
@@ -480,8 +470,7 @@ def test_participants_join_refuses_protected_fields(world, make_user, make_token
 
 def write_routes(world) -> list[tuple[str, str, str]]:
     """(method, path, caller) of every JSON write route: user, admin and node routes, the editor's JSON."""
-    attempt, job = world["attempt"], world["running"]
-    node_attempt = f"{NODE}/{attempt.pk}"
+    job, node_attempt = world["running"], world["node_protocol"]
     return [
         ("post", JOBS, "user"), ("post", "/api/v1/tokens/", "user"), ("post", "/api/v1/datasets/", "user"),
         ("post", f"{JOBS}{job.pk}/tokens/", "user"), ("post", f"{JOBS}{job.pk}/cancel/", "user"),
@@ -491,7 +480,7 @@ def write_routes(world) -> list[tuple[str, str, str]]:
         ("post", f"/api/v1/participants/{uuid.uuid4()}/heartbeat/", "user"),
         ("post", "/api/v1/node/register/", "node"), ("post", "/api/v1/node/heartbeat/", "node"),
         ("post", "/api/v1/node/drain/", "node"),
-        *[("post", f"{node_attempt}/{verb}/", "node") for verb in
+        *[("post", node_attempt.url(verb), "node") for verb in
           ("claim", "report", "finish", "rendezvous", "children", "credential", "children/metrics")],
         ("post", "/jobs/new/validate/", "browser"),
     ]

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 from jsonschema import Draft4Validator
+from node_protocol import NodeProtocol
 
 from components.runtime.contract.plugins import Plugin
 from components.runtime.contract.registry import kinds
@@ -386,31 +387,24 @@ def test_answers_of_the_node_routes_validate(schema, world):
     register = {"name": "n2", "devices": [{"index": 0, "kind": "virtual", "memory_total": 2**30}]}
     check_answer(schema, "post", "/api/v1/node/register/", agent.post("/api/v1/node/register/", register,
                                                                      format="json"), 200)
-    heartbeat = {"node": str(node.pk), "session": str(node.session), "attempts": [str(attempt.pk)]}
-    check_answer(schema, "post", "/api/v1/node/heartbeat/", agent.post("/api/v1/node/heartbeat/", heartbeat,
-                                                                      format="json"), 200)
-    check_answer(schema, "post", "/api/v1/node/heartbeat/", agent.post(
-        "/api/v1/node/heartbeat/", {**heartbeat, "session": "3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11"}, format="json"), 409)
-    base = f"/api/v1/node/attempts/{attempt.pk}"
-    call = {"node": str(node.pk), "token": attempt.fencing_token}
+    protocol = NodeProtocol(agent, attempt, node)
+    url = protocol.url
+    beat = "/api/v1/node/heartbeat/"
+    check_answer(schema, "post", beat, protocol.heartbeat(attempts=[str(attempt.pk)]), 200)
+    check_answer(schema, "post", beat, protocol.heartbeat(session="3f0c5b8e-9a51-4c55-9c1e-0f1b2f0d9a11",
+                                                          attempts=[str(attempt.pk)]), 409)
     # The fixture's node claimed this attempt already: a second claim is a 409 (each node claims once); the claim
     # answer itself is checked on the other job's attempt.
-    check_answer(schema, "post", f"{base}/claim/", agent.post(f"{base}/claim/", call, format="json"), 409)
+    check_answer(schema, "post", url("claim"), protocol.claim(), 409)
     from strata.jobs.models import Attempt
 
-    fresh = Attempt.objects.get(job=world["foreign"])
-    check_answer(schema, "post", f"/api/v1/node/attempts/{fresh.pk}/claim/", agent.post(
-        f"/api/v1/node/attempts/{fresh.pk}/claim/", {"node": str(node.pk), "token": fresh.fencing_token},
-        format="json"), 200)
-    check_answer(schema, "post", f"{base}/report/", agent.post(f"{base}/report/", {**call, "logs": [{"message": "x"}]},
-                                                               format="json"), 200)
-    query = f"?node={node.pk}&token={attempt.fencing_token}"
-    url = f"{base}/artifacts/out.txt/{query}"
-    check_answer(schema, "put", url, agent.put(url, b"bytes", content_type="application/octet-stream"), 201)
-    check_answer(schema, "get", f"{base}/checkpoint/{query}", agent.get(f"{base}/checkpoint/{query}"), 404)
-    check_answer(schema, "post", f"{base}/finish/", agent.post(f"{base}/finish/", {**call, "outcome": "succeeded"},
-                                                               format="json"), 200)
-    check_answer(schema, "post", f"{base}/report/", agent.post(f"{base}/report/", call, format="json"), 409)
+    fresh = protocol.of(Attempt.objects.get(job=world["foreign"]), node)
+    check_answer(schema, "post", fresh.url("claim"), fresh.claim(), 200)
+    check_answer(schema, "post", url("report"), protocol.report(logs=[{"message": "x"}]), 200)
+    check_answer(schema, "put", url("artifacts/out.txt"), protocol.put("artifacts/out.txt", b"bytes"), 201)
+    check_answer(schema, "get", url("checkpoint"), protocol.get("checkpoint"), 404)
+    check_answer(schema, "post", url("finish"), protocol.finish("succeeded"), 200)
+    check_answer(schema, "post", url("report"), protocol.report(), 409)
 
 
 class ParticipantsSpec(TrainSpec):
@@ -465,11 +459,10 @@ def test_answers_of_the_participant_routes_validate(schema, world, api, install_
     check_answer(schema, "post", beat, secret.post(beat, {}, format="json"), 200)  # stop, without a credential
     leave = f"{url}{body['id']}/leave/"
     check_answer(schema, "post", leave, secret.post(leave), 200)
-    node_url = f"/api/v1/node/attempts/{attempt.pk}/credential/"
-    call = {"node": str(world["node"].pk), "token": attempt.fencing_token, "subject": "p2p:QmRank0"}
-    check_answer(schema, "post", node_url, world["node_client"].post(node_url, call, format="json"), 200)
-    check_answer(schema, "post", node_url, world["node_client"].post(node_url, {**call, "token": "x"},
-                                                                     format="json"), 409)
+    protocol = NodeProtocol(world["node_client"], attempt, world["node"])
+    node_url, call = protocol.url("credential"), {"subject": "p2p:QmRank0"}
+    check_answer(schema, "post", node_url, protocol.post("credential", call), 200)
+    check_answer(schema, "post", node_url, protocol.post("credential", call, token="x"), 409)
 
 
 def test_error_answers_validate(schema, world, api, settings):

@@ -19,12 +19,12 @@ import logging
 
 import pytest
 from django.test import Client
+from node_protocol import NodeProtocol
 
 from strata.accounts.models import LoginThrottle, Secret
 from strata.jobs.models import Attempt, Job, JobEvent, LogLine
 
 PREFIX = "/api/v1/"
-NODE = f"{PREFIX}node/attempts"
 
 
 class Everything(logging.Handler):
@@ -119,27 +119,23 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     run_pass()
     attempt = Attempt.objects.get(job=job)
     fence = attempt.fencing_token
-    body = {"node": str(node.pk), "token": fence}
-    assert seen("claim", agent.post(f"{NODE}/{attempt.pk}/claim/", body, format="json"), holder=True) \
-        .status_code == 200
-    report = {**body, "logs": [{"message": "step 1"}], "metrics": [{"name": "loss", "step": 1, "value": 0.5}]}
-    seen("report", agent.post(f"{NODE}/{attempt.pk}/report/", report, format="json"), holder=True)
-    credential = agent.post(f"{NODE}/{attempt.pk}/credential/", {**body, "subject": "p2p:QmRank0"}, format="json")
+    protocol = NodeProtocol(agent, attempt, node)
+    assert seen("claim", protocol.claim(), holder=True).status_code == 200
+    report = {"logs": [{"message": "step 1"}], "metrics": [{"name": "loss", "step": 1, "value": 0.5}]}
+    seen("report", protocol.report(**report), holder=True)
+    credential = protocol.post("credential", {"subject": "p2p:QmRank0"})
     assert seen("credential", credential, holder=True).status_code == 200
     node_credential = credential.json()["credential"]
     # Stale fencing tokens: a made-up one, the right one from the wrong node, a cut-off one.
     other = make_node("n2", gpus=1)
     stale = fence[:-4] + ("beef" if not fence.endswith("beef") else "f00d")  # never the right one by chance
-    for label, call in (
-            ("stale claim", {"node": str(node.pk), "token": stale}),
-            ("wrong node", {"node": str(other.pk), "token": fence}),
-            ("short token", {"node": str(node.pk), "token": fence[:8]})):
-        answer = agent.post(f"{NODE}/{attempt.pk}/report/", {**call, "logs": [{"message": "zombie"}]}, format="json")
+    for label, wrong in (("stale claim", {"token": stale}), ("wrong node", {"node": other}),
+                         ("short token", {"token": fence[:8]})):
+        answer = protocol.report(**wrong, logs=[{"message": "zombie"}])
         assert seen(label, answer).status_code == 409, (label, answer.content)
-    upload = agent.put(f"{NODE}/{attempt.pk}/artifacts/x.bin/?node={node.pk}&token={stale}", b"x",
-                       content_type="application/octet-stream")
+    upload = protocol.put("artifacts/x.bin", b"x", token=stale)
     assert seen("stale upload", upload).status_code == 409
-    assert seen("node 400", agent.post(f"{NODE}/{attempt.pk}/report/", {"token": fence}, format="json")) \
+    assert seen("node 400", agent.post(protocol.url("report"), {"token": fence}, format="json")) \
         .status_code == 400
 
     # --- team secrets: set, replace, list, read, delete; a job that asks for one gets it in its claim only ------
@@ -166,14 +162,12 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     assert seen("submit with a secret", using).status_code == 201, using.content
     run_pass()
     secret_attempt = Attempt.objects.get(job_id=using.json()["id"])
-    secret_call = {"node": str(node.pk), "token": secret_attempt.fencing_token}
-    claimed = agent.post(f"{NODE}/{secret_attempt.pk}/claim/", secret_call, format="json")
+    secret_node = protocol.of(secret_attempt, node)
+    claimed = secret_node.claim()
     assert seen("claim with a secret", claimed, holder=True).json()["secrets"] == {"GH_TOKEN": team_secret}
-    leaked = {**secret_call, "logs": [{"message": f"GH_TOKEN={team_secret}"}, {"message": team_secret}]}
-    seen("report of a secret", agent.post(f"{NODE}/{secret_attempt.pk}/report/", leaked, format="json"), holder=True)
-    seen("finish of a secret", agent.post(f"{NODE}/{secret_attempt.pk}/finish/",
-                                          {**secret_call, "outcome": "failed", "reason": f"bad token {team_secret}"},
-                                          format="json"), holder=True)
+    leaked = {"logs": [{"message": f"GH_TOKEN={team_secret}"}, {"message": team_secret}]}
+    seen("report of a secret", secret_node.report(**leaked), holder=True)
+    seen("finish of a secret", secret_node.finish("failed", reason=f"bad token {team_secret}"), holder=True)
     for path in ("", "events/", "logs/"):
         seen(f"job with a secret {path}", a.get(f"{PREFIX}jobs/{secret_attempt.job_id}/{path}"))
     seen("job page with a secret", browser.get(f"/jobs/{secret_attempt.job_id}/"))
@@ -213,8 +207,7 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     seen("cluster page", browser.get("/cluster/"))
     seen("resubmit", a.post(f"{PREFIX}jobs/{job.pk}/resubmit/"))
     seen("cancel", a.post(f"{PREFIX}jobs/{job.pk}/cancel/"))
-    assert seen("finish after cancel", agent.post(f"{NODE}/{attempt.pk}/finish/", {**body, "outcome": "failed"},
-                                                 format="json"), holder=True).status_code in {200, 409}
+    assert seen("finish after cancel", protocol.finish("failed"), holder=True).status_code in {200, 409}
 
     # --- where secrets must never be ----------------------------------------------------------------------
     secrets = {"user token": raw, "child token": child_raw, "node token": node_token, "job token": job_raw,

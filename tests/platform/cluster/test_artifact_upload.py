@@ -10,40 +10,32 @@ import pytest
 from strata.jobs.models import Artifact, Attempt
 
 
-def test_an_empty_upload_stores_an_empty_artifact(make_team, make_user, make_node, node_token, api, submit, run_pass):
+def test_an_empty_upload_stores_an_empty_artifact(make_team, make_user, make_node, node_protocol, submit, run_pass):
     team = make_team("alpha")
     node = make_node("n1", gpus=1)
     job = submit(make_user("alice", team), team)
     run_pass()
-    attempt = Attempt.objects.get(job=job)
-    response = api(node_token).put(
-        f"/api/v1/node/attempts/{attempt.pk}/artifacts/empty.bin/?node={node.pk}&token={attempt.fencing_token}",
-        b"", content_type="application/octet-stream")
+    response = node_protocol(Attempt.objects.get(job=job), node, claim=False).put("artifacts/empty.bin", b"")
     assert response.status_code == 201, response.content
     assert response.json()["size"] == 0 and response.json()["sha256"] == hashlib.sha256(b"").hexdigest()
     assert Artifact.objects.get(job=job, name="empty.bin").size == 0
 
 
 @pytest.mark.usefixtures("storage_backend")  # local disk, then S3 (SeaweedFS): tests/conftest.py
-def test_a_checkpoint_and_an_artifact_go_in_and_out_on_every_backend(make_team, make_user, make_node, node_token,
+def test_a_checkpoint_and_an_artifact_go_in_and_out_on_every_backend(make_team, make_user, make_node, node_protocol,
                                                                      make_token, api, submit, run_pass):
     team = make_team("alpha")
     node = make_node("n1", gpus=1)
     user = make_user("alice", team)
     job = submit(user, team)
     run_pass()
-    attempt = Attempt.objects.get(job=job)
-    query = f"?node={node.pk}&token={attempt.fencing_token}"
-    base = f"/api/v1/node/attempts/{attempt.pk}"
-    node_api = api(node_token)
+    node_api = node_protocol(Attempt.objects.get(job=job), node, claim=False)
     checkpoint = bytes(range(256)) * 40_000  # 10 MiB: a multipart upload on S3
-    response = node_api.put(f"{base}/artifacts/step-7.pt/{query}&kind=checkpoint", checkpoint,
-                            content_type="application/octet-stream")
+    response = node_api.put("artifacts/step-7.pt", checkpoint, kind="checkpoint")
     assert response.status_code == 201, response.content
     assert response.json()["sha256"] == hashlib.sha256(checkpoint).hexdigest()
-    assert node_api.put(f"{base}/artifacts/model.pt/{query}", b"weights",
-                        content_type="application/octet-stream").status_code == 201
-    back = node_api.get(f"{base}/checkpoint/{query}")
+    assert node_api.put("artifacts/model.pt", b"weights").status_code == 201
+    back = node_api.get("checkpoint")
     assert back.status_code == 200 and b"".join(back.streaming_content) == checkpoint
     artifact = Artifact.objects.get(job=job, name="model.pt")
     download = api(make_token(user, team)).get(f"/api/v1/jobs/{job.pk}/artifacts/{artifact.pk}/download/")
@@ -51,7 +43,7 @@ def test_a_checkpoint_and_an_artifact_go_in_and_out_on_every_backend(make_team, 
 
 
 def test_an_upload_while_the_object_store_is_down_is_a_503_and_records_nothing(
-        make_team, make_user, make_node, node_token, api, submit, run_pass, settings):
+        make_team, make_user, make_node, node_protocol, submit, run_pass, settings):
     from support import free_port
 
     settings.STRATA_ARTIFACT_STORAGE = "strata.jobs.storage.S3ArtifactStorage"
@@ -62,10 +54,7 @@ def test_an_upload_while_the_object_store_is_down_is_a_503_and_records_nothing(
     node = make_node("n1", gpus=1)
     job = submit(make_user("alice", team), team)
     run_pass()
-    attempt = Attempt.objects.get(job=job)
-    response = api(node_token).put(
-        f"/api/v1/node/attempts/{attempt.pk}/artifacts/model.pt/?node={node.pk}&token={attempt.fencing_token}",
-        b"weights", content_type="application/octet-stream")
+    response = node_protocol(Attempt.objects.get(job=job), node, claim=False).put("artifacts/model.pt", b"weights")
     assert response.status_code == 503, response.content
     assert "artifact storage is unavailable" in response.json()["detail"] and response["Retry-After"]
     assert "secret" not in response.content.decode()

@@ -6,18 +6,18 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.utils import timezone
+from node_protocol import NODE_API, NodeProtocol
 
 from strata.cluster.models import CPU_INDEX, Device, Node
 from strata.cluster.services import pools_list
 from strata.jobs.models import Allocation, Attempt, Job, JobState
 
 GiB = 2**30
-NODE = "/api/v1/node"
 
 
 def register(agent, **extra):
     body = {"name": "n1", "devices": [{"index": 0, "kind": "virtual", "memory_total": 8 * GiB}], **extra}
-    answer = agent.post(f"{NODE}/register/", body, format="json")
+    answer = agent.post(f"{NODE_API}/register/", body, format="json")
     assert answer.status_code == 200, answer.content
     return Node.objects.get(pk=answer.json()["node"])
 
@@ -49,9 +49,9 @@ def test_registration_stores_cpus_and_memory_and_a_hidden_cpu_device(node_token,
 def test_a_node_cannot_report_a_cpu_device_or_nonsense_cpus(node_token, api):
     agent = api(node_token)
     body = {"name": "n1", "devices": [{"index": 0, "kind": "cpu", "memory_total": GiB}]}
-    assert agent.post(f"{NODE}/register/", body, format="json").status_code == 400
+    assert agent.post(f"{NODE_API}/register/", body, format="json").status_code == 400
     for extra in ({"cpus": 0}, {"cpus": -2}, {"cpus": "many"}, {"memory": -1}):
-        answer = agent.post(f"{NODE}/register/", {"name": "n1", "devices": [], **extra}, format="json")
+        answer = agent.post(f"{NODE_API}/register/", {"name": "n1", "devices": [], **extra}, format="json")
         assert answer.status_code == 400 and set(extra) <= set(answer.json()), (extra, answer.content)
 
 
@@ -64,14 +64,13 @@ def test_heartbeats_hold_a_cpu_attempt_to_its_node(make_team, make_user, make_no
     job = submit_resources(user, team, {"gpus": 0, "cpus": 2})
     run_pass()
     attempt = Attempt.objects.get(job=job)
-    claimed = agent.post(f"{NODE}/attempts/{attempt.pk}/claim/", {"node": str(node.pk), "token": attempt.fencing_token},
-                         format="json")
+    protocol = NodeProtocol(agent, attempt, node)
+    claimed = protocol.claim()
     assert claimed.status_code == 200 and claimed.json()["allocations"][0]["device"] is None
 
     def beat(attempts, samples=()):
         node.refresh_from_db()
-        answer = agent.post(f"{NODE}/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                   "samples": list(samples), "attempts": attempts}, format="json")
+        answer = protocol.heartbeat(samples=list(samples), attempts=attempts)
         assert answer.status_code == 200, answer.content
         return answer.json()
 

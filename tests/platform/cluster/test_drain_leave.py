@@ -13,11 +13,10 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from node_protocol import NODE_API, NodeProtocol
 
 from strata.cluster.models import Node
 from strata.jobs.models import Attempt, Job, JobState
-
-NODE = "/api/v1/node"
 
 
 @pytest.fixture
@@ -29,13 +28,11 @@ def world(make_team, make_user, make_token, make_node, node_token, api):
 
 
 def _call(world, node: Node, verb: str, session=None, **body):
-    return world["agent"].post(f"{NODE}/{verb}/", {"node": str(node.pk), "session": str(session or node.session),
-                                                   **body}, format="json")
+    return NodeProtocol(world["agent"], node=node).node_post(verb, body, session=session)
 
 
 def _attempt_call(world, node: Node, attempt: Attempt, verb: str, **body):
-    return world["agent"].post(f"{NODE}/attempts/{attempt.pk}/{verb}/",
-                               {"node": str(node.pk), "token": attempt.fencing_token, **body}, format="json")
+    return NodeProtocol(world["agent"], attempt, node).post(verb, body)
 
 
 def _running_on(world, node: Node, submit, run_pass) -> tuple[Job, Attempt]:
@@ -158,14 +155,12 @@ def test_another_session_or_node_cannot_drain_or_leave(world, submit, run_pass, 
     for verb in ("drain", "leave"):
         assert _call(world, n1, verb, session=n2.session).status_code == 409
         assert _call(world, n1, verb, session=uuid.uuid4()).status_code == 409
-        unknown = world["agent"].post(f"{NODE}/{verb}/", {"node": str(uuid.uuid4()), "session": str(n1.session)},
-                                      format="json")
+        unknown = _call(world, Node(pk=uuid.uuid4()), verb, session=n1.session)
         assert unknown.status_code == 404
-        bad = world["agent"].post(f"{NODE}/{verb}/", {"node": str(n1.pk)}, format="json")
+        bad = world["agent"].post(f"{NODE_API}/{verb}/", {"node": str(n1.pk)}, format="json")
         assert bad.status_code == 400 and "session" in bad.json()
         # A user token is no node token.
-        assert world["client"].post(f"{NODE}/{verb}/", {"node": str(n1.pk), "session": str(n1.session)},
-                                    format="json").status_code == 403
+        assert NodeProtocol(world["client"], node=n1).node_post(verb).status_code == 403
     n1.refresh_from_db()
     assert n1.state == Node.State.UP
     # A replaced session (the node registered again) cannot drain the new one.

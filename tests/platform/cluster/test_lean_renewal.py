@@ -14,14 +14,13 @@ import pytest
 from django.core import signals
 from django.db import close_old_connections
 from django.utils import timezone
+from node_protocol import NODE_API, NodeProtocol
 
 from strata.accounts import node_tokens
 from strata.accounts.models import ApiToken, token_digest
 from strata.cluster.models import Node
 from strata.jobs.models import Allocation, Attempt
 from strata.telemetry.models import DeviceSample
-
-NODE = "/api/v1/node"
 
 
 @pytest.fixture
@@ -34,10 +33,8 @@ def cluster(make_team, make_user, make_node, node_token, api):
 
 
 def renew(cluster, attempts=(), session=None, node=None, client=None):
-    node = node or cluster["node"]
-    return (client or cluster["agent"]).post(f"{NODE}/renew/", {
-        "node": str(node.pk), "session": str(session or node.session), "attempts": [str(a) for a in attempts]},
-        format="json")
+    protocol = NodeProtocol(client or cluster["agent"], node=node or cluster["node"])
+    return protocol.node_post("renew", {"attempts": [str(a) for a in attempts]}, session=session)
 
 
 def test_a_renewal_extends_the_lease_and_records_nothing_else(cluster):
@@ -75,9 +72,9 @@ def test_only_a_node_token_renews_and_a_bad_body_is_a_400(cluster, make_token, a
     assert renew(cluster, client=user_client).status_code == 403
     assert renew(cluster, client=api()).status_code == 401
     assert renew(cluster, client=api("st_nope_nope")).status_code == 401
-    bad = cluster["agent"].post(f"{NODE}/renew/", {"node": "x", "session": "y", "attempts": "z"}, format="json")
+    bad = cluster["agent"].post(f"{NODE_API}/renew/", {"node": "x", "session": "y", "attempts": "z"}, format="json")
     assert bad.status_code == 400 and set(bad.json()) == {"node", "session", "attempts"}
-    assert cluster["agent"].get(f"{NODE}/renew/").status_code == 405
+    assert cluster["agent"].get(f"{NODE_API}/renew/").status_code == 405
 
 
 def test_a_draining_node_renews_and_hears_its_attempts_left(cluster):
@@ -93,8 +90,7 @@ def test_a_renewal_holds_the_node_to_its_attempts_as_a_heartbeat_does(cluster, s
     run_pass()
     attempt = Attempt.objects.get(job=job, ended_at__isnull=True)
     node = cluster["node"]
-    claimed = cluster["agent"].post(f"{NODE}/attempts/{attempt.pk}/claim/",
-                                    {"node": str(node.pk), "token": attempt.fencing_token}, format="json")
+    claimed = NodeProtocol(cluster["agent"], attempt, node).claim()
     assert claimed.status_code == 200
     assert renew(cluster, [attempt.pk]).json()["stop"] == []
     # Not listed: noted (a lease of grace), as the heartbeat does.
@@ -111,8 +107,7 @@ def test_the_full_heartbeat_stores_batched_samples_at_their_times(cluster):
     now = time.time()
     samples = [{"index": i, "utilization": 10.0 * beat + i, "memory_used": 1000 * beat, "time": now - 3 * (4 - beat)}
                for beat in range(5) for i in range(2)]
-    answer = cluster["agent"].post(f"{NODE}/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                          "samples": samples, "attempts": []}, format="json")
+    answer = NodeProtocol(cluster["agent"], node=node).heartbeat(samples=samples, attempts=[])
     assert answer.status_code == 200, answer.content
     assert answer.json()["telemetry_seconds"] == 15.0
     stored = DeviceSample.objects.filter(device__node=node, device__index=0).order_by("time")
@@ -123,8 +118,7 @@ def test_the_full_heartbeat_stores_batched_samples_at_their_times(cluster):
     # A sample from the far past or the future is clamped to the heartbeat's window.
     far = [{"index": 0, "utilization": 1.0, "memory_used": 1, "time": now - 86400},
            {"index": 0, "utilization": 2.0, "memory_used": 2, "time": now + 86400}]
-    cluster["agent"].post(f"{NODE}/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                 "samples": far, "attempts": []}, format="json")
+    NodeProtocol(cluster["agent"], node=node).heartbeat(samples=far, attempts=[])
     times = sorted(DeviceSample.objects.filter(device__node=node, device__index=0, utilization__lt=3)
                    .values_list("time", flat=True))
     assert times[1] - times[0] <= timedelta(seconds=601)
@@ -147,9 +141,8 @@ def _wait(predicate, seconds: float = 60.0, what: str = "") -> None:
 def test_a_revoked_node_token_stops_within_the_cache_bound(cluster, settings):
 
     settings.STRATA_NODE_TOKEN_CACHE_SECONDS = 1.0
-    node = cluster["node"]
-    body = {"node": str(node.pk), "session": str(node.session), "samples": [], "attempts": []}
-    heartbeat = lambda: cluster["agent"].post(f"{NODE}/heartbeat/", body, format="json").status_code  # noqa: E731
+    node = NodeProtocol(cluster["agent"], node=cluster["node"])
+    heartbeat = lambda: node.heartbeat(samples=[], attempts=[]).status_code  # noqa: E731
     assert heartbeat() == 200
     assert node_tokens.lookup(token_digest(cluster["token"])) is not None  # cached after one check
     # Revoked by another server process (no signal reaches this one): the renewal checks its token in its UPDATE
@@ -164,12 +157,11 @@ def test_a_revocation_in_this_process_takes_effect_at_once(cluster, settings):
     from strata.accounts import services
 
     settings.STRATA_NODE_TOKEN_CACHE_SECONDS = 3600.0  # whatever the bound, this process forgets at once
-    node = cluster["node"]
-    body = {"node": str(node.pk), "session": str(node.session), "samples": [], "attempts": []}
-    assert cluster["agent"].post(f"{NODE}/heartbeat/", body, format="json").status_code == 200
+    node = NodeProtocol(cluster["agent"], node=cluster["node"])
+    assert node.heartbeat(samples=[], attempts=[]).status_code == 200
     assert renew(cluster).status_code == 200
     services.token_revoke(ApiToken.objects.get(digest=token_digest(cluster["token"])))
-    assert cluster["agent"].post(f"{NODE}/heartbeat/", body, format="json").status_code == 401
+    assert node.heartbeat(samples=[], attempts=[]).status_code == 401
     assert renew(cluster).status_code == 401
 
 

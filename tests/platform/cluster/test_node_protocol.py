@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Allocation, Attempt, Job, JobState
-
-NODE = "/api/v1/node/attempts"
 
 
 @pytest.fixture
@@ -28,9 +27,7 @@ def _placed(cluster, submit, run_pass, **kwargs) -> tuple[Job, Attempt]:
 
 
 def _call(cluster, attempt, verb, token=None, **body):
-    return cluster["agent"].post(f"{NODE}/{attempt.pk}/{verb}/",
-                                 {"node": str(cluster["node"].pk), "token": token or attempt.fencing_token, **body},
-                                 format="json")
+    return NodeProtocol(cluster["agent"], attempt, cluster["node"]).post(verb, body, token=token)
 
 
 def test_claim_report_finish_success(cluster, submit, run_pass):
@@ -113,8 +110,7 @@ def test_stale_fencing_token_and_ended_attempt_are_409(cluster, submit, run_pass
 def test_attempt_of_another_node_is_409(cluster, submit, run_pass, make_node):
     job, attempt = _placed(cluster, submit, run_pass)
     other = make_node("n2", gpus=1)
-    response = cluster["agent"].post(f"{NODE}/{attempt.pk}/claim/",
-                                     {"node": str(other.pk), "token": attempt.fencing_token}, format="json")
+    response = NodeProtocol(cluster["agent"], attempt, other).claim()
     assert response.status_code == 409
     assert Job.objects.get(pk=job.pk).state == JobState.SCHEDULED
 
@@ -127,9 +123,7 @@ def test_cancel_running_job_keeps_devices_until_node_finishes(cluster, submit, r
     assert Allocation.objects.get(attempt=attempt).active is True
     # The node learns it must stop, from report answers and heartbeats.
     assert _call(cluster, attempt, "report").json() == {"stop": True}
-    node = cluster["node"]
-    beat = cluster["agent"].post("/api/v1/node/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                             "attempts": [str(attempt.pk)]}, format="json")
+    beat = NodeProtocol(cluster["agent"], attempt, cluster["node"]).heartbeat(attempts=[str(attempt.pk)])
     assert beat.status_code == 200 and beat.json()["stop"] == [str(attempt.pk)]
     # The device is not handed to anyone else while the child may still be running.
     other = submit(cluster["user"], cluster["team"], name="next")
@@ -199,9 +193,8 @@ def test_a_claim_that_cannot_be_answered_does_not_commit(cluster, submit, run_pa
 def test_reports_with_unstorable_text_are_refused_whole(cluster, submit, run_pass):
     job, attempt = _placed(cluster, submit, run_pass)
     assert _call(cluster, attempt, "claim").status_code == 200
-    body = json.dumps({"node": str(cluster["node"].pk), "token": attempt.fencing_token,
-                       "logs": [{"message": "ok"}, {"message": "bad \x00"}]})  # NUL travels as \u0000
-    response = cluster["agent"].generic("POST", f"{NODE}/{attempt.pk}/report/", body.encode(),
-                                        content_type="application/json")
+    protocol = NodeProtocol(cluster["agent"], attempt, cluster["node"])
+    body = json.dumps({**protocol.auth, "logs": [{"message": "ok"}, {"message": "bad \x00"}]})  # NUL as \u0000
+    response = cluster["agent"].generic("POST", protocol.url("report"), body.encode(), content_type="application/json")
     assert response.status_code == 400 and "logs[1].message" in response.json()
     assert job.log_lines.count() == 0

@@ -5,10 +5,10 @@ publishes its store's port, the address is the one that node registered."""
 from __future__ import annotations
 
 import pytest
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 
-NODE = "/api/v1/node/attempts"
 GANG_SPEC = {"workload": "mlp-digits", "epochs": 1, "distributed": {"strategy": "ddp"}}
 
 
@@ -21,8 +21,8 @@ def register(name: str, address: str, gpus: int = 1):
 
 @pytest.fixture
 def gang(make_team, make_user, node_token, api, run_pass):
-    """A 2-worker job placed on two one-GPU nodes: ``{"job", "attempt", "primary", "secondary", "agent"}``
-    (``primary`` holds rank 0)."""
+    """A 2-worker job placed on two one-GPU nodes: ``{"job", "attempt", "primary", "secondary", "protocol"}``
+    (``primary`` holds rank 0; ``protocol`` speaks for the attempt with the node token)."""
     from strata.jobs.services import job_submit
 
     team = make_team("alpha")
@@ -40,19 +40,16 @@ def gang(make_team, make_user, node_token, api, run_pass):
     by_name = {node.name: node for node in nodes}
     primary, secondary = by_name[ranks[0]], by_name[ranks[1]]
     assert attempt.node_id == primary.pk  # the attempt's node is rank 0's
-    return {"job": job, "attempt": attempt, "primary": primary, "secondary": secondary, "agent": api(node_token)}
+    return {"job": job, "attempt": attempt, "primary": primary, "secondary": secondary,
+            "protocol": NodeProtocol(api(node_token), attempt)}
 
 
 def post(gang, node, verb: str, token: str | None = None, **body):
-    attempt = gang["attempt"]
-    return gang["agent"].post(f"{NODE}/{attempt.pk}/{verb}/",
-                              {"node": str(node.pk), "token": token or attempt.fencing_token, **body}, format="json")
+    return gang["protocol"].post(verb, body, node=node, token=token)
 
 
 def get(gang, node, verb: str, token: str | None = None):
-    attempt = gang["attempt"]
-    return gang["agent"].get(f"{NODE}/{attempt.pk}/{verb}/",
-                             {"node": str(node.pk), "token": token or attempt.fencing_token})
+    return gang["protocol"].get(verb, node=node, token=token)
 
 
 def events(job, kind: str) -> list[JobEvent]:
@@ -128,8 +125,8 @@ def test_a_bad_port_is_a_400_naming_it(gang, port):
 
 def test_a_missing_port_or_query_is_a_400(gang):
     assert "port" in post(gang, gang["primary"], "rendezvous").json()
-    attempt = gang["attempt"]
-    response = gang["agent"].get(f"{NODE}/{attempt.pk}/rendezvous/")
+    protocol = gang["protocol"]
+    response = protocol.client.get(protocol.url("rendezvous"))  # no node, no token
     assert response.status_code == 400 and "node" in response.json()
 
 

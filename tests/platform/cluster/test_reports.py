@@ -9,12 +9,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from node_protocol import NodeProtocol
 
 from components.runtime.contract.plugins import Plugin, ReportError, ReportSchema
 from strata.cluster.models import Node
 from strata.jobs.models import Attempt, JobState
 
-NODE = "/api/v1/node/attempts"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "plugins" / "strata-primes"
 DISK = {"disk_free": 2**30, "disk_total": 2**32, "load1": 0.25}
 
@@ -38,9 +38,7 @@ def cluster(make_team, make_user, make_token, make_node, node_token, api):
 
 
 def beat(cluster, **body):
-    node = cluster["node"]
-    return cluster["agent"].post("/api/v1/node/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                             **body}, format="json")
+    return NodeProtocol(cluster["agent"], node=cluster["node"]).heartbeat(**body)
 
 
 def test_a_node_report_is_checked_and_stored_per_plugin(cluster, primes):
@@ -94,16 +92,13 @@ def test_attempt_reports_are_stored_and_read_only_by_the_jobs_team(cluster, subm
     job = submit(cluster["user"], cluster["team"])
     run_pass()
     attempt = Attempt.objects.get(job=job, ended_at__isnull=True)
-    agent, node = cluster["agent"], str(cluster["node"].pk)
+    protocol = NodeProtocol(cluster["agent"], attempt, cluster["node"])
     install_plugins(f"{__name__}:STEPS")
-    assert agent.post(f"{NODE}/{attempt.pk}/claim/", {"node": node, "token": attempt.fencing_token},
-                      format="json").status_code == 200
-    answer = agent.post(f"{NODE}/{attempt.pk}/report/", {"node": node, "token": attempt.fencing_token,
-                                                          "reports": {"steps": {"seen": 5}}}, format="json")
+    assert protocol.claim().status_code == 200
+    answer = protocol.report(reports={"steps": {"seen": 5}})
     assert answer.status_code == 200, answer.content
     assert Attempt.objects.get(pk=attempt.pk).reports["steps"]["payload"] == {"seen": 5}
-    bad = agent.post(f"{NODE}/{attempt.pk}/report/", {"node": node, "token": attempt.fencing_token,
-                                                       "reports": {"steps": {"seen": "many"}}}, format="json")
+    bad = protocol.report(reports={"steps": {"seen": "many"}})
     assert bad.status_code == 400 and bad.json()["reports"]["steps"] == {"seen": ["must be a whole number"]}
     job.refresh_from_db()
     assert job.state == JobState.RUNNING

@@ -12,13 +12,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from node_protocol import NodeProtocol
 
 from strata.cluster.models import Device, DevicePool
 from strata.jobs.models import Allocation, Attempt
 from strata.telemetry.models import ReportSeries
 from strata.telemetry.services import telemetry_prune
-
-HEARTBEAT = "/api/v1/node/heartbeat/"
 
 
 @pytest.fixture
@@ -57,9 +56,8 @@ def _report(attempt_ids, index=0, slices=None, **overrides) -> dict:
 
 
 def _beat(world, node, sharing, attempts=()):
-    return world["agent"].post(HEARTBEAT, {"node": str(node.pk), "session": str(node.session),
-                                           "attempts": [str(a) for a in attempts],
-                                           "reports": {"gpushare": {"devices": sharing}}}, format="json")
+    return NodeProtocol(world["agent"], node=node).heartbeat(attempts=[str(a) for a in attempts],
+                                                            reports={"gpushare": {"devices": sharing}})
 
 
 def _slices():
@@ -105,7 +103,7 @@ def test_heartbeat_stores_devices_attempts_and_slices(world):
     # Nor does a heartbeat in which the plugin reports nothing.
     _beat(world, node, [_report([str(attempt.pk)], index=device.index, slices=[])])
     assert Device.objects.get(pk=device.pk).reports
-    world["agent"].post(HEARTBEAT, {"node": str(node.pk), "session": str(node.session)}, format="json")
+    NodeProtocol(world["agent"], node=node).heartbeat()
     assert Device.objects.get(pk=device.pk).reports == {}
 
 

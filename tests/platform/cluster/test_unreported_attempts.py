@@ -8,10 +8,9 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Allocation, Attempt, Job, JobState
-
-NODE = "/api/v1/node"
 
 
 @pytest.fixture
@@ -21,12 +20,13 @@ def cluster(make_team, make_user, make_node, node_token, api):
     return {"team": team, "user": user, "node": make_node("n1", gpus=2), "agent": api(node_token)}
 
 
+def _protocol(cluster, attempt=None) -> NodeProtocol:
+    return NodeProtocol(cluster["agent"], attempt, cluster["node"])
+
+
 def beat(cluster, attempts):
-    node = cluster["node"]
-    node.refresh_from_db()
-    answer = cluster["agent"].post(f"{NODE}/heartbeat/", {"node": str(node.pk), "session": str(node.session),
-                                                          "samples": [], "attempts": [str(a.pk) for a in attempts]},
-                                   format="json")
+    cluster["node"].refresh_from_db()
+    answer = _protocol(cluster).heartbeat(samples=[], attempts=[str(a.pk) for a in attempts])
     assert answer.status_code == 200, answer.content
     return answer.json()
 
@@ -35,8 +35,7 @@ def started(cluster, submit, run_pass) -> tuple[Job, Attempt]:
     job = submit(cluster["user"], cluster["team"], max_attempts=1)
     run_pass()
     attempt = Attempt.objects.get(job=job, ended_at__isnull=True)
-    claimed = cluster["agent"].post(f"{NODE}/attempts/{attempt.pk}/claim/",
-                                    {"node": str(cluster["node"].pk), "token": attempt.fencing_token}, format="json")
+    claimed = _protocol(cluster, attempt).claim()
     assert claimed.status_code == 200
     return job, attempt
 
@@ -64,8 +63,7 @@ def test_an_attempt_its_node_stops_listing_ends_node_lost_after_a_lease(cluster,
     assert not Allocation.objects.filter(attempt=attempt, active=True).exists()
     assert job.failures == 0 and job.state in {JobState.QUEUED, JobState.SCHEDULED}
     # Its late calls are fenced off: a zombie child cannot report for it.
-    late = cluster["agent"].post(f"{NODE}/attempts/{attempt.pk}/report/",
-                                 {"node": str(cluster["node"].pk), "token": attempt.fencing_token}, format="json")
+    late = _protocol(cluster, attempt).report()
     assert late.status_code == 409
 
 
@@ -105,7 +103,6 @@ def test_a_node_that_never_claims_its_dispatches_is_told_its_worker_stalled(clus
     answer = beat(cluster, [])
     assert answer["stalled"] == {"attempts": 1, "after_seconds": settings.STRATA_CLAIM_TIMEOUT_SECONDS}
     # Once claimed it is no longer stalled.
-    claimed = cluster["agent"].post(f"{NODE}/attempts/{attempt.pk}/claim/",
-                                    {"node": str(cluster["node"].pk), "token": attempt.fencing_token}, format="json")
+    claimed = _protocol(cluster, attempt).claim()
     assert claimed.status_code == 200
     assert "stalled" not in beat(cluster, [attempt])

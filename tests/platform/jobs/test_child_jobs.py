@@ -9,29 +9,24 @@ from django.test import Client
 
 from strata.jobs.models import Attempt, Job, JobState
 
-NODE = "/api/v1/node/attempts"
 CHILD = {"kind": "train", "name": "trial-1", "resources": {"gpus": 0.5},
          "spec": {"workload": "mlp-digits", "epochs": 1}}
 
 
 @pytest.fixture
-def running(make_team, make_user, make_token, make_node, node_token, api, submit, run_pass):
+def running(make_team, make_user, make_token, make_node, node_protocol, api, submit, run_pass):
     team, other = make_team("alpha"), make_team("beta")
     user = make_user("alice", team)
     node = make_node("n1", gpus=2)
     parent = submit(user, team, gpus=1.0, name="sweep")
     run_pass()
     attempt = Attempt.objects.get(job=parent, ended_at__isnull=True)
-    agent = api(node_token)
-    auth = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"{NODE}/{attempt.pk}/claim/", auth, format="json").status_code == 200
-    return {"team": team, "other": other, "user": user, "parent": parent, "attempt": attempt, "agent": agent,
-            "auth": auth, "client": api(make_token(user, team)), "node": node}
+    return {"team": team, "other": other, "user": user, "parent": parent, "attempt": attempt,
+            "node_protocol": node_protocol(attempt, node), "client": api(make_token(user, team)), "node": node}
 
 
 def post_child(running, body, **extra):
-    return running["agent"].post(f"{NODE}/{running['attempt'].pk}/children/",
-                                 {**running["auth"], "job": body, **extra}, format="json")
+    return running["node_protocol"].post("children", {"job": body, **extra})
 
 
 def test_a_running_job_submits_lists_and_cancels_children(running):
@@ -42,10 +37,9 @@ def test_a_running_job_submits_lists_and_cancels_children(running):
     assert child.owner == running["user"] and child.state in {JobState.QUEUED, JobState.PENDING}
     again = post_child(running, CHILD, idempotency_key="trial-1")  # a retry is the same child
     assert again.status_code == 200 and again.json()["id"] == str(child.pk)
-    listed = running["agent"].get(f"{NODE}/{running['attempt'].pk}/children/", running["auth"])
+    listed = running["node_protocol"].get("children")
     assert [item["id"] for item in listed.json()] == [str(child.pk)]
-    cancelled = running["agent"].post(f"{NODE}/{running['attempt'].pk}/children/{child.pk}/cancel/",
-                                      running["auth"], format="json")
+    cancelled = running["node_protocol"].post(f"children/{child.pk}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "CANCELLED"
 
     # The API shows the tree and filters by parent.
@@ -65,13 +59,11 @@ def test_a_bad_child_names_every_field_and_stale_or_foreign_calls_are_refused(ru
     assert "resources.gpus" in str(errors) or "resources" in errors
     assert any(key.startswith("spec") for key in errors), errors
     assert post_child(running, {**CHILD, "team": "beta"}).status_code == 400  # a child stays in its parent's team
-    wrong = running["agent"].post(f"{NODE}/{running['attempt'].pk}/children/",
-                                  {**running["auth"], "token": "0" * 32, "job": CHILD}, format="json")
+    wrong = running["node_protocol"].post("children", {"job": CHILD}, token="0" * 32)
     assert wrong.status_code == 409  # fenced like every attempt route
     other_job = Job.objects.create(team=running["other"], owner=running["user"], kind="train", name="x", spec={},
                                    resources={}, state=JobState.QUEUED)
-    missing = running["agent"].post(f"{NODE}/{running['attempt'].pk}/children/{other_job.pk}/cancel/",
-                                    running["auth"], format="json")
+    missing = running["node_protocol"].post(f"children/{other_job.pk}/cancel")
     assert missing.status_code == 404  # not this job's child
     assert Job.objects.get(pk=other_job.pk).state == JobState.QUEUED
 
@@ -90,8 +82,7 @@ def test_cancelling_or_ending_the_parent_takes_its_children(running):
 
 def test_a_parent_that_succeeds_ends_its_children_and_the_page_shows_the_tree(running):
     child = Job.objects.get(pk=post_child(running, CHILD).json()["id"])
-    finished = running["agent"].post(f"{NODE}/{running['attempt'].pk}/finish/",
-                                     {**running["auth"], "outcome": "succeeded"}, format="json")
+    finished = running["node_protocol"].finish("succeeded")
     assert finished.status_code == 200
     assert Job.objects.get(pk=child.pk).state == JobState.CANCELLED
     assert post_child(running, CHILD).status_code == 409  # an ended attempt submits nothing
@@ -115,6 +106,6 @@ def test_children_are_admitted_under_the_teams_quota(running):
     second = post_child(running, {**CHILD, "name": "trial-2"})
     assert second.status_code == 201 and second.json()["state"] == "PENDING"  # waits for room, like any job
     assert "max_gpus" in second.json()["reason"]
-    listed = running["agent"].get(f"{NODE}/{running['attempt'].pk}/children/", running["auth"]).json()
+    listed = running["node_protocol"].get("children").json()
     assert [item["name"] for item in listed] == ["trial-1", "trial-2"]
     assert listed[0]["state"] in {"QUEUED", "SCHEDULED"} and listed[1]["state"] == "PENDING"

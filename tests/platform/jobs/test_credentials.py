@@ -11,8 +11,6 @@ from components.runtime.shared.credentials import verify
 from strata.jobs.credentials import job_public_key, sign
 from strata.jobs.models import Attempt
 
-NODE = "/api/v1/node/attempts"
-
 
 def test_each_job_has_its_own_key_derived_from_the_secret(settings):
     first, second = uuid.uuid4(), uuid.uuid4()
@@ -31,7 +29,7 @@ def test_each_job_has_its_own_key_derived_from_the_secret(settings):
     assert short["expires"] - short["issued"] == pytest.approx(5.0, abs=0.01)
 
 
-def test_the_node_holding_an_attempt_gets_credentials(make_team, make_user, make_node, node_token, api, submit,
+def test_the_node_holding_an_attempt_gets_credentials(make_team, make_user, make_node, node_protocol, api, submit,
                                                       run_pass):
     team = make_team("alpha")
     user = make_user("alice", team)
@@ -41,12 +39,10 @@ def test_the_node_holding_an_attempt_gets_credentials(make_team, make_user, make
     attempt = Attempt.objects.get(job=job)
     holder = node if attempt.node_id == node.pk else stranger
     other = stranger if holder is node else node
-    agent = api(node_token)
-    url = f"{NODE}/{attempt.pk}/credential/"
+    protocol = node_protocol(attempt, claim=False)
 
     def call(who, token=None, **body):
-        return agent.post(url, {"node": str(who.pk), "token": token or attempt.fencing_token,
-                                "subject": "p2p:QmRank0", **body}, format="json")
+        return protocol.post("credential", {"subject": "p2p:QmRank0", **body}, node=who, token=token)
 
     answer = call(holder)
     assert answer.status_code == 200, answer.content
@@ -56,12 +52,11 @@ def test_the_node_holding_an_attempt_gets_credentials(make_team, make_user, make
     assert problem is None and claims["holder"] == f"attempt {attempt.pk} on node {holder.name}"
     assert call(other).status_code == 409  # a node that holds none of the attempt
     assert call(holder, token="wrong").status_code == 409
-    unknown = agent.post(url, {"node": str(uuid.uuid4()), "token": attempt.fencing_token, "subject": "p2p:x"},
-                         format="json")
+    unknown = protocol.post("credential", {"subject": "p2p:x"}, node=uuid.uuid4())
     assert unknown.status_code == 404
     bad = call(holder, subject="has space")
     assert bad.status_code == 400 and set(bad.json()) == {"subject"}
-    assert api().post(url, {}, format="json").status_code == 401
+    assert api().post(protocol.url("credential"), {}, format="json").status_code == 401
     from strata.jobs.services import attempt_claim, attempt_finish
 
     attempt_claim(attempt.pk, attempt.fencing_token, holder)

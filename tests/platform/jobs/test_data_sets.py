@@ -212,7 +212,7 @@ def test_a_bad_mount_is_a_400_naming_the_alias(alice):
     assert response.status_code == 400 and "spec.data.mount.ok" in response.json()
 
 
-def test_the_node_fetches_only_what_the_attempt_mounts(alice, payload, make_node, node_token, api, run_pass):
+def test_the_node_fetches_only_what_the_attempt_mounts(alice, payload, make_node, node_protocol, run_pass):
     node = make_node("n1", gpus=1)
     digest = upload_all(alice, "pets", payload)["digest"]
     other = upload_all(alice, "other", b"0123456789" * 10, format="file", file="f.txt")["digest"]
@@ -221,13 +221,11 @@ def test_the_node_fetches_only_what_the_attempt_mounts(alice, payload, make_node
     job_id = alice.post(JOBS, body, format="json").json()["id"]
     run_pass()
     attempt = Attempt.objects.get(job_id=job_id)
-    agent = api(node_token)
-    query = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"/api/v1/node/attempts/{attempt.pk}/claim/", query, format="json").status_code == 200
-    url = f"/api/v1/node/attempts/{attempt.pk}/data/"
-    response = agent.get(f"{url}{digest}/", query)
+    protocol = node_protocol(attempt, node, claim=False)
+    assert protocol.claim().status_code == 200
+    response = protocol.get(f"data/{digest}")
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == payload
-    assert agent.get(f"{url}{other}/", query).status_code == 404  # the team's, but not mounted by the job
-    assert agent.get(f"{url}{digest}/", {**query, "token": "wrong"}).status_code == 409
-    assert alice.get(f"{url}{digest}/", query).status_code == 403  # a user token is no node
+    assert protocol.get(f"data/{other}").status_code == 404  # the team's, but not mounted by the job
+    assert protocol.get(f"data/{digest}", token="wrong").status_code == 409
+    assert protocol.through(alice).get(f"data/{digest}").status_code == 403  # a user token is no node

@@ -12,8 +12,6 @@ from django.db import transaction
 from strata.jobs.history import token_digest
 from strata.jobs.models import Attempt, Job, JobState
 
-NODE = "/api/v1/node/attempts"
-
 
 @pytest.fixture
 def history(settings, tmp_path):
@@ -27,7 +25,7 @@ def history(settings, tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_job_life_is_one_line_per_committed_change(history, make_team, make_user, make_node, node_token, api,
+def test_a_job_life_is_one_line_per_committed_change(history, make_team, make_user, make_node, node_protocol,
                                                       submit, run_pass):
     team = make_team("alpha")
     user = make_user("alice", team)
@@ -35,15 +33,12 @@ def test_a_job_life_is_one_line_per_committed_change(history, make_team, make_us
     job = submit(user, team)
     run_pass()
     attempt = Attempt.objects.get(job=job)
-    agent = api(node_token)
-    body = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"{NODE}/{attempt.pk}/claim/", body, format="json").status_code == 200
-    assert agent.post(f"{NODE}/{attempt.pk}/report/", {**body, "metrics": [{"name": "loss", "step": 1, "value": 1}]},
-                      format="json").status_code == 200
-    assert agent.post(f"{NODE}/{attempt.pk}/finish/", {**body, "outcome": "succeeded"},
-                      format="json").status_code == 200
+    protocol = node_protocol(attempt, node, claim=False)
+    assert protocol.claim().status_code == 200
+    assert protocol.report(metrics=[{"name": "loss", "step": 1, "value": 1}]).status_code == 200
+    assert protocol.finish("succeeded").status_code == 200
     # The node calls again after the attempt ended: refused (409) and recorded as rejected.
-    assert agent.post(f"{NODE}/{attempt.pk}/report/", body, format="json").status_code == 409
+    assert protocol.report().status_code == 409
 
     lines = [line for line in history() if line["job"] == str(job.pk)]
     ops = [(line["op"], line.get("target")) for line in lines]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from node_protocol import NodeProtocol
 
 from strata.accounts import team_secrets
 from strata.jobs.models import Attempt, JobEvent, LogLine
 
 PREFIX = "/api/v1/"
-NODE = f"{PREFIX}node/attempts"
 HF = "hf_alpha-secret-0123456789"
 DB = "postgres-password-alpha"
 
@@ -71,21 +71,20 @@ def _claim(teams, make_node, node_token, api, run_pass, names):
     assert created.status_code == 201, created.content
     run_pass()
     attempt = Attempt.objects.get(job_id=created.json()["id"])
-    agent = api(node_token)
-    body = {"node": str(node.pk), "token": attempt.fencing_token}
-    claimed = agent.post(f"{NODE}/{attempt.pk}/claim/", body, format="json")
+    protocol = NodeProtocol(api(node_token), attempt, node)
+    claimed = protocol.claim()
     assert claimed.status_code == 200, claimed.content
-    return attempt, agent, body, claimed.json()
+    return protocol, claimed.json()
 
 
 def test_the_claim_answer_carries_exactly_the_requested_secrets_of_the_jobs_team(teams, make_node, node_token, api,
                                                                                 run_pass):
-    _, _, _, answer = _claim(teams, make_node, node_token, api, run_pass, ["HF_TOKEN", "DB_PASSWORD"])
+    _, answer = _claim(teams, make_node, node_token, api, run_pass, ["HF_TOKEN", "DB_PASSWORD"])
     assert answer["secrets"] == {"HF_TOKEN": HF, "DB_PASSWORD": DB}  # not beta's HF_TOKEN, not UNUSED
 
 
 def test_a_job_that_names_no_secrets_gets_an_empty_mapping(teams, make_node, node_token, api, run_pass):
-    _, _, _, answer = _claim(teams, make_node, node_token, api, run_pass, None)
+    _, answer = _claim(teams, make_node, node_token, api, run_pass, None)
     assert answer["secrets"] == {}
 
 
@@ -97,8 +96,7 @@ def test_values_are_read_at_claim_time_and_a_deleted_one_is_an_event_naming_it(t
     team_secrets.secret_delete(team_secrets.Secret.objects.get(team=teams["alpha"], name="DB_PASSWORD"))
     run_pass()
     attempt = Attempt.objects.get(job_id=created["id"])
-    answer = api(node_token).post(f"{NODE}/{attempt.pk}/claim/", {"node": str(node.pk),
-                                                                 "token": attempt.fencing_token}, format="json")
+    answer = NodeProtocol(api(node_token), attempt, node).claim()
     assert answer.json()["secrets"] == {"HF_TOKEN": "hf_replaced-after-submit"}
     event = JobEvent.objects.get(job_id=created["id"], kind="secrets")
     assert "DB_PASSWORD" in event.message and event.data["names"] == ["DB_PASSWORD"]
@@ -109,19 +107,18 @@ def test_logs_and_the_finish_reason_are_redacted(teams, make_node, node_token, a
     settings.STRATA_HISTORY_LOG = str(tmp_path / "history.jsonl")
     team_secrets.secret_set(teams["alpha"], "PEM", "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEF\nabc\n-----END KEY-----")
     team_secrets.secret_set(teams["alpha"], "SHORT", "abc")
-    attempt, agent, body, _ = _claim(teams, make_node, node_token, api, run_pass, ["HF_TOKEN", "PEM", "SHORT"])
+    protocol, _ = _claim(teams, make_node, node_token, api, run_pass, ["HF_TOKEN", "PEM", "SHORT"])
+    attempt = protocol.attempt
     logs = [{"message": f"token is {HF}!"}, {"message": f"{HF}{HF}"}, {"message": "MIIEvQIBADANBgkqhkiG9w0BAQEF"},
             {"message": "abc stays (too short to redact)"}, {"message": f"other team's {DB} is not this job's"},
             {"message": "UNUSED alpha-unused-value is not asked for"}]
     with django_capture_on_commit_callbacks(execute=True):
-        assert agent.post(f"{NODE}/{attempt.pk}/report/", {**body, "logs": logs}, format="json").status_code == 200
+        assert protocol.report(logs=logs).status_code == 200
     stored = list(LogLine.objects.filter(job_id=attempt.job_id).order_by("id").values_list("message", flat=True))
     assert stored[:4] == ["token is ***!", "******", "***", "abc stays (too short to redact)"]
     assert DB in stored[4]  # a secret the job did not ask for is not the job's to leak: left as it is
     with django_capture_on_commit_callbacks(execute=True):
-        finished = agent.post(f"{NODE}/{attempt.pk}/finish/",
-                              {**body, "outcome": "failed", "reason": f"exit code 1: KeyError: '{HF}'"},
-                              format="json")
+        finished = protocol.finish("failed", reason=f"exit code 1: KeyError: '{HF}'")
     assert finished.status_code == 200
     attempt.refresh_from_db()
     assert attempt.exit_reason == "exit code 1: KeyError: '***'"

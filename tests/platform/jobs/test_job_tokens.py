@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
+from node_protocol import NodeProtocol
+
 from components.runtime.shared.tokens import token_digest
 from strata.jobs.models import Attempt, JobToken
-
-NODE = "/api/v1/node/attempts"
 
 
 def _serve_job(make_team, make_user, make_token, make_node, node_token, api, submit, run_pass):
@@ -19,10 +19,10 @@ def _serve_job(make_team, make_user, make_token, make_node, node_token, api, sub
     agent, client = api(node_token), api(make_token(user, team))
 
     def node_call(attempt, verb, method="post", **body):
-        auth = {"node": str(node.pk), "token": attempt.fencing_token}
+        protocol = NodeProtocol(agent, attempt, node)
         if method == "get":
-            return agent.get(f"{NODE}/{attempt.pk}/{verb}/", auth)
-        response = agent.post(f"{NODE}/{attempt.pk}/{verb}/", {**auth, **body}, format="json")
+            return protocol.get(verb)
+        response = protocol.post(verb, body)
         assert response.status_code == 200, response.content
         return response
 

@@ -22,7 +22,6 @@ def explode(event) -> None:
 
 
 RECORDER = Plugin(name="recorder", subscribers=(f"{__name__}:explode", f"{__name__}:record"))
-NODE = "/api/v1/node/attempts"
 
 
 @pytest.fixture
@@ -39,7 +38,7 @@ def transitions(seen, job_id=None):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_job_life_is_announced_to_subscribers(events, make_team, make_user, make_node, node_token, api, submit,
+def test_a_job_life_is_announced_to_subscribers(events, make_team, make_user, make_node, node_protocol, submit,
                                                 run_pass):
     team = make_team("alpha")
     user = make_user("alice", team)
@@ -52,18 +51,15 @@ def test_a_job_life_is_announced_to_subscribers(events, make_team, make_user, ma
     assert len(scheduled) == 2 and all(event.reason.startswith("placed") for event in scheduled)  # the bulk move
     assert all(event.kind == "train" and event.team_id == team.pk for event in scheduled)
 
-    agent = api(node_token)
     attempt = Attempt.objects.get(job=first, ended_at__isnull=True)
-    body = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"{NODE}/{attempt.pk}/claim/", body, format="json").status_code == 200
+    protocol = node_protocol(attempt, node, claim=False)
+    assert protocol.claim().status_code == 200
     assert ("SCHEDULED", "RUNNING") in transitions(events, first.pk)
-    assert agent.post(f"{NODE}/{attempt.pk}/report/", {**body, "metrics": [
-        {"name": "loss", "step": 2, "value": 0.5}, {"name": "loss", "step": 1, "value": 0.9}]},
-        format="json").status_code == 200
+    assert protocol.report(metrics=[
+        {"name": "loss", "step": 2, "value": 0.5}, {"name": "loss", "step": 1, "value": 0.9}]).status_code == 200
     reported = [event for event in events if isinstance(event, MetricsReported)]
     assert reported[-1].last == {"loss": 0.5} and reported[-1].step == 2
-    assert agent.post(f"{NODE}/{attempt.pk}/finish/", {**body, "outcome": "succeeded"},
-                      format="json").status_code == 200
+    assert protocol.finish("succeeded").status_code == 200
     ended = [event for event in events if isinstance(event, AttemptEnded)]
     assert [(event.attempt_id, event.outcome) for event in ended] == [(str(attempt.pk), "succeeded")]
     assert ("RUNNING", "SUCCEEDED") in transitions(events, first.pk)

@@ -11,13 +11,12 @@ from strata.jobs.models import Allocation, Attempt, Job, JobState, MetricPoint
 from strata.quotas.services import team_load
 from strata.scheduling.services import load_capacity
 
-NODE = "/api/v1/node/attempts"
 TRIAL = {"kind": "train", "resources": {"gpus": 0.5}, "spec": {"workload": "mlp-digits", "epochs": 1}}
 GiB = 2**30
 
 
 @pytest.fixture
-def parent(make_team, make_user, make_node, node_token, api, submit, run_pass):
+def parent(make_team, make_user, make_node, node_protocol, submit, run_pass):
     """A running job holding both devices of n1 (2 GPUs), on a cluster with a second node n2, in a team whose
     quota allows 2 GPUs and 2 concurrent jobs."""
     team = make_team("alpha", max_gpus=2, max_concurrent_jobs=2)
@@ -28,19 +27,14 @@ def parent(make_team, make_user, make_node, node_token, api, submit, run_pass):
     run_pass()
     attempt = Attempt.objects.get(job=job, ended_at__isnull=True)
     node = attempt.node
-    agent = api(node_token)
-    auth = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"{NODE}/{attempt.pk}/claim/", auth, format="json").status_code == 200
-    return {"team": team, "user": user, "job": job, "attempt": attempt, "agent": agent, "auth": auth, "node": node,
-            "n1": n1}
+    return {"team": team, "user": user, "job": job, "attempt": attempt, "node_protocol": node_protocol(attempt, node),
+            "node": node, "n1": n1}
 
 
 def call(parent, path, method="post", **body):
-    agent = parent["agent"]
-    url = f"{NODE}/{parent['attempt'].pk}/children/{path}"
     if method == "get":
-        return agent.get(url, {**parent["auth"], **body})
-    return agent.post(url, {**parent["auth"], **body}, format="json")
+        return parent["node_protocol"].get(f"children/{path}", **body)
+    return parent["node_protocol"].post(f"children/{path}", body)
 
 
 def trial(parent, name, gpus=0.5, **extra) -> Job:
@@ -193,8 +187,7 @@ def test_a_parent_reads_many_childrens_metrics_in_one_call(parent, run_pass):
     errors = bad.json()
     text = str(errors)
     assert "after" in text and "limit" in text  # every bad field at once
-    stale = parent["agent"].post(f"{NODE}/{parent['attempt'].pk}/children/metrics/",
-                                 {**parent["auth"], "token": "0" * 32, "after": {}}, format="json")
+    stale = parent["node_protocol"].post("children/metrics", {"after": {}}, token="0" * 32)
     assert stale.status_code in (403, 409)
 
 
@@ -204,17 +197,14 @@ def test_a_child_starts_from_a_siblings_checkpoint(parent, run_pass):
     donor = trial(parent, "t0")
     run_pass()
     donor_attempt = Attempt.objects.get(job=donor, ended_at__isnull=True)
-    donor_auth = {"node": str(donor_attempt.node_id), "token": donor_attempt.fencing_token}
-    agent = parent["agent"]
-    assert agent.post(f"{NODE}/{donor_attempt.pk}/claim/", donor_auth, format="json").status_code == 200
+    donor_node = parent["node_protocol"].of(donor_attempt)
+    assert donor_node.claim().status_code == 200
 
     # No checkpoint yet: refused, naming the field.
     early = call(parent, "", job={**TRIAL, "name": "t1"}, nested=True, checkpoint_from=str(donor.pk))
     assert early.status_code == 400 and "checkpoint_from" in early.json(), early.content
     for old in (b"step 10", b"step 20"):  # the newest one is copied
-        stored = agent.generic("PUT", f"{NODE}/{donor_attempt.pk}/artifacts/checkpoint.pt/?kind=checkpoint"
-                                      f"&node={donor_auth['node']}&token={donor_auth['token']}", old,
-                               content_type="application/octet-stream")
+        stored = donor_node.put("artifacts/checkpoint.pt", old, kind="checkpoint")
         assert stored.status_code == 201, stored.content
 
     # Not a child of this job, or not a job at all: a 400 naming the field, nothing submitted.
@@ -232,14 +222,11 @@ def test_a_child_starts_from_a_siblings_checkpoint(parent, run_pass):
     assert again.status_code == 200 and again.json()["id"] == str(child.pk)
     run_pass()
     child_attempt = Attempt.objects.get(job=child, ended_at__isnull=True)
-    got = agent.get(f"{NODE}/{child_attempt.pk}/checkpoint/",
-                    {"node": str(child_attempt.node_id), "token": child_attempt.fencing_token})
+    child_node = parent["node_protocol"].of(child_attempt)
+    got = child_node.get("checkpoint")
     assert got.status_code == 200 and b"".join(got.streaming_content) == b"step 20"
     # A copy, not a shared file: the donor's next checkpoint leaves the child's alone.
-    agent.generic("PUT", f"{NODE}/{donor_attempt.pk}/artifacts/checkpoint.pt/?kind=checkpoint"
-                         f"&node={donor_auth['node']}&token={donor_auth['token']}", b"step 30",
-                  content_type="application/octet-stream")
-    got = agent.get(f"{NODE}/{child_attempt.pk}/checkpoint/",
-                    {"node": str(child_attempt.node_id), "token": child_attempt.fencing_token})
+    donor_node.put("artifacts/checkpoint.pt", b"step 30", kind="checkpoint")
+    got = child_node.get("checkpoint")
     assert b"".join(got.streaming_content) == b"step 20"
     assert child.events.filter(kind="checkpoint").count() == 1

@@ -6,10 +6,9 @@ import io
 import uuid
 
 import pytest
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Attempt, Job, JobEvent, JobState
-
-NODE = "/api/v1/node/attempts"
 
 
 @pytest.fixture
@@ -22,10 +21,12 @@ def cluster(make_team, make_user, make_token, make_node, node_token, api):
             "foreign": api(make_token(stranger, other))}
 
 
+def _node(cluster, attempt) -> NodeProtocol:
+    return NodeProtocol(cluster["agent"], attempt, cluster["node"])
+
+
 def _node_call(cluster, attempt, verb, **body):
-    return cluster["agent"].post(f"{NODE}/{attempt.pk}/{verb}/",
-                                 {"node": str(cluster["node"].pk), "token": attempt.fencing_token, **body},
-                                 format="json")
+    return _node(cluster, attempt).post(verb, body)
 
 
 def _run(cluster, submit, run_pass, user, team, *, outcome="succeeded", model: bytes | None = b"model-bytes"):
@@ -147,13 +148,12 @@ def test_node_fetches_the_source_model_and_publishes_the_endpoint(cluster, submi
     run_pass()
     attempt = Attempt.objects.get(job_id=job_id, ended_at__isnull=True)
     assert _node_call(cluster, attempt, "claim").status_code == 200
-    auth = {"node": str(cluster["node"].pk), "token": attempt.fencing_token}
-    response = cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", auth)
+    node = _node(cluster, attempt)
+    response = node.get("sources/model.pt")
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == b"\x00trained-weights\xff"
-    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/metrics.json/", auth).status_code == 404
-    stale = {**auth, "token": "not-the-token"}
-    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", stale).status_code in (404, 409)
+    assert node.get("sources/metrics.json").status_code == 404
+    assert node.get("sources/model.pt", token="not-the-token").status_code in (404, 409)
 
     assert client.get(f"/api/v1/jobs/{job_id}/").json()["endpoint"] is None
     bad = _node_call(cluster, attempt, "report", endpoint="no port here")
@@ -200,8 +200,7 @@ def test_a_train_attempt_has_no_sources(cluster, submit, run_pass):
     job = submit(cluster["user"], cluster["team"], gpus=0.5)
     run_pass()
     attempt = Attempt.objects.get(job=job)
-    auth = {"node": str(cluster["node"].pk), "token": attempt.fencing_token}
-    assert cluster["agent"].get(f"{NODE}/{attempt.pk}/sources/model.pt/", auth).status_code == 404
+    assert _node(cluster, attempt).get("sources/model.pt").status_code == 404
 
 
 def test_the_job_page_shows_the_source_model_and_the_endpoint(cluster, submit, run_pass):

@@ -4,11 +4,10 @@ requeued without counting a failure, as for a lost node, until it has lost its s
 from __future__ import annotations
 
 import pytest
+from node_protocol import NodeProtocol
 
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.services import SERVICE_LOST_LIMIT
-
-NODE = "/api/v1/node/attempts"
 
 
 @pytest.fixture
@@ -20,9 +19,7 @@ def cluster(make_team, make_user, make_token, make_node, node_token, api):
 
 
 def _call(cluster, attempt, verb, **body):
-    return cluster["agent"].post(f"{NODE}/{attempt.pk}/{verb}/",
-                                 {"node": str(cluster["node"].pk), "token": attempt.fencing_token, **body},
-                                 format="json")
+    return NodeProtocol(cluster["agent"], attempt, cluster["node"]).post(verb, body)
 
 
 def _run(cluster, job, run_pass, number) -> Attempt:

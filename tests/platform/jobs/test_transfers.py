@@ -26,7 +26,7 @@ def md5(data: bytes) -> str:
 
 
 @pytest.fixture
-def running(make_team, make_user, make_node, node_token, api, submit, run_pass):
+def running(make_team, make_user, make_node, node_protocol, submit, run_pass):
     """A running attempt of team alpha's job, and how to call its routes."""
     team = make_team("alpha")
     node = make_node("n1", gpus=1)
@@ -40,14 +40,8 @@ def running(make_team, make_user, make_node, node_token, api, submit, run_pass):
 
     it = Running()
     it.team, it.user, it.job, it.attempt, it.node = team, user, job, attempt, node
-    it.client = api(node_token)
-    it.base = f"/api/v1/node/attempts/{attempt.pk}"
-    it.query = f"?node={node.pk}&token={attempt.fencing_token}"
-
-    def post(route, data):
-        return it.client.post(f"{it.base}/{route}{it.query}", data, format="json")
-
-    it.post = post
+    it.protocol = node_protocol(attempt, node, claim=False)
+    it.post = it.protocol.post
     return it
 
 
@@ -96,7 +90,7 @@ def test_a_direct_upload_is_recorded_only_when_every_part_is_there_and_resumes_w
     with get_storage().open(artifact.storage_key) as stored:
         assert stored.read() == data
     # Read back: a presigned URL with the object's size and SHA-256; ranges work.
-    link = running.client.get(f"{running.base}/checkpoint/{running.query}&link=1").json()
+    link = running.protocol.get("checkpoint", link=1).json()
     assert link["size"] == len(data) and link["sha256"] == hashlib.sha256(data).hexdigest()
     ranged = requests.get(link["url"], headers={"Range": "bytes=5242870-5242889"}, timeout=30)
     assert ranged.status_code == 206 and ranged.content == data[5242870:5242890]
@@ -139,7 +133,7 @@ def test_bad_requests_name_every_field(running):
 
 @pytest.mark.usefixtures("s3_storage", "small_parts")
 def test_nothing_is_signed_for_another_attempt_an_ended_one_or_after_the_ticket_expired(
-        running, make_node, node_token, api, submit, run_pass, settings):
+        running, make_node, submit, run_pass, settings):
     data = b"q" * (6 * MIB)
     ticket = start(running, data)
     # A ticket is bound to its attempt: another running attempt cannot use it.
@@ -147,25 +141,21 @@ def test_nothing_is_signed_for_another_attempt_an_ended_one_or_after_the_ticket_
     make_node("n2", gpus=1)
     run_pass()
     other = Attempt.objects.get(job=other_job)
-    other_query = f"?node={other.node_id}&token={other.fencing_token}"
-    stolen = api(node_token).post(f"/api/v1/node/attempts/{other.pk}/uploads/parts/{other_query}",
-                                  {"upload": ticket["upload"], "parts": []}, format="json")
+    another = running.protocol.of(other)
+    stolen = another.post("uploads/parts/", {"upload": ticket["upload"], "parts": []})
     assert stolen.status_code == 400 and "another attempt" in stolen.json()["upload"][0]
     # A wrong fencing token, or an attempt that ended: 409 before anything is signed.
-    wrong = running.client.post(f"{running.base}/uploads/?node={running.node.pk}&token=0",
-                                {"name": "a.bin", "size": 2 * MIB, "sha256": "0" * 64}, format="json")
+    wrong = running.post("uploads/", {"name": "a.bin", "size": 2 * MIB, "sha256": "0" * 64}, token="0")
     assert wrong.status_code == 409
     Attempt.objects.filter(pk=running.attempt.pk).update(ended_at=timezone.now())
     assert running.post("uploads/parts/", {"upload": ticket["upload"], "parts": []}).status_code == 409
-    assert running.client.get(f"{running.base}/checkpoint/{running.query}&link=1").status_code == 409
+    assert running.protocol.get("checkpoint", link=1).status_code == 409
     # An expired ticket is refused, and the beat aborts the upload behind it.
     settings.STRATA_UPLOAD_EXPIRY_HOURS = 0.5 / 3600
     time.sleep(1.5)
-    late = api(node_token).post(f"/api/v1/node/attempts/{other.pk}/uploads/{other_query}",
-                                {"name": "late.bin", "size": 2 * MIB, "sha256": "0" * 64}, format="json").json()
+    late = another.post("uploads/", {"name": "late.bin", "size": 2 * MIB, "sha256": "0" * 64}).json()
     time.sleep(1.5)
-    expired = api(node_token).post(f"/api/v1/node/attempts/{other.pk}/uploads/parts/{other_query}",
-                                   {"upload": late["upload"], "parts": []}, format="json")
+    expired = another.post("uploads/parts/", {"upload": late["upload"], "parts": []})
     assert expired.status_code == 400 and "expired" in expired.json()["upload"][0]
     storage = get_storage()
     assert transfers.abandoned_uploads_abort() >= 2
@@ -175,10 +165,9 @@ def test_nothing_is_signed_for_another_attempt_an_ended_one_or_after_the_ticket_
 @pytest.mark.usefixtures("s3_storage")
 def test_a_presigned_url_stops_working_when_it_expires(running, settings):
     settings.STRATA_DIRECT_MIN_BYTES = 0
-    assert running.client.put(f"{running.base}/artifacts/model.pt/{running.query}", b"weights",
-                              content_type="application/octet-stream").status_code == 201
+    assert running.protocol.put("artifacts/model.pt", b"weights").status_code == 201
     settings.STRATA_PRESIGN_EXPIRY_S = 1
-    link = running.client.get(f"{running.base}/sources/model.pt/{running.query}&link=1")
+    link = running.protocol.get("sources/model.pt", link=1)
     # the job reads no source job: 404, whatever the storage
     assert link.status_code == 404
     artifact = Artifact.objects.get(job=running.job, name="model.pt")
@@ -192,8 +181,7 @@ def test_a_presigned_url_stops_working_when_it_expires(running, settings):
 def test_a_users_download_is_a_redirect_to_the_store_and_another_teams_is_a_404(
         running, make_team, make_user, make_token, api, settings):
     settings.STRATA_DIRECT_MIN_BYTES = 0
-    assert running.client.put(f"{running.base}/artifacts/report.html/{running.query}", b"<b>hi</b>",
-                              content_type="application/octet-stream").status_code == 201
+    assert running.protocol.put("artifacts/report.html", b"<b>hi</b>").status_code == 201
     artifact = Artifact.objects.get(job=running.job, name="report.html")
     route = f"/api/v1/jobs/{running.job.pk}/artifacts/{artifact.pk}/download/"
     answer = api(make_token(running.user, running.team)).get(route)
@@ -210,9 +198,8 @@ def test_on_local_disk_the_bytes_go_through_the_control_plane(running, settings,
     settings.STRATA_ARTIFACT_ROOT = str(tmp_path / "artifacts")
     answer = start(running, b"w" * (3 * MIB))
     assert answer == {"direct": False, "max_bytes": settings.STRATA_MAX_UPLOAD_BYTES}
-    assert running.client.put(f"{running.base}/artifacts/checkpoint.pt/{running.query}&kind=checkpoint",
-                              b"w" * (3 * MIB), content_type="application/octet-stream").status_code == 201
-    link = running.client.get(f"{running.base}/checkpoint/{running.query}&link=1").json()
+    assert running.protocol.put("artifacts/checkpoint.pt", b"w" * (3 * MIB), kind="checkpoint").status_code == 201
+    link = running.protocol.get("checkpoint", link=1).json()
     assert link == {"url": None, "size": 3 * MIB, "sha256": hashlib.sha256(b"w" * (3 * MIB)).hexdigest()}
 
 

@@ -77,8 +77,8 @@ def test_a_dataset_on_the_teams_upload_is_pinned_and_needs_no_data_root(alice, b
     assert list(PluginRecord.objects.values_list("name", flat=True)) == ["pets"]
 
 
-def test_a_job_on_it_links_the_data_set_and_its_node_fetches_exactly_it(alice, tmp_path, make_node, node_token,
-                                                                         api, run_pass):
+def test_a_job_on_it_links_the_data_set_and_its_node_fetches_exactly_it(alice, tmp_path, make_node, node_protocol,
+                                                                         run_pass):
     node = make_node("n1", gpus=1)
     archive = image_archive(tmp_path)
     digest = upload(alice, "pets-images", archive)["digest"]
@@ -95,13 +95,11 @@ def test_a_job_on_it_links_the_data_set_and_its_node_fetches_exactly_it(alice, t
 
     run_pass()
     attempt = Attempt.objects.get(job_id=job.pk)
-    agent = api(node_token)
-    query = {"node": str(node.pk), "token": attempt.fencing_token}
-    assert agent.post(f"/api/v1/node/attempts/{attempt.pk}/claim/", query, format="json").status_code == 200
-    url = f"/api/v1/node/attempts/{attempt.pk}/data/"
-    fetched = agent.get(f"{url}{digest}/", query)
+    protocol = node_protocol(attempt, node, claim=False)
+    assert protocol.claim().status_code == 200
+    fetched = protocol.get(f"data/{digest}")
     assert fetched.status_code == 200 and b"".join(fetched.streaming_content) == archive
-    assert agent.get(f"{url}{other}/", query).status_code == 404  # the team's, but not read by the job
+    assert protocol.get(f"data/{other}").status_code == 404  # the team's, but not read by the job
 
 
 def test_a_reupload_or_a_forged_definition_is_refused_at_submit(alice, bob, tmp_path):

@@ -17,8 +17,8 @@ JOBS = "/api/v1/jobs/"
 
 
 @pytest.fixture
-def running(make_team, make_user, make_node, node_token, make_token, api, submit, run_pass, artifact_root):
-    """A team (alpha) with a running attempt: the node's client and route, and the team's user client."""
+def running(make_team, make_user, make_node, node_protocol, make_token, api, submit, run_pass, artifact_root):
+    """A team (alpha) with a running attempt: its node's protocol client, and the team's user client."""
     team = make_team("alpha")
     node = make_node("n1", gpus=1)
     user = make_user("alice", team)
@@ -31,16 +31,14 @@ def running(make_team, make_user, make_node, node_token, make_token, api, submit
 
     state = Running()
     state.team, state.job, state.attempt = team, job, attempt
-    state.node = api(node_token)
+    state.node = node_protocol(attempt, node, claim=False)
     state.user = api(make_token(user, team))
     state.admin = api(make_token(make_user("root", team, admin=True), team))
-    state.url = lambda name, kind="artifact": (f"/api/v1/node/attempts/{attempt.pk}/artifacts/{name}/?node={node.pk}"
-                                              f"&token={attempt.fencing_token}&kind={kind}")
     return state
 
 
 def put(running, name: str, size: int, kind: str = "artifact"):
-    return running.node.put(running.url(name, kind), b"x" * size, content_type="application/octet-stream")
+    return running.node.put(f"artifacts/{name}", b"x" * size, kind=kind)
 
 
 def project(tmp_path) -> bytes:

@@ -118,17 +118,14 @@ def test_hardware_no_node_offers_is_refused_at_submit(submit_cpu, make_node):
     assert submit_cpu({"gpus": 0, "cpus": 4, "memory": "8GiB"}).state == JobState.QUEUED
 
 
-def test_the_claim_names_a_cpu_rank_with_no_device(submit_cpu, make_node, run_pass, node_token, api):
+def test_the_claim_names_a_cpu_rank_with_no_device(submit_cpu, make_node, run_pass, node_protocol):
     node = make_node("n1", gpus=1, cpus=4, host_memory=8 * GiB)
     cpu = submit_cpu({"gpus": 0, "cpus": 2, "memory": "1GiB"}, name="cpu")
     gpu = submit_cpu({"gpus": 1, "cpus": 1}, name="gpu")
     run_pass()
-    client = api(node_token)
     answers = {}
     for job in (cpu, gpu):
-        attempt = Attempt.objects.get(job=job)
-        response = client.post(f"/api/v1/node/attempts/{attempt.pk}/claim/",
-                               {"node": str(node.pk), "token": attempt.fencing_token}, format="json")
+        response = node_protocol(Attempt.objects.get(job=job), node, claim=False).claim()
         assert response.status_code == 200, response.content
         answers[job.name] = response.json()["allocations"]
     assert answers["cpu"] == [{"rank": 0, "node": str(node.pk), "device": None, "cpus": 2.0, "memory": GiB}]
