@@ -25,7 +25,8 @@ from components.datacache.datasets import BUILTINS, resolve_dataset, uploaded_mo
 from components.runtime.contract.data import DataProvider, EpochSource
 from components.runtime.contract.spec import SpecError
 
-PERFECT_FIELDS = {"reuse", "switch", "target", "metric"}
+PERFECT_FIELDS = {"reuse", "switch", "target", "metric", "fine_tune_lr"}
+DEFAULT_FINE_TUNE_LR = 0.5
 MAX_WORKERS = 32
 
 
@@ -40,7 +41,7 @@ def normalize_perfect(value: Any) -> tuple[dict[str, Any] | None, dict[str, str]
     if value is True:
         value = {}
     if not isinstance(value, dict):
-        return None, {"perfect": "must be an object ({reuse, switch, target, metric}), true or null"}
+        return None, {"perfect": "must be an object ({reuse, switch, target, metric, fine_tune_lr}), true or null"}
     errors = {}
     for name in value:
         if name not in PERFECT_FIELDS:
@@ -57,9 +58,14 @@ def normalize_perfect(value: Any) -> tuple[dict[str, Any] | None, dict[str, str]
     metric = value.get("metric", "test_accuracy")
     if not isinstance(metric, str) or not metric or len(metric) > 100:
         errors["perfect.metric"] = "must be a metric name, e.g. test_accuracy"
+    fine_tune_lr = value.get("fine_tune_lr", DEFAULT_FINE_TUNE_LR)
+    if not (_number(fine_tune_lr) and 0 < fine_tune_lr <= 1):
+        errors["perfect.fine_tune_lr"] = ("must be the learning rate's factor at the start of the fine-tune phase, "
+                                          "above 0 and at most 1 (it then decays along a cosine to the last epoch)")
     if errors:
         return None, errors
-    return {"reuse": reuse, "switch": switch, "target": target, "metric": metric}, {}
+    return {"reuse": reuse, "switch": switch, "target": target, "metric": metric,
+            "fine_tune_lr": float(fine_tune_lr)}, {}
 
 
 class DataCacheProvider(DataProvider):

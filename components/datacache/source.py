@@ -18,10 +18,16 @@ first epoch: with ``rho`` = the seconds to preprocess one variant divided by the
 (each measured alone: variant 0 is built before training starts and nothing is prefetched during epoch 0, so
 on a machine where loader workers and training share cores neither figure is inflated by the other), ``reuse = clamp(round(rho), 1, 8)`` makes
 preprocessing of the next variant hide behind the ``reuse`` epochs that reuse the current one, and the fine-tune
-phase gets ``ceil(epochs / (reuse + 1))`` epochs, which gives it as much wall time as phase 1 (a phase-2 epoch
-waits on preprocessing, ``rho`` times longer). ``rho <= 1.5`` means preprocessing keeps up: nothing is reused.
-Both can be set (``reuse: 3``, ``switch: 0.7`` as a fraction of the epochs). The decision is kept in the
-checkpoint, so a resumed job reads the same epochs.
+phase first gets ``ceil(epochs / (reuse + 1))`` epochs, which would give it as much wall time as phase 1 if a
+reuse epoch cost only its training (a phase-2 epoch waits on preprocessing, ``rho`` times longer). Each reuse
+epoch then measures what it really took (on shared cores the next variant's preprocessing slows it), and the
+switch moves to give phase 2 ``ceil(epochs / (gain + 1))`` epochs, ``gain`` being a fresh variant's build time
+over the mean reuse epoch. ``rho <= 1.5`` means preprocessing keeps up: nothing is reused. Both can be set
+(``reuse: 3``, ``switch: 0.7`` as a fraction of the epochs). The decision is kept in the checkpoint, so a
+resumed job reads the same epochs.
+
+The fine-tune phase also gets what fine-tuning needs: :meth:`DatasetEpochs.lr_scale` drops the learning rate to
+``fine_tune_lr`` (0.5 by default) of its value at the switch and decays it along a half cosine over phase 2.
 
 The loader work runs in ``workers`` spawned processes, one variant ahead of training and never more (the next
 variant after the one being read is built while the current epochs train).
@@ -60,6 +66,7 @@ class Plan:
         self.switch_setting = perfect.get("switch", "auto")
         self.target = perfect.get("target")
         self.metric = perfect.get("metric", "test_accuracy")
+        self.fine_tune_lr = float(perfect.get("fine_tune_lr", 0.5))
         self.reuse = 1
         self.switch = 0
         self.rho: float | None = None
@@ -84,6 +91,30 @@ class Plan:
             switch = self.epochs - max(1, math.ceil(self.epochs / (reuse + 1)))
         self.switch = max(0, min(self.epochs, switch))
         self.decided = True
+
+    def revise(self, epoch: int, gain: float) -> bool:
+        """Move an automatic switch by the measured reuse gain, after phase-1 epoch ``epoch``: ``gain`` is what a
+        fresh epoch costs over what a reuse epoch took, so phase 2 gets ``ceil(epochs / (gain + 1))`` epochs,
+        as much wall time as phase 1 at the measured rates (the first guess, from ``rho`` alone, assumed the
+        reuse epochs cost only training). True when the switch moved; the switch never moves to a trained epoch."""
+        if self.switch_setting != "auto" or self.reuse <= 1 or not self.decided or epoch + 1 >= self.switch \
+                or not math.isfinite(gain) or gain <= 0:
+            return False
+        fine_tune = max(1, math.ceil(self.epochs / (gain + 1)))
+        switch = max(epoch + 1, self.epochs - fine_tune)
+        if switch == self.switch:
+            return False
+        self.switch = switch
+        return True
+
+    def lr_scale(self, epoch: int) -> float:
+        """PerFect's fine-tune schedule: 1.0 until the switch; from it, ``fine_tune_lr`` decaying along a half
+        cosine over the phase-2 epochs (the model trained on reused variants settles on fresh data at a lower
+        rate). A plain run (nothing reused) keeps 1.0."""
+        if not self.perfect or not self.decided or self.reuse <= 1 or epoch < self.switch:
+            return 1.0
+        length = max(1, self.epochs - self.switch)
+        return self.fine_tune_lr * 0.5 * (1.0 + math.cos(math.pi * min(epoch - self.switch, length) / length))
 
     def phase(self, epoch: int) -> int:
         """1: training on reused cached variants; 2: fresh data (the fine-tune phase, or all of a plain run)."""
@@ -128,6 +159,7 @@ class DatasetEpochs(EpochSource):
         self._lock = threading.Lock()
         self._stop = False
         self._epoch_info: dict[int, dict[str, float]] = {}
+        self._reuse_seconds: list[float] = []  # wall seconds of the phase-1 epochs after the first (the gain)
         self.prep_cpu_seconds = 0.0  # loader CPU seconds this job spent (cache hits cost none)
         self.cache_hits = 0
         self.builds = 0
@@ -233,7 +265,8 @@ class DatasetEpochs(EpochSource):
     def metrics(self, epoch: int) -> dict[str, float]:
         """What epoch ``epoch`` read, reported once it is trained (so the phase and reuse are the decided ones)."""
         return {**self._epoch_info.get(epoch, {}), "data_phase": float(self.plan.phase(epoch)),
-                "data_reuse": float(self.plan.reuse), "data_prep_cpu_s": round(self.prep_cpu_seconds, 3)}
+                "data_reuse": float(self.plan.reuse), "data_prep_cpu_s": round(self.prep_cpu_seconds, 3),
+                "data_lr_scale": round(self.plan.lr_scale(epoch), 4)}
 
     def after_epoch(self, epoch: int, compute_seconds: float, evaluation: dict[str, float]) -> bool:
         info = self._epoch_info.setdefault(epoch, {})
@@ -250,6 +283,8 @@ class DatasetEpochs(EpochSource):
             else:
                 self.log(f"PerFect: preprocessing keeps up with training (rho {rho}): fresh data every epoch, "
                          "nothing reused")
+        elif self.plan.phase(epoch) == 1 and epoch >= 1:
+            self._revise(epoch, compute_seconds + info.get("data_wait_s", 0.0))
         target = self.plan.target
         if target is not None and evaluation.get(self.plan.metric) is not None \
                 and evaluation[self.plan.metric] >= float(target):
@@ -258,6 +293,22 @@ class DatasetEpochs(EpochSource):
             self._stop = True
         self._prefetch_after(epoch)
         return self._stop
+
+    def _revise(self, epoch: int, seconds: float) -> None:
+        """After phase-1 epoch ``epoch`` (``seconds`` of wall time, training and waiting for data): the reuse gain
+        measured so far, a fresh variant's build time over the mean reuse epoch, moves the automatic switch."""
+        self._reuse_seconds.append(seconds)
+        first = self._variants.get(0)
+        if first is None or not first.done() or first.exception():
+            return
+        mean = sum(self._reuse_seconds) / len(self._reuse_seconds)
+        gain = first.result()["build_seconds"] / mean if mean > 0 else float("inf")
+        if self.plan.revise(epoch, gain):
+            self.log(f"PerFect: reuse epochs take {mean:.2f} s, a fresh variant {gain:.2f}x that: fresh data from "
+                     f"epoch {self.plan.switch + 1} of {self.plan.epochs}")
+
+    def lr_scale(self, epoch: int) -> float:
+        return self.plan.lr_scale(epoch)
 
     def _measured_rho(self, compute_seconds: float) -> float | None:
         """Seconds to preprocess one variant over seconds to train one epoch, each measured alone: variant 0 was

@@ -903,6 +903,9 @@ class CNNDataset(ClassificationWorkload):
 
             began = time.perf_counter()
             x, y = self.source.epoch(epoch)
+            scale = float(self.source.lr_scale(epoch))
+            for group in self.optimizer.param_groups:  # the source's schedule (PerFect's fine-tune phase)
+                group["lr"] = self.spec["lr"] * scale
             self._epoch_data = (epoch, x.to(self.device), y.to(self.device))
             self._train_count = len(x)
             self._waited = time.perf_counter() - began

@@ -112,7 +112,8 @@ class EpochSource:
 
     ``classes`` and ``test()`` describe the data; ``epoch(n)`` gives the samples of epoch ``n`` as ``(inputs,
     labels)`` tensors (the workload shuffles them); after training an epoch the workload calls
-    ``after_epoch(n, compute_seconds, evaluation)``, whose True answer ends training early (a target reached).
+    ``after_epoch(n, compute_seconds, evaluation)``, whose True answer ends training early (a target reached);
+``lr_scale(n)`` scales the learning rate while epoch ``n`` trains.
     ``metrics(n)`` are numbers worth reporting about epoch ``n``'s data (where it came from, how fast);
     ``state_dict``/``load_state_dict`` carry the source's decisions across a resume, so a resumed run reads
     the same epochs. ``close()`` frees workers and files.
@@ -131,6 +132,14 @@ class EpochSource:
 
     def after_epoch(self, epoch: int, compute_seconds: float, evaluation: dict[str, float]) -> bool:
         return False
+
+    def lr_scale(self, epoch: int) -> float:
+        """The factor the workload applies to its learning rate while it trains epoch ``epoch`` (1.0 by
+        default): a source whose epochs change character partway (PerFect's fine-tune phase on fresh data after
+        training on reused data) schedules the rate with them. A workload reading a source sets each optimizer
+        group's rate to its base rate times this at the start of every epoch (the built-in ``cnn-dataset`` does;
+        a team's own ``Workload`` over :func:`open_epochs` should too)."""
+        return 1.0
 
     def state_dict(self) -> dict[str, Any]:
         return {}

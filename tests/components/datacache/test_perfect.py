@@ -51,6 +51,47 @@ def test_plan_decides_from_measured_throughput():
     assert (capped.reuse, capped.switch) == (8, 6)
 
 
+def test_the_switch_follows_the_measured_reuse_gain():
+    plan = Plan(12, {})
+    plan.decide(3.2)
+    assert plan.switch == 9
+    # Reuse epochs took as long as building a fresh variant (gain 1, shared cores): phase 2 gets ceil(12 / 2).
+    assert plan.revise(1, 1.0) and plan.switch == 6
+    assert not plan.revise(2, 1.0)  # unchanged
+    assert not plan.revise(5, 0.2) and plan.switch == 6  # the next epoch is the switch: too late to move it
+    assert plan.revise(3, 11.0) and plan.switch == 11  # a large gain: one fresh epoch
+    fixed = Plan(12, {"reuse": 3, "switch": 0.5})
+    assert not fixed.revise(1, 1.0) and fixed.switch == 6  # a set switch stays
+
+
+def test_the_fine_tune_phase_decays_the_learning_rate():
+    plan = Plan(10, {"reuse": 2, "switch": 0.6, "fine_tune_lr": 0.4})
+    scales = [plan.lr_scale(epoch) for epoch in range(10)]
+    assert scales[:6] == [1.0] * 6 and scales[6] == pytest.approx(0.4)
+    assert scales[6:] == sorted(scales[6:], reverse=True) and 0 < scales[9] < 0.1
+    plain = Plan(10, None)
+    assert [plain.lr_scale(epoch) for epoch in range(10)] == [1.0] * 10
+
+
+def test_the_workload_trains_phase_two_at_the_scheduled_rate(tmp_path, npz_dataset, definition_of, monkeypatch):
+    from components.train import workloads
+
+    rates: dict[int, set[float]] = {}
+    original = workloads.CNNDataset.train_step
+
+    def recording(self, batch):
+        rates.setdefault(self._epoch_data[0], set()).add(self.optimizer.param_groups[0]["lr"])
+        return original(self, batch)
+
+    monkeypatch.setattr(workloads.CNNDataset, "train_step", recording)
+    ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=6, perfect={"reuse": 2, "switch": 0.5})
+    base = ctx.spec["lr"]
+    scales = series(ctx, "data_lr_scale")
+    assert scales[:3] == [1.0, 1.0, 1.0] and scales[3] == 0.5 and scales[3:] == sorted(scales[3:], reverse=True)
+    assert [sorted(rates[epoch]) for epoch in range(6)] == [[pytest.approx(base * scale, rel=1e-3)]
+                                                            for scale in scales]
+
+
 def test_a_job_switches_phases_as_configured(tmp_path, npz_dataset, definition_of):
     ctx = run_job(tmp_path, definition_of(npz_dataset), epochs=6, cache=True, perfect={"reuse": 2, "switch": 0.5})
     assert series(ctx, "data_phase") == [1, 1, 1, 2, 2, 2]
@@ -99,7 +140,7 @@ def test_the_decision_survives_a_resume(tmp_path, npz_dataset, definition_of):
     spec = TrainSpec().validate({"workload": "cnn-dataset", "epochs": 6, "batch_size": 32, "hidden": 4,
                                  "checkpoint_every": 4, "data": {"dataset": {"name": "small",
                                                                              "definition": definition},
-                                                                 "workers": 0, "perfect": {"reuse": 2}}})
+                                                                 "workers": 0, "perfect": {"reuse": 2, "switch": 0.67}}})
     first = StopAfter(job_id="job", attempt_id="a" * 32, spec=spec, workdir=tmp_path)
     TrainComponent().run(first)
     decided = series(first, "data_reuse")[0]
