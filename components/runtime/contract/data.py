@@ -135,8 +135,8 @@ class EpochSource:
 
     def lr_scale(self, epoch: int) -> float:
         """The factor the workload applies to its learning rate while it trains epoch ``epoch`` (1.0 by
-        default): a source whose epochs change character partway (PerFect's fine-tune phase on fresh data after
-        training on reused data) schedules the rate with them. A workload reading a source sets each optimizer
+        default): a source whose epochs change character partway (fresh data after epochs of reused data, say)
+        schedules the rate with them. A workload reading a source sets each optimizer
         group's rate to its base rate times this at the start of every epoch (the built-in ``cnn-dataset`` does;
         a team's own ``Workload`` over :func:`open_epochs` should too)."""
         return 1.0
