@@ -26,7 +26,7 @@ from components.runtime.contract.data import DataProvider, EpochSource
 from components.runtime.contract.spec import SpecError
 
 PERFECT_FIELDS = {"reuse", "switch", "target", "metric", "fine_tune_lr"}
-DEFAULT_FINE_TUNE_LR = 0.5
+DEFAULT_FINE_TUNE_LR = "auto"
 MAX_WORKERS = 32
 
 
@@ -50,8 +50,9 @@ def normalize_perfect(value: Any) -> tuple[dict[str, Any] | None, dict[str, str]
     if reuse != "auto" and not (isinstance(reuse, int) and not isinstance(reuse, bool) and 1 <= reuse <= 64):
         errors["perfect.reuse"] = "must be \"auto\" or a whole number of times from 1 to 64"
     switch = value.get("switch", "auto")
-    if switch != "auto" and not (_number(switch) and 0 <= switch <= 1):
-        errors["perfect.switch"] = "must be \"auto\" or the fraction of the epochs trained on reused data (0 to 1)"
+    if switch not in ("auto", "gain") and not (_number(switch) and 0 <= switch <= 1):
+        errors["perfect.switch"] = ("must be \"auto\", \"gain\" (moved by the measured reuse gain) or the fraction "
+                                    "of the epochs trained on reused data (0 to 1)")
     target = value.get("target")
     if target is not None and not _number(target):
         errors["perfect.target"] = "must be a number (the metric's value that ends training) or null"
@@ -59,13 +60,14 @@ def normalize_perfect(value: Any) -> tuple[dict[str, Any] | None, dict[str, str]
     if not isinstance(metric, str) or not metric or len(metric) > 100:
         errors["perfect.metric"] = "must be a metric name, e.g. test_accuracy"
     fine_tune_lr = value.get("fine_tune_lr", DEFAULT_FINE_TUNE_LR)
-    if not (_number(fine_tune_lr) and 0 < fine_tune_lr <= 1):
-        errors["perfect.fine_tune_lr"] = ("must be the learning rate's factor at the start of the fine-tune phase, "
-                                          "above 0 and at most 1 (it then decays along a cosine to the last epoch)")
+    if fine_tune_lr != "auto" and not (_number(fine_tune_lr) and 0 < fine_tune_lr <= 1):
+        errors["perfect.fine_tune_lr"] = ("must be \"auto\" (phase 2's share of the epochs) or the learning rate's "
+                                          "factor at the start of the fine-tune phase, above 0 and at most 1 (it then "
+                                          "decays along a cosine to the last epoch)")
     if errors:
         return None, errors
     return {"reuse": reuse, "switch": switch, "target": target, "metric": metric,
-            "fine_tune_lr": float(fine_tune_lr)}, {}
+            "fine_tune_lr": fine_tune_lr if fine_tune_lr == "auto" else float(fine_tune_lr)}, {}
 
 
 class DataCacheProvider(DataProvider):

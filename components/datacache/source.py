@@ -18,16 +18,19 @@ first epoch: with ``rho`` = the seconds to preprocess one variant divided by the
 (each measured alone: variant 0 is built before training starts and nothing is prefetched during epoch 0, so
 on a machine where loader workers and training share cores neither figure is inflated by the other), ``reuse = clamp(round(rho), 1, 8)`` makes
 preprocessing of the next variant hide behind the ``reuse`` epochs that reuse the current one, and the fine-tune
-phase first gets ``ceil(epochs / (reuse + 1))`` epochs, which would give it as much wall time as phase 1 if a
-reuse epoch cost only its training (a phase-2 epoch waits on preprocessing, ``rho`` times longer). Each reuse
-epoch then measures what it really took (on shared cores the next variant's preprocessing slows it), and the
-switch moves to give phase 2 ``ceil(epochs / (gain + 1))`` epochs, ``gain`` being a fresh variant's build time
-over the mean reuse epoch. ``rho <= 1.5`` means preprocessing keeps up: nothing is reused. Both can be set
-(``reuse: 3``, ``switch: 0.7`` as a fraction of the epochs). The decision is kept in the checkpoint, so a
-resumed job reads the same epochs.
+phase gets ``ceil(epochs / (reuse + 1))`` epochs, which would give it as much wall time as phase 1 if a
+reuse epoch cost only its training (a phase-2 epoch waits on preprocessing, ``rho`` times longer).
+``switch: "gain"`` instead lets each reuse epoch measure what it really took (on shared cores the next variant's
+preprocessing slows it) and moves the switch to give phase 2 ``ceil(epochs / (gain + 1))`` epochs, ``gain`` being
+a fresh variant's build time over the mean reuse epoch: on a machine where the loader and training share few
+cores the gain is small and phase 2 long (measured in docs/benchmarks.md), so it is not the default.
+``rho <= 1.5`` means preprocessing keeps up: nothing is reused. Both can be set (``reuse: 3``, ``switch: 0.7``
+as a fraction of the epochs). The decision is kept in the checkpoint, so a resumed job reads the same epochs.
 
-The fine-tune phase also gets what fine-tuning needs: :meth:`DatasetEpochs.lr_scale` drops the learning rate to
-``fine_tune_lr`` (0.5 by default) of its value at the switch and decays it along a half cosine over phase 2.
+The fine-tune phase also gets what fine-tuning needs: :meth:`DatasetEpochs.lr_scale` drops the learning rate at
+the switch to ``fine_tune_lr`` of its value and decays it along a half cosine over phase 2. ``"auto"`` (the
+default) takes phase 2's share of the epochs: a short fine-tune phase starts lower, so it settles in the few
+epochs it has (3 of 12 epochs start at 0.25).
 
 The loader work runs in ``workers`` spawned processes, one variant ahead of training and never more (the next
 variant after the one being read is built while the current epochs train).
@@ -66,7 +69,7 @@ class Plan:
         self.switch_setting = perfect.get("switch", "auto")
         self.target = perfect.get("target")
         self.metric = perfect.get("metric", "test_accuracy")
-        self.fine_tune_lr = float(perfect.get("fine_tune_lr", 0.5))
+        self.fine_tune_lr = perfect.get("fine_tune_lr", "auto")
         self.reuse = 1
         self.switch = 0
         self.rho: float | None = None
@@ -83,7 +86,7 @@ class Plan:
         else:
             reuse = max(1, min(MAX_REUSE, int(math.floor(rho + 0.5))))
         self.reuse = reuse
-        if self.switch_setting != "auto":
+        if self.switch_setting not in ("auto", "gain"):
             switch = int(round(float(self.switch_setting) * self.epochs))
         elif reuse <= 1:
             switch = 0
@@ -93,11 +96,11 @@ class Plan:
         self.decided = True
 
     def revise(self, epoch: int, gain: float) -> bool:
-        """Move an automatic switch by the measured reuse gain, after phase-1 epoch ``epoch``: ``gain`` is what a
+        """Move a ``"gain"`` switch by the measured reuse gain, after phase-1 epoch ``epoch``: ``gain`` is what a
         fresh epoch costs over what a reuse epoch took, so phase 2 gets ``ceil(epochs / (gain + 1))`` epochs,
         as much wall time as phase 1 at the measured rates (the first guess, from ``rho`` alone, assumed the
         reuse epochs cost only training). True when the switch moved; the switch never moves to a trained epoch."""
-        if self.switch_setting != "auto" or self.reuse <= 1 or not self.decided or epoch + 1 >= self.switch \
+        if self.switch_setting != "gain" or self.reuse <= 1 or not self.decided or epoch + 1 >= self.switch \
                 or not math.isfinite(gain) or gain <= 0:
             return False
         fine_tune = max(1, math.ceil(self.epochs / (gain + 1)))
@@ -108,13 +111,20 @@ class Plan:
         return True
 
     def lr_scale(self, epoch: int) -> float:
-        """PerFect's fine-tune schedule: 1.0 until the switch; from it, ``fine_tune_lr`` decaying along a half
-        cosine over the phase-2 epochs (the model trained on reused variants settles on fresh data at a lower
-        rate). A plain run (nothing reused) keeps 1.0."""
+        """PerFect's fine-tune schedule: 1.0 until the switch; from it, the starting rate (:meth:`fine_tune_start`)
+        decaying along a half cosine over the phase-2 epochs (the model trained on reused variants settles on fresh
+        data at a lower rate). A plain run (nothing reused) keeps 1.0."""
         if not self.perfect or not self.decided or self.reuse <= 1 or epoch < self.switch:
             return 1.0
         length = max(1, self.epochs - self.switch)
-        return self.fine_tune_lr * 0.5 * (1.0 + math.cos(math.pi * min(epoch - self.switch, length) / length))
+        return self.fine_tune_start() * 0.5 * (1.0 + math.cos(math.pi * min(epoch - self.switch, length) / length))
+
+    def fine_tune_start(self) -> float:
+        """The rate's factor at the switch: ``fine_tune_lr``, or with ``"auto"`` phase 2's share of the epochs
+        (at least 0.1): the fewer fresh epochs the fine-tune phase has, the lower it starts."""
+        if self.fine_tune_lr != "auto":
+            return float(self.fine_tune_lr)
+        return max(0.1, min(1.0, (self.epochs - self.switch) / self.epochs))
 
     def phase(self, epoch: int) -> int:
         """1: training on reused cached variants; 2: fresh data (the fine-tune phase, or all of a plain run)."""

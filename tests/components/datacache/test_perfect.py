@@ -52,8 +52,11 @@ def test_plan_decides_from_measured_throughput():
     assert (capped.reuse, capped.switch) == (8, 6)
 
 
-def test_the_switch_follows_the_measured_reuse_gain():
-    plan = Plan(12, {})
+def test_a_gain_switch_follows_the_measured_reuse_gain():
+    automatic = Plan(12, {})
+    automatic.decide(3.2)
+    assert not automatic.revise(1, 1.0) and automatic.switch == 9  # the default keeps the reuse factor's rule
+    plan = Plan(12, {"switch": "gain"})
     plan.decide(3.2)
     assert plan.switch == 9
     # Reuse epochs took as long as building a fresh variant (gain 1, shared cores): phase 2 gets ceil(12 / 2).
@@ -72,6 +75,16 @@ def test_the_fine_tune_phase_decays_the_learning_rate():
     assert scales[6:] == sorted(scales[6:], reverse=True) and 0 < scales[9] < 0.1
     plain = Plan(10, None)
     assert [plain.lr_scale(epoch) for epoch in range(10)] == [1.0] * 10
+
+
+def test_the_automatic_fine_tune_rate_is_phase_twos_share_of_the_epochs():
+    short = Plan(12, {})
+    short.decide(3.2)  # switch 9: 3 fresh epochs of 12
+    assert short.fine_tune_start() == pytest.approx(0.25) and short.lr_scale(9) == pytest.approx(0.25)
+    long = Plan(12, {"switch": 0.25, "reuse": 3})
+    assert long.fine_tune_start() == pytest.approx(0.75)
+    almost_all_reused = Plan(40, {"switch": 39 / 40, "reuse": 3})
+    assert almost_all_reused.fine_tune_start() == pytest.approx(0.1)  # never below 0.1
 
 
 def test_the_workload_trains_phase_two_at_the_scheduled_rate(tmp_path, npz_dataset, definition_of, monkeypatch):
