@@ -83,6 +83,20 @@ bench: install
 	$(BIN)/strata bench control-plane
 	$(BIN)/strata bench dashboard
 
+# One prepared script for a lent GPU (benchmarks/gpu/check.py): every plugin's CUDA path and GPU figure in at most
+# 8 minutes (DEADLINE), each part in a process of its own with its own time budget, killed with its processes when
+# it runs over; what a part measured is written even when it fails, to docs/bench/gpu/<part>.json, and the run goes
+# on (docs/bench/gpu/gpu-check.json: every part's status and figures). DRY=1: the same script on the CPU at toy
+# sizes (tests/platform/bench/test_gpu_check.py runs it). A lent machine has no .venv: python3 there holds torch.
+# PARTS=gpushare,serving picks parts; GPU_CHECK_OUTPUT another directory; GPU_CHECK_ARCHIVE=F also keeps them as
+# one .tgz, rewritten after every part (a device call brings back few files).
+.PHONY: gpu-check
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(GPU_PYTHON) -m benchmarks.gpu.check $(if $(DRY),--dry) $(if $(PARTS),--parts $(PARTS)) \
+	  $(if $(DEADLINE),--deadline $(DEADLINE)) $(if $(GPU_CHECK_OUTPUT),--output $(GPU_CHECK_OUTPUT)) \
+	  $(if $(GPU_CHECK_ARCHIVE),--archive $(GPU_CHECK_ARCHIVE))
+
 # The soak test (benchmarks.core.soak): a real strata server + scheduler + node on 127.0.0.1 under a steady mix of
 # submits, reads and cancels of two teams for DURATION seconds at RATE calls/s; reports p50/p99, throughput and
 # errors, and checks that the server's RSS and the database connections stay flat. On PostgreSQL + Redis when

@@ -1,0 +1,1 @@
+"""``make gpu-check``: every plugin's CUDA path and GPU figure in one prepared script (:mod:`benchmarks.gpu.check`)."""
