@@ -6,7 +6,11 @@ Parts (``--quick`` shortens each):
   of the model, averaging asynchronously through hivemind) against a pipeline-parallel baseline of 4 stages
   (SWARM/Petals style: activations and their gradients cross the network for every micro-batch), the same model,
   both over the same token-bucket links (:mod:`benchmarks.decentral.throttle`: every peer's and every stage's
-  traffic goes through a throttled TCP proxy) at 100 Mbit/s and at 1 Gbit/s. Target: ≥ 2× at 100 Mbit/s.
+  traffic goes through a throttled TCP proxy) at **the link scaled to this machine's compute**
+  (:mod:`benchmarks.decentral.scale`: the link at which a pipeline stage here waits on its link, relative to its
+  compute, as long as a GPT-3 XL stage on a consumer GPU does over 100 Mbit/s Ethernet -- Atom's setting; the rate
+  is measured at the start of the part, under the same lock), and as they are at 100 Mbit/s and at 1 Gbit/s.
+  Target: ≥ 2× at the scaled link; 100 Mbit/s and 1 Gbit/s are reported.
 - ``swap``: a model 4× the device budget, trained with swapping, against in-memory training of the same model with
   no budget (:func:`components.decentral.swap.throughput`). Target: ≥ 60 % of its throughput.
 - ``crash``: a swarm of 3 loses a peer (SIGKILL) mid-run; the others must train on without a restart, the loss
@@ -165,16 +169,39 @@ def _pipeline_tokens_per_s(mbit: float | None, *, quick: bool, model: str) -> di
     return {key: result[key] for key in ("tokens_per_s", "steady_tokens_per_s", "step_s") if key in result}
 
 
-def part_network(quick: bool, runs: int, model: str) -> tuple[list[Figure], dict[str, Any]]:
+def scaled_link(model: str) -> dict[str, Any]:
+    """This machine's compute rate on ``model`` and the links it makes equivalent to Atom's setting
+    (:func:`benchmarks.decentral.scale.scaled_links`)."""
+    import os
+
+    from benchmarks.decentral.scale import measure_compute, scaled_links
+
+    return scaled_links(measure_compute(model), cores=os.cpu_count() or 1)
+
+
+LINKS = ("scaled", "100", "1000")
+
+
+def part_network(quick: bool, runs: int, model: str, links: tuple[str, ...] = LINKS,
+                 optimizer: bool = True) -> tuple[list[Figure], dict[str, Any]]:
     figures, details = [], {}
-    for mbit in (100.0, 1000.0):
+    for link in links:
+        if link == "scaled":
+            scaling = scaled_link(model)
+            details["scaling"] = scaling
+            mbit = round(scaling["at_setting_link"]["emulated_link_mbit"], 1)
+            SAY(f"scaled link: {mbit:g} Mbit/s here = {scaling['setting']['model']} on an "
+                f"{scaling['setting']['gpu']} over {scaling['setting']['link_mbit']:g} Mbit/s "
+                f"(GPU {scaling['at_setting_link']['gpu_vs_machine_compute']:.0f}x this machine's compute)")
+        else:
+            mbit = float(link)
         swarm_runs, pipe_runs = [], []
         for run in range(runs):
             SAY(f"{mbit:g} Mbit/s, run {run + 1}/{runs}: the pipeline (4 stages)")
             pipe_runs.append(_pipeline_tokens_per_s(mbit, quick=quick, model=model))
             SAY(f"{mbit:g} Mbit/s, run {run + 1}/{runs}: the swarm (4 peers)")
             swarm_runs.append(_swarm_tokens_per_s(mbit, quick=quick, model=model))
-        if mbit == 100.0:
+        if mbit == 100.0 and optimizer:
             optimizer_runs = []
             for run in range(runs):
                 SAY(f"{mbit:g} Mbit/s, run {run + 1}/{runs}: plain hivemind.Optimizer (4 peers, model in memory)")
@@ -190,30 +217,43 @@ def part_network(quick: bool, runs: int, model: str) -> tuple[list[Figure], dict
         swarm_rate = statistics.median(r["tokens_per_s"] for r in swarm_runs)
         pipe_rate = statistics.median(r["tokens_per_s"] for r in pipe_runs)
         ratios = [s["tokens_per_s"] / p["tokens_per_s"] for s, p in zip(swarm_runs, pipe_runs, strict=True)]
-        key = f"tokens_per_s_{int(mbit)}mbit"
-        figures.append(Figure(key, f"tokens/s at {mbit:g} Mbit/s (4 peers, model {model})", swarm_rate, pipe_rate,
-                              "tokens/s", lower_is_better=False, target=2.0 if mbit == 100.0 else None,
+        if link == "scaled":
+            setting = details["scaling"]["setting"]
+            key = "tokens_per_s_scaled_link"
+            label = (f"tokens/s at {mbit:g} Mbit/s = {setting['model']} on {setting['gpu']}s over "
+                     f"{setting['link_mbit']:g} Mbit/s, scaled to this machine (4 peers, model {model})")
+        else:
+            key = f"tokens_per_s_{int(mbit)}mbit"
+            label = f"tokens/s at {mbit:g} Mbit/s (4 peers, model {model})"
+        figures.append(Figure(key, label, swarm_rate, pipe_rate,
+                              "tokens/s", lower_is_better=False, target=2.0 if link == "scaled" else None,
                               mechanism_text="Atom swarm (swapping, async averaging)",
                               baseline_text="pipeline parallel, activations over the link",
-                              extra={"runs": len(ratios), "range": [min(ratios), max(ratios)]}))
-        details[key] = {"swarm": swarm_runs, "pipeline": pipe_runs}
+                              extra={"runs": len(ratios), "range": [min(ratios), max(ratios)], "mbit": mbit,
+                                     "ratios": ratios}))
+        details[key] = {"mbit": mbit, "swarm": swarm_runs, "pipeline": pipe_runs}
     return figures, details
 
 
-def part_swap(quick: bool, runs: int) -> tuple[list[Figure], dict[str, Any]]:
+def part_swap(quick: bool, runs: int, device: str = "cpu", batch: int | None = None
+              ) -> tuple[list[Figure], dict[str, Any]]:
+    """The swap figure on ``device`` (``"cuda"`` on a GPU machine: real copies from pinned memory on side streams,
+    the optimizer stepped per segment on the host as gradients land; see ``components.decentral.swap``)."""
     from components.decentral.swap import throughput
 
     results = []
     for run in range(runs):
-        SAY(f"swapping, run {run + 1}/{runs}")
-        results.append(throughput(quick=quick, threads=1))  # one thread: steadier on a shared 2-core machine
+        SAY(f"swapping on {device}, run {run + 1}/{runs}")
+        # CPU: one thread, steadier on a shared 2-core machine; CUDA: the host's threads for the host-side Adam.
+        results.append(throughput(quick=quick, threads=1 if device == "cpu" else None, device=device, batch=batch))
     ratios = [result["ratio"] for result in results]
     swapped = statistics.median(r["swapped_tokens_per_s"] for r in results)
     plain = statistics.median(r["in_memory_tokens_per_s"] for r in results)
     figure = Figure("swap_4x_budget", "tokens/s, a model 4x the device budget (swapping) vs in memory", swapped,
                     plain, "tokens/s", lower_is_better=False, target=0.6,
                     mechanism_text="swapped, budget = model/4", baseline_text="in memory, no budget",
-                    extra={"runs": len(ratios), "range": [min(ratios), max(ratios)]})
+                    extra={"runs": len(ratios), "range": [min(ratios), max(ratios)], "device": device,
+                           "max_loss_difference": max(r["max_loss_difference"] for r in results)})
     return [figure], {"swap": [{k: v for k, v in r.items() if k != "profiles"} for r in results]}
 
 
@@ -247,18 +287,19 @@ def part_crash(quick: bool) -> tuple[list[Figure], dict[str, Any]]:
 
 
 def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("swap", "crash", "network"),
-         runs: int | None = None, model: str | None = None) -> int:
+         runs: int | None = None, model: str | None = None, links: tuple[str, ...] = LINKS,
+         optimizer: bool = True, device: str = "cpu", swap_batch: int | None = None) -> int:
     runs = runs or (1 if quick else 3)
     model = model or ("tiny" if quick else "small")
     figures: list[Figure] = []
     details: dict[str, Any] = {"runs": runs, "model": model}
     for part in parts:
         if part == "swap":
-            found, more = part_swap(quick, runs)
+            found, more = part_swap(quick, runs, device, swap_batch)
         elif part == "crash":
             found, more = part_crash(quick)
         elif part == "network":
-            found, more = part_network(quick, runs, model)
+            found, more = part_network(quick, runs, model, links, optimizer)
         else:
             raise ValueError(f"unknown part {part!r}: swap, crash or network")
         figures.extend(found)
@@ -269,8 +310,22 @@ def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] 
     return 0
 
 
-if __name__ == "__main__":  # python -m benchmarks.decentral.bench [quick] [part ...]
-    import sys
+if __name__ == "__main__":  # python -m benchmarks.decentral.bench [--quick] [--parts ...] [--links ...]
+    import argparse
 
-    chosen = tuple(arg for arg in sys.argv[1:] if arg != "quick") or ("swap", "crash", "network")
-    raise SystemExit(main(quick="quick" in sys.argv[1:], output=str(Path("decentral-bench.json")), parts=chosen))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--parts", default="swap,crash,network", help="swap, crash, network (comma-separated)")
+    parser.add_argument("--links", default=",".join(LINKS),
+                        help="the network part's links: 'scaled' and/or Mbit/s values (comma-separated)")
+    parser.add_argument("--no-optimizer", action="store_true", help="skip plain hivemind.Optimizer at 100 Mbit/s")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu", help="the swap part's device: cpu, or cuda on a GPU machine")
+    parser.add_argument("--swap-batch", type=int, default=None,
+                        help="the swap part's windows per step (default 2; a GPU needs more to leave launch-bound)")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    raise SystemExit(main(quick=args.quick, output=args.output, parts=tuple(args.parts.split(",")), runs=args.runs,
+                          model=args.model, links=tuple(args.links.split(",")), optimizer=not args.no_optimizer,
+                          device=args.device, swap_batch=args.swap_batch))

@@ -223,7 +223,11 @@ class HostLink:
         self.bytes_per_s = None if self.cuda or bytes_per_s is None else float(bytes_per_s)
         self._lock = threading.Lock()
         self._free_at = {"h2d": 0.0, "d2h": 0.0}
+        # CUDA: loads on one side stream, offloads (stash, gradients) on another, so both overlap the compute
+        # stream and each other; their timing events are summed into the counters by settle().
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.d2h_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self._timings: list[tuple[str, Any, Any]] = []
         self._bandwidth: float | None = None
         # CPU emulation: the device's memory arena -- released parameter copies, reused by shape and dtype, as a
         # GPU's caching allocator would (fresh host allocations would page-fault on every load).
@@ -277,25 +281,48 @@ class HostLink:
         with self._lock:
             self.bytes_by_kind[key] = self.bytes_by_kind.get(key, 0) + nbytes
 
-    def load(self, tensors: Sequence[torch.Tensor], kind: str = "parameters") -> tuple[list[torch.Tensor], Any]:
+    def load(self, tensors: Sequence[torch.Tensor], kind: str = "parameters",
+             after: Sequence[Any] = ()) -> tuple[list[torch.Tensor], Any]:
         """Copy ``tensors`` to the device as one transfer: ``(copies, event)``; ``event`` is the CUDA event after
-        the copies (``None`` on CPU) -- the caller passes it to :meth:`wait` before computing with them. On CUDA
-        this waits for the copies (call it from a prefetch thread). On CPU the copies reuse tensors given back
-        with :meth:`recycle`."""
+        the copies (``None`` on CPU) -- the caller passes it to :meth:`wait` before computing with them.
+
+        On CUDA the copies are only *issued* (``non_blocking`` on the side stream, from pinned memory for the
+        parameters and the stash), after the CUDA events in ``after`` (a stash's offload); the call returns at
+        once and the copy engine runs them while the compute stream works. On CPU the copies are made now (the
+        emulated link's time slept) and reuse tensors given back with :meth:`recycle`."""
         started = time.perf_counter()
         nbytes = sum(_nbytes(t) for t in tensors)
         event = None
         if self.cuda:
             with torch.cuda.stream(self.stream):
+                for waiting in after:
+                    if waiting is not None:
+                        self.stream.wait_event(waiting)
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record(self.stream)
                 copies = [t.to(self.device, non_blocking=True) for t in tensors]
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(enable_timing=True)
                 event.record(self.stream)
-            event.synchronize()
+            with self._lock:
+                self.bytes["h2d"] += nbytes
+                self.transfers += 1
+                self._timings.append(("h2d", begin, event))
         else:
             copies = [_memcpy(t, self._reuse(t)) for t in tensors]
-        self._occupy("h2d", nbytes, started)
+            self._occupy("h2d", nbytes, started)
         self._count(f"h2d:{kind}", nbytes)
         return copies, event
+
+    def settle(self) -> None:
+        """CUDA: wait for every copy issued so far and add their measured times to ``seconds`` (a call's end
+        runs this; nothing on CPU)."""
+        if not self.cuda:
+            return
+        torch.cuda.synchronize(self.device)
+        with self._lock:
+            timings, self._timings = self._timings, []
+            for direction, begin, end in timings:
+                self.seconds[direction] += begin.elapsed_time(end) / 1e3
 
     def _reuse(self, tensor: torch.Tensor) -> torch.Tensor | None:
         with self._lock:
@@ -325,14 +352,59 @@ class HostLink:
             for tensor in copies:
                 tensor.record_stream(stream)
 
-    def offload(self, tensor: torch.Tensor, kind: str = "activations") -> torch.Tensor:
-        """Copy ``tensor`` from the device to host memory (synchronous)."""
+    def offload(self, tensor: torch.Tensor, kind: str = "activations") -> tuple[torch.Tensor, Any]:
+        """Copy ``tensor`` from the device to host memory: ``(host copy, event)``. On CPU the copy is made now
+        (``event`` is None). On CUDA it is issued on the offload stream, after the compute stream's work so far,
+        into pinned memory; ``event`` marks its end (pass it as ``after`` to the :meth:`load` that brings it
+        back; the host copy must not be read before it)."""
+        nbytes = _nbytes(tensor)
+        if self.cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            with torch.cuda.stream(self.d2h_stream):
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record(self.d2h_stream)
+                self.d2h_stream.wait_event(ready)
+                host.copy_(tensor.detach(), non_blocking=True)
+                tensor.record_stream(self.d2h_stream)  # not reused before the copy has read it
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(self.d2h_stream)
+            with self._lock:
+                self.bytes["d2h"] += nbytes
+                self.transfers += 1
+                self._timings.append(("d2h", begin, event))
+            self._count(f"d2h:{kind}", nbytes)
+            return host, event
         started = time.perf_counter()
         host = tensor.detach().to("cpu", copy=True)
-        nbytes = _nbytes(tensor)
         self._occupy("d2h", nbytes, started)
         self._count(f"d2h:{kind}", nbytes)
-        return host
+        return host, None
+
+    def offload_gradients(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """CUDA: copy each device gradient into its pinned host buffer (``(buffer, gradient)`` pairs) on the offload
+        stream, after the compute stream's work so far; returns the event that marks the end of the copies (the
+        caller waits for it before reading the buffers)."""
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+        nbytes = 0
+        with torch.cuda.stream(self.d2h_stream):
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record(self.d2h_stream)
+            self.d2h_stream.wait_event(ready)
+            for buffer, gradient in pairs:
+                buffer.copy_(gradient, non_blocking=True)
+                gradient.record_stream(self.d2h_stream)
+                nbytes += _nbytes(gradient)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(self.d2h_stream)
+        with self._lock:
+            self.bytes["d2h"] += nbytes
+            self.transfers += 1
+            self._timings.append(("d2h", begin, event))
+        self._count("d2h:gradients", nbytes)
+        return event
 
     def accumulate(self, target: torch.Tensor | None, gradient: torch.Tensor) -> torch.Tensor:
         """Bring a device ``gradient`` to host memory and add it into ``target`` (a host tensor, or ``None``:
@@ -799,6 +871,8 @@ class _Step:
     kind: str
     events: list[dict[str, Any]] = field(default_factory=list)
     duration_s: float = 0.0
+    origin: Any = None  # CUDA: an event on the compute stream at the call's start; timed events are relative to it
+    pending: list[tuple[int, str, Any, Any]] = field(default_factory=list)  # CUDA: (segment, kind, start, end)
 
 
 class SwappedModel:
@@ -827,13 +901,32 @@ class SwappedModel:
         self._events_lock = threading.Lock()
         self._current: _Step | None = None
         self._host = [_layer_tensors(layer) for layer in self.layers]
-        if self.device.type == "cuda":
+        self._cuda = self.device.type == "cuda"
+        if self._cuda:
             with torch.no_grad():
                 for tensors in self._host:
                     for tensor in tensors.values():
                         if not tensor.is_pinned():
                             tensor.data = tensor.data.pin_memory()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap-prefetch")
+        # The host side of a step: gradients landing in host memory and the caller's per-segment optimizer
+        # steps (``on_gradients``), in backward order, while the device computes the segments below.
+        self._host_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swap-host")
+        self._host_jobs: list[Future] = []
+        self._grad_buffers: dict[int, torch.Tensor] = {}  # CUDA: each parameter's pinned gradient buffer
+        self._landing: set[int] = set()  # CUDA: parameters whose gradient copy this step has issued
+        self._released: Any = None  # CUDA: an event after the compute that used the segment released last
+        # A parameter's gradient is complete after the backward of the lowest segment that uses it.
+        lowest: dict[int, int] = {}
+        by_id: dict[int, nn.Parameter] = {}
+        for index, (a, b) in enumerate(plan.cuts):
+            for layer in self.layers[a:b]:
+                for parameter in layer.parameters():
+                    lowest[id(parameter)] = min(lowest.get(id(parameter), index), index)
+                    by_id[id(parameter)] = parameter
+        self._final: list[list[nn.Parameter]] = [[] for _ in plan.cuts]
+        for key, index in lowest.items():
+            self._final[index].append(by_id[key])
 
     # ---- housekeeping
 
@@ -845,8 +938,14 @@ class SwappedModel:
                     seen.add(id(parameter))
                     yield parameter
 
+    def segment_parameters(self, segment: int) -> list[nn.Parameter]:
+        """The parameters whose gradients are complete once ``segment``'s backward is done (those it is the
+        lowest segment to use): what ``on_gradients`` is handed for it."""
+        return list(self._final[segment])
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._host_pool.shutdown(wait=True)
         self.link.clear()
 
     def __enter__(self) -> SwappedModel:
@@ -855,12 +954,46 @@ class SwappedModel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _event(self, segment: int, kind: str, start: float, end: float) -> None:
+    def _event(self, segment: int, kind: str, start: Any, end: Any) -> None:
+        """Record an event of the current call: ``start`` and ``end`` are ``perf_counter`` times, or (CUDA) events
+        recorded on a stream, resolved when the call ends (:meth:`_resolve`)."""
         step = self._current
-        if self.record and step is not None:
+        if step is None:
+            return
+        if not isinstance(start, float):
+            with self._events_lock:
+                step.pending.append((segment, kind, start, end))
+            return
+        if kind in COMPUTE_KINDS:
+            self.counters.compute_seconds += end - start
+        if self.record:
             with self._events_lock:
                 step.events.append({"segment": segment, "kind": kind, "start": start - step.started,
                                     "end": end - step.started})
+
+    def _mark(self) -> Any:
+        """Now: ``perf_counter`` on CPU; on CUDA an event on the compute stream (no synchronisation: the host
+        runs ahead of the device and the copies overlap the compute)."""
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    def _resolve(self, step: _Step) -> None:
+        """CUDA, after the call's last synchronisation: turn the recorded events into times and counters."""
+        with self._events_lock:
+            pending, step.pending = step.pending, []
+        for segment, kind, start, end in pending:
+            begin = step.origin.elapsed_time(start) / 1e3
+            finish = step.origin.elapsed_time(end) / 1e3
+            if kind in COMPUTE_KINDS:
+                self.counters.compute_seconds += finish - begin
+            elif kind == "load":
+                self.counters.load_seconds += finish - begin
+            if self.record:
+                step.events.append({"segment": segment, "kind": kind, "start": begin, "end": finish})
+        step.events.sort(key=lambda event: event["start"])
 
     @property
     def timeline(self) -> list[dict[str, Any]]:
@@ -870,29 +1003,37 @@ class SwappedModel:
 
     # ---- loads
 
-    def _load(self, segment: int) -> _Copy:
+    def _load(self, segment: int, after: Any = None) -> _Copy:
         a, b = self.plan.cuts[segment]
         host = self._host[a:b]
         flat = [t for tensors in host for t in tensors.values()]
         nbytes = sum(_nbytes(t) for t in flat)
-        start = time.perf_counter()
+        start: Any = time.perf_counter()
+        if self._cuda:  # the copy's own time on the side stream, not the moment it was issued
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.link.stream)
         self.memory.allocate(nbytes, "parameters")
         try:
-            copies, event = self.link.load([t.detach() for t in flat], "parameters")
+            copies, event = self.link.load([t.detach() for t in flat], "parameters", after=[after])
         except BaseException:
             self.memory.free(nbytes, "parameters")
             raise
-        end = time.perf_counter()
         it = iter(copies)
         tensors = [{name: next(it).requires_grad_(t.requires_grad) for name, t in layer.items()} for layer in host]
         self.counters.loads += 1
         self.counters.bytes_loaded += nbytes
-        self.counters.load_seconds += end - start
-        self._event(segment, "load", start, end)
+        if self._cuda:
+            self._event(segment, "load", start, event)
+        else:
+            end = time.perf_counter()
+            self.counters.load_seconds += end - start
+            self._event(segment, "load", start, end)
         return _Copy(segment, tensors, nbytes, event)
 
     def _prefetch(self, segment: int) -> Future:
-        return self._pool.submit(self._load, segment)
+        # CUDA: the copy starts on the device once the segment released last (two back) is computed, so at most
+        # two segments' parameters are live on the device, as planned, however far the host runs ahead.
+        return self._pool.submit(self._load, segment, self._released)
 
     def _wait(self, pending: Future) -> _Copy:
         start = time.perf_counter()
@@ -902,6 +1043,9 @@ class SwappedModel:
         return copy
 
     def _release(self, copy: _Copy | None) -> None:
+        if copy is not None and self._cuda:
+            self._released = torch.cuda.Event()
+            self._released.record(torch.cuda.current_stream(self.device))
         if copy is not None:
             self.memory.free(copy.nbytes, "parameters")
             self.link.recycle(list(copy.all()))
@@ -918,7 +1062,7 @@ class SwappedModel:
     def _forward_window(self, copy: _Copy, x: torch.Tensor) -> torch.Tensor:
         segment = self.plan.segments[copy.segment]
         held = _Held(self.memory)
-        start = time.perf_counter()
+        start = self._mark()
         try:
             held.take(segment.forward_workspace_bytes, "workspace")
             if copy.segment > 0:
@@ -926,20 +1070,19 @@ class SwappedModel:
             with torch.no_grad():
                 y = self._run(copy, x)
             held.take(_nbytes(y), "activations")
-            _synchronize(self.device)
         finally:
             held.release()
-        end = time.perf_counter()
-        self.counters.compute_seconds += end - start
-        self._event(copy.segment, "forward", start, end)
+        self._event(copy.segment, "forward", start, self._mark())
         return y
 
     def _backward_window(self, copy: _Copy, x: torch.Tensor, *, exclude: set[int],
                          grad_output: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                         ) -> tuple[float | None, torch.Tensor | None]:
+                         on_gradients: Callable[[int, list[nn.Parameter]], None] | None = None,
+                         ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Forward with grad (a recompute, or the last segment's first forward with the loss), backward, gradients
-        into the host parameters. Returns the loss (last segment) and the gradient of the input."""
+        into the host parameters. Returns the loss (last segment; a device tensor) and the gradient of the
+        input."""
         index = copy.segment
         segment = self.plan.segments[index]
         held = _Held(self.memory)
@@ -954,30 +1097,34 @@ class SwappedModel:
             x = x.detach().requires_grad_(x.is_floating_point())
             counter = _SavedCounter(exclude | _storages(copy.all()) | _storages([x]),
                                     on_new=lambda nbytes: held.take(nbytes, "saved"))
-            start = time.perf_counter()
+            start = self._mark()
             with counter.hooks(), torch.enable_grad():
                 y = self._run(copy, x)
                 held.take(_nbytes(y), "activations")
                 loss = loss_fn(y, targets) if loss_fn is not None else None
-            _synchronize(self.device)
-            middle = time.perf_counter()
+            middle = self._mark()
             self._event(index, "forward" if loss_fn is not None else "recompute", start, middle)
             if loss is not None:
                 held.take(_nbytes(y), "activations")  # the loss's gradient of the output
                 loss.backward()
-                loss_value = float(loss.detach())
+                loss_value = loss.detach()
             else:
                 torch.autograd.backward(y, grad_output)
             del y, loss
             grad_input = x.grad if x.requires_grad else None
             if grad_input is not None:
                 held.take(_nbytes(grad_input), "activations")
-            _synchronize(self.device)
-            end = time.perf_counter()
+            end = self._mark()
             self._event(index, "backward", middle, end)
-            self.counters.compute_seconds += end - start
-            self._offload_gradients(copy)
-            self._event(index, "offload", end, time.perf_counter())
+            if self._cuda:
+                self._offload_gradients_async(copy, on_gradients)
+            else:
+                started = time.perf_counter()
+                self._offload_gradients(copy)
+                self._event(index, "offload", started, time.perf_counter())
+                if on_gradients is not None:
+                    params = self._final[index]
+                    self._host_jobs.append(self._host_pool.submit(on_gradients, index, params))
         finally:
             held.release()
         return loss_value, grad_input
@@ -994,11 +1141,73 @@ class SwappedModel:
                     self.counters.gradient_bytes += _nbytes(tensor.grad)
                     tensor.grad = None
 
+    def _grad_buffer(self, parameter: torch.Tensor) -> torch.Tensor:
+        buffer = self._grad_buffers.get(id(parameter))
+        if buffer is None or buffer.shape != parameter.shape or buffer.dtype != parameter.dtype:
+            buffer = torch.empty(parameter.shape, dtype=parameter.dtype, pin_memory=True)
+            self._grad_buffers[id(parameter)] = buffer
+        return buffer
+
+    def _offload_gradients_async(self, copy: _Copy,
+                                 on_gradients: Callable[[int, list[nn.Parameter]], None] | None) -> None:
+        """CUDA: issue the copies of this segment's device gradients into pinned host buffers on the offload
+        stream (they overlap the backward of the segments below) and queue, on the host thread, their landing
+        in the host parameters' ``.grad`` (a gradient that is ``None`` becomes the buffer itself; one that
+        holds values has the buffer added) followed by ``on_gradients`` for the parameters now complete."""
+        a, _ = self.plan.cuts[copy.segment]
+        pairs, direct, added = [], [], []
+        with torch.no_grad():
+            for host, tensors in zip(self._host[a:], copy.tensors, strict=False):
+                for name, tensor in tensors.items():
+                    if tensor.grad is None:
+                        continue
+                    target = host[name]
+                    if target.grad is None and id(target) not in self._landing:
+                        buffer = self._grad_buffer(target)
+                        direct.append((target, buffer))
+                        self._landing.add(id(target))
+                    else:  # a gradient already there, or one landing from another segment this step: add
+                        buffer = torch.empty(target.shape, dtype=target.dtype, pin_memory=True)
+                        added.append((target, buffer))
+                    pairs.append((buffer, tensor.grad))
+                    self.counters.gradient_bytes += _nbytes(tensor.grad)
+                    tensor.grad = None
+        event = self.link.offload_gradients(pairs) if pairs else None
+        index = copy.segment
+
+        def land() -> None:
+            if event is not None:
+                event.synchronize()
+            with torch.no_grad():
+                for target, buffer in direct:
+                    target.grad = buffer
+                for target, buffer in added:
+                    target.grad.add_(buffer)
+            if on_gradients is not None:
+                on_gradients(index, self._final[index])
+
+        self._host_jobs.append(self._host_pool.submit(land))
+
+    def _join_host(self) -> None:
+        """Wait for the host jobs of this call (all of them, then raise the first error)."""
+        jobs, self._host_jobs = self._host_jobs, []
+        error = None
+        for job in jobs:
+            try:
+                job.result()
+            except BaseException as caught:  # noqa: BLE001 - re-raised below, after the others finished
+                error = error or caught
+        self._landing.clear()
+        if error is not None:
+            raise error
+
     # ---- calls
 
     @contextlib.contextmanager
     def _call(self, kind: str, batch: Sequence[torch.Tensor]):
         step = _Step(time.perf_counter(), kind)
+        if self._cuda:
+            step.origin = self._mark()
         self._current = step
         held = _Held(self.memory)
         state: dict[str, Any] = {"pending": None, "copies": {}}
@@ -1015,6 +1224,12 @@ class SwappedModel:
             for copy in state["copies"].values():
                 self._release(copy)
             held.release()
+            try:
+                self._join_host()
+            finally:
+                self.link.settle()  # CUDA: every copy done, their times counted
+                if self._cuda:
+                    self._resolve(step)
             step.duration_s = time.perf_counter() - step.started
             self.counters.step_seconds += step.duration_s
             self._current = None
@@ -1022,21 +1237,28 @@ class SwappedModel:
                 self.timelines.append(step)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor,
-                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   on_gradients: Callable[[int, list[nn.Parameter]], None] | None = None) -> float:
         """One forward and backward of ``loss_fn(model(inputs), targets)`` with swapping; the gradients are added
-        into the host parameters' ``.grad``. Returns the loss."""
+        into the host parameters' ``.grad``. Returns the loss.
+
+        ``on_gradients(segment, parameters)``, if given, is called on the host thread for each segment in
+        backward order, as soon as the gradients of ``parameters`` (:meth:`segment_parameters`) are complete in
+        host memory -- a per-segment optimizer step there overlaps the backward of the segments below (ZeRO-Offload
+        style). Every call has returned when this does. On CUDA a gradient that was ``None`` becomes a pinned
+        buffer the model reuses at the next step: zero gradients with ``set_to_none=True`` (or accumulate)."""
         k = len(self.plan.segments)
         with self._call("train", [inputs, targets]) as ((inputs, targets), state):
             copies: dict[int, _Copy] = state["copies"]
             batch = _storages([inputs, targets])
-            stash: dict[int, torch.Tensor] = {}
+            stash: dict[int, tuple[torch.Tensor, Any]] = {}
             state["pending"] = self._prefetch(0)
             x = inputs
             for s in range(k - 1):
                 copies[s] = self._wait(state["pending"])
                 state["pending"] = self._prefetch(s + 1)
                 x = self._forward_window(copies[s], x)
-                if s + 1 <= k - 2:  # the input of a segment that will be recomputed
+                if s + 1 <= k - 2:  # the input of a segment that will be recomputed (host copy, its CUDA event)
                     stash[s + 1] = self.link.offload(x, "activations")
                     self.counters.stash_bytes += _nbytes(x)
                 if s != k - 2:  # the second-to-last stays: backward needs it next
@@ -1044,7 +1266,7 @@ class SwappedModel:
             copies[k - 1] = self._wait(state["pending"])
             state["pending"] = None
             loss, gradient = self._backward_window(copies[k - 1], x, exclude=batch, targets=targets,
-                                                   loss_fn=loss_fn)
+                                                   loss_fn=loss_fn, on_gradients=on_gradients)
             self._release(copies.pop(k - 1))
             for s in range(k - 2, -1, -1):
                 if s not in copies:
@@ -1053,11 +1275,13 @@ class SwappedModel:
                 if s == 0:
                     x = inputs
                 else:
-                    (x,), event = self.link.load([stash.pop(s)], "activations")
+                    host, offloaded = stash.pop(s)
+                    (x,), event = self.link.load([host], "activations", after=[offloaded])
                     self.link.wait([x], event)
                     self.counters.stash_bytes += _nbytes(x)
                     state["pending"] = self._prefetch(s - 1)
-                _, gradient = self._backward_window(copies[s], x, exclude=batch, grad_output=gradient)
+                _, gradient = self._backward_window(copies[s], x, exclude=batch, grad_output=gradient,
+                                                    on_gradients=on_gradients)
                 self._release(copies.pop(s))
             self.counters.steps += 1
         return float(loss)
@@ -1136,7 +1360,7 @@ def _config(config: Any):
 def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int | None = None,
                steps: int | None = None, link_bytes_per_s: float | None = DEFAULT_LINK_BYTES_PER_S,
                device: torch.device | str = "cpu", quick: bool = False, seed: int = 0, lr: float = 1e-3,
-               threads: int | None = None) -> dict[str, Any]:
+               threads: int | None = None, overlap_optimizer: bool | None = None) -> dict[str, Any]:
     """Tokens per second of in-memory training (the plain model, no budget) and of swapped training with a device
     budget of ``budget_fraction`` x the model's parameter bytes, same model, same batches, same Adam step on the
     host parameters, measured in this process step by step, alternating (step ``i`` of one, then of the other,
@@ -1150,15 +1374,23 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
     prefetch thread's copies -- a GPU's copy engine -- take a core from the compute, and on a shared machine
     OpenMP teams as wide as the cores stall whenever one of their threads is descheduled: with one thread per core
     the measurements scatter widely (ratios from 0.2 to 1.9 on a loaded 2-core machine); ``threads=1`` leaves the
-    second core to the copies and gives steady figures."""
+    second core to the copies and gives steady figures.
+
+    ``overlap_optimizer`` (default: on CUDA only): the swapped run steps each segment's parameters with its own
+    Adam (the same update: Adam is per parameter) on the host thread as soon as that segment's gradients are in
+    host memory (``SwappedModel.train_step``'s ``on_gradients``), overlapping the backward of the segments
+    below, instead of one Adam step over the whole model after the step."""
+    overlap = torch.device(device).type == "cuda" if overlap_optimizer is None else bool(overlap_optimizer)
     if threads is None:
         return _throughput(config, budget_fraction=budget_fraction, batch=batch, steps=steps,
-                           link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr)
+                           link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr,
+                           overlap=overlap)
     before = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
         result = _throughput(config, budget_fraction=budget_fraction, batch=batch, steps=steps,
-                             link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr)
+                             link_bytes_per_s=link_bytes_per_s, device=device, quick=quick, seed=seed, lr=lr,
+                             overlap=overlap)
     finally:
         torch.set_num_threads(before)
     return {**result, "threads": int(threads)}
@@ -1166,7 +1398,7 @@ def throughput(config: Any = None, *, budget_fraction: float = 0.25, batch: int 
 
 def _throughput(config: Any, *, budget_fraction: float, batch: int | None, steps: int | None,
                 link_bytes_per_s: float | None, device: torch.device | str, quick: bool, seed: int,
-                lr: float) -> dict[str, Any]:
+                lr: float, overlap: bool = False) -> dict[str, Any]:
     from components.decentral.model import Corpus, build_model, lm_loss, model_layers, parameter_bytes
 
     preset = QUICK if quick else BENCH
@@ -1199,11 +1431,24 @@ def _throughput(config: Any, *, budget_fraction: float, batch: int | None, steps
         return float(loss.detach())
 
     with SwappedModel(layers, plan, device=device, link=link, memory=memory, timeline=True) as swapped:
-        def swapped_step(inputs, targets):
-            swapped_optimizer.zero_grad(set_to_none=True)
-            loss = swapped.train_step(inputs, targets, lm_loss)
-            swapped_optimizer.step()
-            return loss
+        if overlap:  # one Adam per segment, stepped on the host thread as its gradients land
+            del swapped_optimizer
+            segment_optimizers = {index: torch.optim.Adam(swapped.segment_parameters(index), lr=lr)
+                                  for index in range(len(plan.segments)) if swapped.segment_parameters(index)}
+
+            def step_segment(index: int, parameters: list[nn.Parameter]) -> None:
+                if index in segment_optimizers:
+                    segment_optimizers[index].step()
+                    segment_optimizers[index].zero_grad(set_to_none=True)
+
+            def swapped_step(inputs, targets):
+                return swapped.train_step(inputs, targets, lm_loss, on_gradients=step_segment)
+        else:
+            def swapped_step(inputs, targets):
+                swapped_optimizer.zero_grad(set_to_none=True)
+                loss = swapped.train_step(inputs, targets, lm_loss)
+                swapped_optimizer.step()
+                return loss
 
         plain_step(*batches[0])  # warm-up (allocator, kernels); the measured steps start from step 1
         swapped_step(*batches[0])
@@ -1222,7 +1467,8 @@ def _throughput(config: Any, *, budget_fraction: float, batch: int | None, steps
     rate = {name: tokens / statistics.median(values) for name, values in times.items()}
     mean = {name: tokens * steps / sum(values) for name, values in times.items()}
     return {
-        "config": config.as_dict(), "device": str(device), "threads": torch.get_num_threads(), "batch": batch, "steps": steps, "tokens_per_step":
+        "config": config.as_dict(), "device": str(device), "threads": torch.get_num_threads(), "batch": batch,
+        "steps": steps, "overlap_optimizer": overlap, "tokens_per_step":
         tokens, "model_bytes": model_bytes, "budget_bytes": budget, "budget_fraction": budget_fraction,
         "link_bytes_per_s": link.bytes_per_s, "in_memory_tokens_per_s": rate["in_memory"],
         "swapped_tokens_per_s": rate["swapped"], "ratio": rate["swapped"] / rate["in_memory"],
@@ -1236,12 +1482,20 @@ def _throughput(config: Any, *, budget_fraction: float, batch: int | None, steps
     }
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m components.decentral.swap [quick] [one-thread]
+if __name__ == "__main__":  # pragma: no cover - python -m components.decentral.swap [--device cuda] [--quick]
+    import argparse
     import json
-    import sys
 
-    result = throughput(quick="quick" in sys.argv[1:], threads=1 if "one-thread" in sys.argv[1:] else None)
+    parser = argparse.ArgumentParser(description="swapped against in-memory training of a model 4x the budget")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--overlap-optimizer", choices=("auto", "yes", "no"), default="auto")
+    args = parser.parse_args()
+    result = throughput(quick=args.quick, threads=args.threads, device=args.device, steps=args.steps,
+                        overlap_optimizer=None if args.overlap_optimizer == "auto" else args.overlap_optimizer == "yes")
     print(result["plan"]["description"])
-    keys = ("in_memory_tokens_per_s", "swapped_tokens_per_s", "ratio", "mean_ratio", "seconds", "final_losses",
-            "max_loss_difference", "counters", "memory")
+    keys = ("device", "overlap_optimizer", "in_memory_tokens_per_s", "swapped_tokens_per_s", "ratio", "mean_ratio",
+            "seconds", "final_losses", "max_loss_difference", "counters", "memory", "link")
     print(json.dumps({k: result[k] for k in keys}, indent=1))

@@ -85,6 +85,23 @@ def test_head_first_is_about_as_good_as_full_kmeans():
     assert ours["distortion"] < full["distortion"] * 1.5 + 0.01
 
 
+def test_plain_kmeans_plusplus_seeding_of_the_head_recovers_the_groups_too():
+    """``local_trials=1`` seeds the head with one k-means++ draw per centre (Arthur and Vassilvitskii's original)
+    instead of scikit-learn's best of 2 + ln k: on tight latent groups it finds them as well."""
+    vectors, counts, membership = grouped_table(groups=40)
+    _, greedy = cluster_field(vectors, counts, clusters=40, head=0.1, seed=0)
+    clustering, plain = cluster_field(vectors, counts, clusters=40, head=0.1, seed=0, local_trials=1)
+    assert plain["head"] == greedy["head"] and plain["distortion"] < 0.1
+    index = clustering.index.long().numpy()
+    purity = np.mean([np.bincount(index[membership.numpy() == group]).max() / (membership == group).sum().item()
+                      for group in range(40)])
+    assert purity > 0.9
+    again, _ = cluster_field(vectors, counts, clusters=40, head=0.1, seed=0, local_trials=1)
+    assert torch.equal(again.index, clustering.index)  # deterministic per seed
+    with pytest.raises(ValueError, match="local_trials"):
+        Settings(local_trials=0)
+
+
 def test_minibatch_clusters_the_head_too():
     vectors, counts, _ = grouped_table()
     clustering, facts = cluster_field(vectors, counts, clusters=40, method="minibatch", seed=0)
