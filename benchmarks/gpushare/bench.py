@@ -32,6 +32,17 @@ d. **Inference tail latency next to training.** A training job (tiny-gpt with 8 
      interleave one by one on the device;
    - for information, naive OS threads: the same two threads pinned to one CPU core without the kernel
      lock (Linux time-slicing; not a GPU model).
+e. **Migration (SwitchFlow).** Two virtual devices, each its own kernel stream (one FIFO lock each; the
+   machine's two cores): the executor's device and a fallback device. A low-priority staged training job
+   (figure d's 8-block tiny-gpt) runs on the executor's device when higher-priority work arrives:
+   - *held by a job*: a high-priority training job (the same model, whole iterations) arrives after a few steps
+     and holds the device for ``hold_steps`` iterations. Preempt-only: the low job yields at its next stage
+     boundary and waits. Migration: its next stages run on a replica on the fallback device, synced after
+     each optimizer step, and it comes back when the device is free. Compared: the low job's completion
+     time (fixed steps), its throughput during the hold, and the high job's completion time;
+   - *held by inference*: figure d's request stream. Preempt-only is figure d's SwitchFlow (requests served
+     between operators, training on the same device); migration moves training to the fallback device while
+     the endpoint is busy. Compared: inference p99 and training throughput during the stream.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ from benchmarks.benchkit import Figure, document, percentile, table, write
 from components.gpushare.executor import DeviceExecutor
 from components.gpushare.lanes import MemoryRequest
 from components.gpushare.memory import profile_workload
+from components.gpushare.migration import MigrationTarget
 from components.gpushare.sessions import Progress, WorkloadSession
 from components.gpushare.stages import InferenceSession, StagedWorkloadSession
 from components.train.spec import TrainSpec
@@ -73,12 +85,14 @@ QUICK = {
     "trace_jobs": 8, "trace_scale": 0.5, "load": 0.8,
     "pack_jobs": 4, "pack_steps": 60, "host_ms": 4.0,
     "requests": 200, "request_interval_ms": 30.0, "train_alone_s": 1.0,
+    "migration_low_steps": 40, "migration_hold_steps": 20, "migration_requests": 150,
 }
 FULL = {
     "switch_steps": 200, "checkpoint_switches": 200,
     "trace_jobs": 24, "trace_scale": 1.0, "load": 0.8,
     "pack_jobs": 6, "pack_steps": 200, "host_ms": 4.0,
     "requests": 400, "request_interval_ms": 30.0, "train_alone_s": 3.0,
+    "migration_low_steps": 80, "migration_hold_steps": 40, "migration_requests": 300,
 }
 
 
@@ -455,20 +469,22 @@ def _send_all(schedule: list[float], send: Callable[[], Any]) -> list[tuple[floa
     return sent
 
 
-def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock) -> dict[str, Any]:
+def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock,
+                      migrate_to: MigrationTarget | None = None) -> dict[str, Any]:
     spec = _spec("tiny-gpt", **TRAIN_SPEC)
     if staged:
         # Every layer its own stage: the embedding, two halves per block, the head.
-        training = StagedWorkloadSession(DeepTinyGPT, spec, stages=2 * DeepTinyGPT.layers + 2, steps=10**6)
+        training = StagedWorkloadSession(DeepTinyGPT, spec, stages=2 * DeepTinyGPT.layers + 2, steps=10**6,
+                                         migrate_to=migrate_to)
     else:
         training = WorkloadSession(DeepTinyGPT, spec, steps=10**6)
     with DeviceExecutor("cpu", BUDGET, "pack", measure_iterations=1,
                         iteration_context=lambda: KernelStream(lock)) as executor:
         executor.serve("lm", InferenceSession(_inference_model()), MemoryRequest(8 * 2**20, 8 * 2**20))
         executor.submit("train", training, MemoryRequest(64 * 2**20, 256 * 2**20))
-        while executor.job_status("train")["steps"] < 3:
+        while training.step_count < 3:
             time.sleep(0.01)
-        steps_before, began = executor.job_status("train")["steps"], time.perf_counter()
+        steps_before, began = training.step_count, time.perf_counter()
         done: dict[int, float] = {}
 
         def send():
@@ -481,14 +497,15 @@ def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock) -> 
         for _, future in sent:
             future.result(60)
         window = time.perf_counter() - began
-        steps = executor.job_status("train")["steps"] - steps_before
+        steps = training.step_count - steps_before
         counters = executor.status()["counters"]
+        migration = training.migration_stats() if staged else None
         durations = getattr(training, "action_durations", {})
     latencies = [done[id(future)] - moment for moment, future in sent]
     return {"latencies": latencies, "train_steps_per_s": steps / window,
             "preemption_latency": counters["preemption_latency"],
             "longest_stage_s": getattr(training, "longest_action_s", None) if durations else None,
-            "served_between_operators": getattr(training, "inline_points", None)}
+            "served_between_operators": getattr(training, "inline_points", None), "migration": migration}
 
 
 def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | None) -> dict[str, Any]:
@@ -634,9 +651,91 @@ def bench_inference(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[s
     }
 
 
+# -- e. migration -----------------------------------------------------------------------------------------
+
+def _held_by_job(sizes: dict[str, Any], lock: FifoLock, target: MigrationTarget | None) -> dict[str, Any]:
+    """The low job (staged, ``migration_low_steps``) runs; after 3 steps a high-priority job holds the device
+    for ``migration_hold_steps`` iterations."""
+    spec = _spec("tiny-gpt", **TRAIN_SPEC)
+    low = StagedWorkloadSession(DeepTinyGPT, spec, stages=2 * DeepTinyGPT.layers + 2,
+                                steps=sizes["migration_low_steps"], migrate_to=target)
+    high = WorkloadSession(DeepTinyGPT, spec, steps=sizes["migration_hold_steps"])
+    request = MemoryRequest(64 * 2**20, 256 * 2**20)
+    with DeviceExecutor("cpu", BUDGET, "priority", measure_iterations=0,
+                        iteration_context=lambda: KernelStream(lock)) as executor:
+        executor.submit("low", low, request)
+        while low.step_count < 3:
+            time.sleep(0.002)
+        at = low.step_count
+        executor.submit("high", high, request, priority=1)
+        high_status = executor.wait("high", 600)
+        during = low.step_count - at
+        low_status = executor.wait("low", 600)
+    hold_s = high_status["jct_s"]
+    return {"low_jct_s": low_status["jct_s"], "high_jct_s": hold_s, "low_steps_during_hold": during,
+            "low_steps_per_s_during_hold": during / hold_s if hold_s else None,
+            "migration": low_status["migration"], "state": low_status["state"],
+            "weights": [tensor.clone() for tensor in low.workload.model.state_dict().values()]}
+
+
+def bench_migration(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+    lock, second = FifoLock(), FifoLock()
+
+    def target() -> MigrationTarget:
+        return MigrationTarget("cpu", context=lambda: KernelStream(second), name="virtual:1")
+
+    train_alone = _training_alone(lock, sizes["train_alone_s"])
+    held = {"preempt_only": _held_by_job(sizes, lock, None), "migration": _held_by_job(sizes, lock, target())}
+    # Exactness in the benchmark's own setting (a preempted staged run is bit-identical to an uninterrupted one).
+    identical = all(torch.equal(a, b) for a, b in zip(held["preempt_only"].pop("weights"),
+                                                       held["migration"].pop("weights"), strict=True))
+    schedule = _schedule(sizes["migration_requests"], sizes["request_interval_ms"] / 1000)
+    request_input = torch.randint(0, 95, (1, 64), generator=torch.Generator().manual_seed(0))
+    served = {"preempt_only": _executor_variant(True, schedule, request_input, lock),
+              "migration": _executor_variant(True, schedule, request_input, lock, target())}
+    serving = {}
+    for name, variant in served.items():
+        latencies = variant["latencies"]
+        serving[name] = {"p50_s": percentile(latencies, 0.5), "p99_s": percentile(latencies, 0.99),
+                         "max_s": max(latencies), "train_steps_per_s": variant["train_steps_per_s"],
+                         "migration": variant["migration"]}
+    ratio = _ratio(held["preempt_only"]["low_jct_s"], held["migration"]["low_jct_s"])
+    say(f"  e. held by a job ({sizes['migration_hold_steps']} high-priority iterations; low job "
+        f"{sizes['migration_low_steps']} steps; training alone {train_alone:.1f} it/s)")
+    for name, item in held.items():
+        say(f"     {name:13s} low JCT {item['low_jct_s']:.2f} s, {item['low_steps_during_hold']} low steps during "
+            f"the hold ({item['low_steps_per_s_during_hold']:.1f} it/s), high JCT {item['high_jct_s']:.2f} s")
+    say(f"     migrated run's weights bit-identical to the preempt-only run's: {identical}")
+    say(f"     held by inference ({len(schedule)} requests, mean every {sizes['request_interval_ms']:.0f} ms)")
+    for name, item in serving.items():
+        say(f"     {name:13s} p50 {_ms(item['p50_s']):>10s}  p99 {_ms(item['p99_s']):>10s}  training "
+            f"{item['train_steps_per_s']:.1f} it/s")
+    return {
+        "figure": "e. migration: low-priority job's JCT while a high-priority job holds the device",
+        "mechanism": "SwitchFlow migration to a second virtual device",
+        "baseline": "preempt-only (yield at a stage boundary and wait)",
+        "training_alone_steps_per_s": train_alone,
+        "held_by_job": held,
+        "migrated_weights_bit_identical": identical,
+        "held_by_inference": serving,
+        "requests": len(schedule), "request_interval_ms": sizes["request_interval_ms"],
+        "ratio": ratio,
+        "ratio_inference_p99": _ratio(serving["preempt_only"]["p99_s"], serving["migration"]["p99_s"]),
+        "ratio_training_during_inference": _ratio(serving["migration"]["train_steps_per_s"],
+                                                  serving["preempt_only"]["train_steps_per_s"]),
+        "target": "> 1x (no target in the issue)",
+        "met": bool(ratio and ratio > 1.0),
+        "mechanism_text": f"low JCT {held['migration']['low_jct_s']:.2f} s, "
+                          f"{held['migration']['low_steps_per_s_during_hold']:.1f} it/s during the hold",
+        "baseline_text": f"low JCT {held['preempt_only']['low_jct_s']:.2f} s, "
+                         f"{held['preempt_only']['low_steps_per_s_during_hold']:.1f} it/s during the hold",
+    }
+
+
 # -- the harness ------------------------------------------------------------------------------------------
 
-FIGURES = {"switch": bench_switch, "jct": bench_jct, "utilization": bench_utilization, "inference": bench_inference}
+FIGURES = {"switch": bench_switch, "jct": bench_jct, "utilization": bench_utilization, "inference": bench_inference,
+           "migration": bench_migration}
 
 
 def run(quick: bool = False, *, figures: list[str] | None = None, say: Callable[[str], None] | None = None,
@@ -728,7 +827,39 @@ def common_figures(results: dict[str, Any]) -> list[Figure]:
             found.append(Figure(key, item["figure"], variants["switchflow"]["p99_s"], variants["naive"]["p99_s"], "s",
                                 target=TARGETS["inference"], mechanism_text=item["mechanism_text"],
                                 baseline_text=item["baseline_text"]))
+        elif key == "migration":
+            held, serving = item["held_by_job"], item["held_by_inference"]
+            found.append(Figure(key, item["figure"], held["migration"]["low_jct_s"],
+                                held["preempt_only"]["low_jct_s"], "s", target=1.0,
+                                mechanism_text=item["mechanism_text"], baseline_text=item["baseline_text"]))
+            found.append(Figure("migration_inference", "e. inference p99 next to training, migration vs preempt-only",
+                                serving["migration"]["p99_s"], serving["preempt_only"]["p99_s"], "s",
+                                mechanism_text=f"p99 {_ms(serving['migration']['p99_s'])}, training "
+                                               f"{serving['migration']['train_steps_per_s']:.1f} it/s",
+                                baseline_text=f"p99 {_ms(serving['preempt_only']['p99_s'])}, training "
+                                              f"{serving['preempt_only']['train_steps_per_s']:.1f} it/s"))
     return found
+
+
+def combined(outcomes: list[dict[str, Any]]) -> list[Figure]:
+    """One figure per key over several runs: mechanism and baseline are the medians, ``runs`` the per-run
+    ratios, ``ratio_median`` and ``range`` their median and [min, max]."""
+    per_run = [common_figures(outcome) for outcome in outcomes]
+    result = []
+    for index, figure in enumerate(per_run[0]):
+        same = [figures[index] for figures in per_run]
+        ratios = [item.ratio for item in same if item.ratio is not None]
+        mechanisms = [item.mechanism for item in same if item.mechanism is not None]
+        baselines = [item.baseline for item in same if item.baseline is not None]
+        result.append(Figure(
+            figure.key, figure.figure, percentile(mechanisms, 0.5) if mechanisms else None,
+            percentile(baselines, 0.5) if baselines else None, figure.unit, figure.lower_is_better, figure.target,
+            mechanism_text="; ".join(item.mechanism_text for item in same),
+            baseline_text="; ".join(item.baseline_text for item in same),
+            extra={"runs": ratios, "ratio_median": percentile(ratios, 0.5) if ratios else None,
+                   "range": [min(ratios), max(ratios)] if ratios else None,
+                   "met_runs": sum(1 for item in same if item.met)}))
+    return result
 
 
 if __name__ == "__main__":
@@ -736,7 +867,17 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output")
     parser.add_argument("--figure", action="append", choices=list(FIGURES))
+    parser.add_argument("--runs", type=int, default=1, help="repeat the run; the JSON has the median and range")
     arguments = parser.parse_args()
+    if arguments.runs > 1:
+        outcomes = [run(arguments.quick, figures=arguments.figure) for _ in range(arguments.runs)]
+        doc = document("gpushare", arguments.quick, combined(outcomes), details={"runs": outcomes},
+                       machine=outcomes[0]["machine"])
+        for key, item in doc["figures"].items():
+            print(f"{key}: ratio median {item['ratio_median']}, range {item['range']}, met {item['met_runs']}/"
+                  f"{arguments.runs}", flush=True)
+        write(doc, arguments.output)
+        sys.exit(0)
     if arguments.figure:
         outcome = run(arguments.quick, figures=arguments.figure)
         write(document("gpushare", arguments.quick, common_figures(outcome), details=outcome,

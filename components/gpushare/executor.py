@@ -15,6 +15,8 @@ objects (a Workload, a TrainLoop, anything with ``step()``). The executor
   or a higher-priority job arrives (SwitchFlow); the preempted iteration resumes where it stopped. A staged
   job may instead serve queued requests **in place, between two of its operators**
   (``should_yield.serve_pending``, :meth:`DeviceExecutor._serve_inline`), so a request waits one operator;
+- lets a job built with ``migrate_to`` run its next stages on **another device** while higher-priority work
+  holds this one (SwitchFlow's migration: :mod:`components.gpushare.migration`, ``should_yield.contended``);
 - **measures** each job: the first iterations' ephemeral peak (CUDA memory statistics, or the allocation
   meter on virtual GPUs) and its resident bytes; a job that turns out to need more than it reserved is
   re-laned, or paused until the memory is there;
@@ -122,6 +124,9 @@ class _Job:
     error: str | None = None
     queue: deque = field(default_factory=deque)  # inference requests
     served: int = 0
+    last_served: float | None = None  # an endpoint's last request end (migration's settle window)
+    migrations: int = 0  # times the job moved its work to another device
+    migration: dict[str, Any] | None = None  # the session's migration_stats(), kept after it ends
     result: Any = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -167,6 +172,7 @@ class DeviceExecutor:
         max_bypass: int = 8,
         timeline_limit: int = STATS_WINDOW,
         retain_finished: int = 1000,
+        migration_settle_s: float = 0.25,
         start: bool = True,
     ):
         handle_memory = getattr(device, "memory", None) if hasattr(device, "torch_device") else None
@@ -192,6 +198,7 @@ class DeviceExecutor:
             total = torch.cuda.get_device_properties(index).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), index)
         self.policy = get_policy(policy)
+        self.migration_settle_s = float(migration_settle_s)
         self.retain_finished = max(1, int(retain_finished))
         self._finished: deque[str] = deque()
         self.measure_iterations = max(0, int(measure_iterations))
@@ -219,6 +226,7 @@ class DeviceExecutor:
         self._switch_gaps: deque[float] = deque(maxlen=STATS_WINDOW)
         self._continue_gaps: deque[float] = deque(maxlen=STATS_WINDOW)
         self._preemptions = 0
+        self._migrations = 0
         self._preempt_latencies: deque[float] = deque(maxlen=STATS_WINDOW)
         self._inference_latencies: deque[float] = deque(maxlen=STATS_WINDOW)
         self._timeline: deque[tuple[str, str, float, float]] = deque(maxlen=timeline_limit)
@@ -350,6 +358,7 @@ class DeviceExecutor:
                     "active_s": active,
                     "active_utilization": self._busy / active if active > 0 else 0.0,
                     "preemptions": self._preemptions,
+                    "migrations": self._migrations,
                     "preemption_latency": _summary(self._preempt_latencies),
                     "inference_latency": _summary(self._inference_latencies),
                 },
@@ -527,6 +536,9 @@ class DeviceExecutor:
                         return ("infer", job, job.queue.popleft())
                 if self._to_start:
                     return ("start", self._to_start.popleft(), None)
+                job = self._migrating()
+                if job is not None:
+                    return ("step", job, None)
                 job = self._pick()
                 if job is not None:
                     return ("step", job, None)
@@ -540,6 +552,18 @@ class DeviceExecutor:
                     for j in self._live.values()
                 )
                 self._cond.wait(NOT_READY_POLL_S if waiting_on_host else None)
+
+    def _migrating(self) -> _Job | None:
+        """A job that can migrate and should, because higher-priority work holds the device: it gets one call
+        of ``step()``, which hands its work to its fallback device at once (SwitchFlow) instead of waiting
+        for the policy to pick it."""
+        for job in self._live.values():
+            session = job.session
+            if (job.kind == "train" and job.state is JobState.ADMITTED and job.started and not job.paused
+                    and not job.cancel_requested and getattr(session, "migration", None) is not None
+                    and not getattr(session, "away", False) and self._contended(job)):
+                return job
+        return None
 
     def _pick(self) -> _Job | None:
         busy_lanes = {job.lane for job in self._live.values()
@@ -639,6 +663,8 @@ class DeviceExecutor:
         with self._cond:
             endpoints = any(other.kind == "inference" for other in self._live.values())
         should_yield.serve_pending = serve_pending if endpoints else None  # type: ignore[attr-defined]
+        # A session that can migrate asks whether higher-priority work holds the device (SwitchFlow).
+        should_yield.contended = lambda: self._contended(job)  # type: ignore[attr-defined]
 
         error = None
         progress = None
@@ -674,7 +700,19 @@ class DeviceExecutor:
             self._timeline.append((job.job_id, kind, start - self._t0, end - self._t0))
             self._last_end = end
             self._last_job = job.job_id
-            if progress is Progress.YIELDED:
+            stats = getattr(job.session, "migration_stats", None)
+            if callable(stats):
+                job.migration = stats()
+            if progress is Progress.YIELDED and getattr(job.session, "away", False):
+                # The job went on on another device: it holds no lane here and is not resumed until it
+                # parks (session.ready()).
+                job.mid_iteration = False
+                job.iteration_time += duration
+                job.migrations += 1
+                self._migrations += 1
+                if yielded_for is not None:
+                    self._preemptions += 1
+            elif progress is Progress.YIELDED:
                 job.mid_iteration = True
                 job.iteration_time += duration
                 if yielded_for is not None:
@@ -703,6 +741,25 @@ class DeviceExecutor:
             self._close(job, JobState.SUCCEEDED)
         elif job.cancel_requested:
             self._close(job, JobState.CANCELLED)
+
+    def _contended(self, job: _Job) -> bool:
+        """True while higher-priority work holds (or wants) the device: an admitted training job of higher
+        priority, or an inference endpoint with queued requests or one served within
+        ``migration_settle_s``. A migrating session runs on its fallback device while this holds."""
+        with self._cond:
+            if self._closing or job.cancel_requested or job.state is not JobState.ADMITTED:
+                return False
+            now = time.perf_counter()
+            for other in self._live.values():
+                if other is job or other.state is not JobState.ADMITTED:
+                    continue
+                if other.kind == "inference":
+                    if other.queue or self._current is other or (
+                            other.last_served is not None and now - other.last_served < self.migration_settle_s):
+                        return True
+                elif other.priority > job.priority and not other.paused and not other.cancel_requested:
+                    return True
+            return False
 
     def _serve_inline(self, train_job: _Job) -> float:
         """Serve the queued inference requests from inside ``train_job``'s running step (on this thread,
@@ -754,6 +811,7 @@ class DeviceExecutor:
             self._busy += end - start
             job.attained += end - start
             job.served += 1
+            job.last_served = end
             self._timeline.append((job.job_id, "inference", start - self._t0, end - self._t0))
             self._inference_latencies.append(end - request.arrival)
             if meter is not None and error is None:
@@ -846,6 +904,9 @@ class DeviceExecutor:
             job.result = job.session.result()
         except Exception:
             job.result = None
+        stats = getattr(job.session, "migration_stats", None)
+        if callable(stats):
+            job.migration = stats()
         job.session = None  # the executor no longer keeps the job's tensors alive
         self._live.pop(job.job_id, None)
         self._remember_ended(job)
@@ -891,6 +952,8 @@ class DeviceExecutor:
             "overruns": job.overruns,
             "paused": job.paused or None,
             "mid_iteration": job.mid_iteration,
+            "migrations": job.migrations,
+            "migration": job.migration,
             "served": job.served if job.kind == "inference" else None,
             "error": job.error,
             "result": job.result,

@@ -19,8 +19,10 @@ grad, and backward of stage ``i`` is ``torch.autograd.backward(output_i, grad_of
 computes the very same kernels on the same values as one whole-graph backward, so a staged job -- preempted
 or not -- ends with parameters bit-identical to ``Workload.train_step`` (tested).
 
-Moving the next stage to another device instead of waiting (SwitchFlow's migration) is not implemented: on
-a virtual GPU there is no second device worth moving to. See ``docs/components/gpushare.md``.
+**Migration** (SwitchFlow's other half): with ``migrate_to=MigrationTarget(...)``, a session whose device is
+busy with higher-priority work (``should_yield.contended()``, which the executor gives) runs its next actions
+on a replica on another device instead of waiting, keeping the two copies in sync after each optimizer step
+(:mod:`components.gpushare.migration`).
 
 :class:`InferenceSession` is the serving side: a model in eval mode whose requests the executor runs between
 any two stages of training (:meth:`DeviceExecutor.serve` / :meth:`DeviceExecutor.infer`).
@@ -28,6 +30,7 @@ any two stages of training (:meth:`DeviceExecutor.serve` / :meth:`DeviceExecutor
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -39,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.gpushare.factories import workload_factory
 from components.gpushare.lanes import MemoryRequest
+from components.gpushare.migration import MigrationTarget, Replica, move_iteration, sync, to_device
 from components.runtime.contract.component import Progress, Session, never
 
 
@@ -206,8 +210,23 @@ class StagedSession(Session):
         *,
         modules_to_train: Sequence[nn.Module] = (),
         operator_preemption: bool = True,
+        migrate_to: MigrationTarget | None = None,
     ):
         self.operator_preemption = operator_preemption
+        self.migration = migrate_to
+        self._primary: Replica | None = None
+        self._fallback: Replica | None = None
+        self._on: Replica | None = None  # where the iteration in flight runs (None: no migration configured)
+        self._worker: threading.Thread | None = None
+        self._parked = threading.Event()
+        self._stop_away = threading.Event()
+        self._away_error: BaseException | None = None
+        self._done_away = False
+        self.migrations = 0  # moves to the fallback device
+        self.returns = 0  # moves back
+        self.steps_away = 0  # optimizer steps taken on the fallback device
+        self.sync_bytes = 0
+        self.sync_s = 0.0
         self.inline_points = 0
         self.stages = list(stages) if stages is not None else []
         self.optimizer = optimizer
@@ -239,18 +258,40 @@ class StagedSession(Session):
         if not self.stages:
             raise ValueError("a StagedSession needs stages")
         self._build_plan()
+        if self.migration is not None:
+            if self.optimizer is None:
+                raise ValueError("a migrating StagedSession needs its optimizer at start")
+            self._primary = Replica(device, self.stages, self.optimizer)
+            self._fallback = self._primary.replicate(self.migration)
+            self._on = self._primary
 
     @property
     def mid_iteration(self) -> bool:
         return self._position > 0
 
+    @property
+    def away(self) -> bool:
+        """True while the job runs (or is parked) on its fallback device."""
+        return self._worker is not None
+
+    def ready(self) -> bool:
+        return self._worker is None or self._parked.is_set()
+
     def step(self, should_yield: Callable[[], bool] = never) -> Progress:
         if not self._plan:
             self._build_plan()
+        if self._worker is not None:
+            if self._come_back():
+                return Progress.DONE
         serve = getattr(should_yield, "serve_pending", None) if self.operator_preemption else None
+        contended = getattr(should_yield, "contended", None) if self.migration is not None else None
         while self._position < len(self._plan):
             if should_yield() and serve is not None and serve() > 0:
                 self.inline_points += 1
+            if contended is not None and contended():
+                self._leave(contended)
+                self.yields += 1
+                return Progress.YIELDED
             if should_yield():
                 self.yields += 1
                 return Progress.YIELDED
@@ -268,26 +309,94 @@ class StagedSession(Session):
             self.action_durations[f"{action} {index}" if index >= 0 else action] = duration
             self.longest_action_s = max(self.longest_action_s, duration)
             self._position += 1
+        return self._end_iteration()
+
+    def _end_iteration(self) -> Progress:
         self._reset_iteration()
         self.step_count += 1
         if self.total_steps is not None and self.step_count >= self.total_steps:
             return Progress.DONE
         return Progress.ITERATION
 
+    # -- migration (components.gpushare.migration) ---------------------------------------------------------
+    def _leave(self, contended: Callable[[], bool]) -> None:
+        """Hand the rest of the work to a thread running it on the fallback device (the move itself, which
+        may recompute forwards, runs there too, so the primary device is free at once)."""
+        self._parked.clear()
+        self._stop_away.clear()
+        self._away_error = None
+        self._done_away = False
+        self._worker = threading.Thread(target=self._away, args=(contended,), daemon=True,
+                                        name=f"migrated-{self.migration.name}")
+        self._worker.start()
+
+    def _away(self, contended: Callable[[], bool]) -> None:
+        assert self.migration is not None and self._primary is not None and self._fallback is not None
+        try:
+            with self.migration.work():
+                move_iteration(self, self._primary, self._fallback, len(self.stages))
+                self._on = self._fallback
+            self.migrations += 1
+            while not self._stop_away.is_set():
+                with self.migration.work():
+                    action, index = self._plan[self._position]
+                    self._run(action, index)
+                    self._position += 1
+                    if self._position == len(self._plan):
+                        self.steps_away += 1
+                        if self._end_iteration() is Progress.DONE:
+                            self._done_away = True
+                            return
+                if not contended():  # the primary device is free again: park at this boundary
+                    return
+        except BaseException as error:  # reported by the next step()
+            self._away_error = error
+        finally:
+            self._parked.set()
+            self._wakeup()
+
+    def _come_back(self) -> bool:
+        """Join the parked worker and move the iteration in flight back to the primary device (on the
+        executor's thread and context). True when the job finished while away."""
+        assert self._worker is not None and self._primary is not None and self._fallback is not None
+        self._worker.join()
+        self._worker = None
+        if self._away_error is not None:
+            error, self._away_error = self._away_error, None
+            raise error
+        if self._done_away:
+            return True
+        move_iteration(self, self._fallback, self._primary, len(self.stages))
+        self._on = self._primary
+        self.returns += 1
+        return False
+
+    def _other(self, replica: Replica) -> Replica:
+        assert self._primary is not None and self._fallback is not None
+        return self._fallback if replica is self._primary else self._primary
+
     def _run(self, action: str, index: int) -> None:
+        on = self._on
+        stages = self.stages if on is None else on.stages
+        optimizer = self.optimizer if on is None else on.optimizer
         if action == "forward":
             if index == 0:
-                for module in self.modules_to_train:
-                    module.train()
+                if on is None or on is self._primary:
+                    for module in self.modules_to_train:
+                        module.train()
+                else:
+                    on.train_mode()
                 x, self._targets = self.batch_fn(self.step_count)
+                if on is not None and on is not self._primary:
+                    x, self._targets = to_device(x, on.device), to_device(self._targets, on.device)
             else:
                 # Cut the graph here so backward can stop at this boundary too.
                 x = self._outputs[index - 1].detach().requires_grad_(True)
             self._inputs.append(x)
-            self._outputs.append(self.stages[index](x))
+            self._outputs.append(stages[index](x))
         elif action == "loss":
             self._loss = self.loss_fn(self._outputs[-1], self._targets)
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
         elif action == "backward":
             if index == len(self.stages) - 1:
                 self._loss.backward()
@@ -301,7 +410,16 @@ class StagedSession(Session):
                 self._inputs[index + 1] = None
             self._outputs[index] = None
         elif action == "step":
-            self.optimizer.step()
+            optimizer.step()
+            if on is not None:  # keep the other copy in sync after every optimizer step
+                began = time.perf_counter()
+                self.sync_bytes += sync(on, self._other(on))
+                self.sync_s += time.perf_counter() - began
+
+    def migration_stats(self) -> dict[str, Any]:
+        return {"target": self.migration.name if self.migration else None, "migrations": self.migrations,
+                "returns": self.returns, "steps_away": self.steps_away, "sync_bytes": self.sync_bytes,
+                "sync_s": self.sync_s}
 
     def remaining_steps(self) -> int | None:
         return None if self.total_steps is None else max(self.total_steps - self.step_count, 0)
@@ -310,6 +428,10 @@ class StagedSession(Session):
         return (*self.stages, self.optimizer)
 
     def close(self) -> None:
+        if self._worker is not None:
+            self._stop_away.set()
+            self._worker.join()
+            self._worker = None
         self._reset_iteration()
 
 
@@ -323,8 +445,9 @@ class StagedWorkloadSession(StagedSession):
     """
 
     def __init__(self, workload: Any, spec: dict[str, Any], stages: int | Sequence[int] = 3,
-                 *, steps: int | None = None, operator_preemption: bool = True):
-        super().__init__(steps=steps, operator_preemption=operator_preemption)
+                 *, steps: int | None = None, operator_preemption: bool = True,
+                 migrate_to: MigrationTarget | None = None):
+        super().__init__(steps=steps, operator_preemption=operator_preemption, migrate_to=migrate_to)
         self.workload, self._factory = workload_factory(workload)
         self.spec = spec
         self.stage_spec = stages
@@ -332,12 +455,12 @@ class StagedWorkloadSession(StagedSession):
 
     @classmethod
     def builtin(cls, name: str, stages: int | Sequence[int] = 3, steps: int | None = None,
-                **spec: Any) -> StagedWorkloadSession:
+                migrate_to: MigrationTarget | None = None, **spec: Any) -> StagedWorkloadSession:
         from components.train.spec import TrainSpec
         from components.train.workloads import builtin_workload
 
         normalized = TrainSpec().validate({"workload": name, **spec})
-        return cls(lambda: builtin_workload(name), normalized, stages, steps=steps)
+        return cls(lambda: builtin_workload(name), normalized, stages, steps=steps, migrate_to=migrate_to)
 
     def memory_estimate(self) -> MemoryRequest:
         from components.gpushare.memory import profile_workload

@@ -12,6 +12,7 @@ TINY = {
     "trace_jobs": 4, "trace_scale": 0.15, "load": 0.8,
     "pack_jobs": 2, "pack_steps": 8, "host_ms": 3.0,
     "requests": 6, "request_interval_ms": 15.0, "train_alone_s": 0.2,
+    "migration_low_steps": 10, "migration_hold_steps": 4, "migration_requests": 6,
 }
 
 
@@ -19,7 +20,7 @@ def test_bench_quick_smoke():
     lines = []
     results = bench.run(True, sizes=TINY, say=lines.append)
     figures = results["figures"]
-    assert set(figures) == {"switch", "jct", "utilization", "inference"}
+    assert set(figures) == {"switch", "jct", "utilization", "inference", "migration"}
     for figure in figures.values():
         assert figure["ratio"] is not None and math.isfinite(figure["ratio"]) and figure["ratio"] > 0
         assert isinstance(figure["met"], bool)
@@ -29,10 +30,16 @@ def test_bench_quick_smoke():
     assert 0 < figures["utilization"]["exclusive_utilization"] <= 1
     assert 0 < figures["utilization"]["packed_utilization"] <= 1
     assert {"switchflow", "whole_graph_fifo", "naive"} <= set(figures["inference"]["variants"])
+    migration = figures["migration"]
+    assert migration["migrated_weights_bit_identical"] is True
+    assert migration["held_by_job"]["migration"]["migration"]["migrations"] >= 1
+    assert migration["held_by_job"]["preempt_only"]["low_steps_during_hold"] == 0  # it waited
+    assert migration["held_by_job"]["migration"]["state"] == "succeeded"
     common = {figure.key: figure.as_dict() for figure in bench.common_figures(results)}
-    assert set(common) == set(figures)
+    assert set(common) == set(figures) | {"migration_inference"}
     for key, figure in common.items():  # the harness's ratios agree with the benchmark's own
-        assert figure["ratio"] == pytest.approx(figures[key]["ratio"]), key
+        own = figures["migration"]["ratio_inference_p99"] if key == "migration_inference" else figures[key]["ratio"]
+        assert figure["ratio"] == pytest.approx(own), key
     assert validate_document(document("gpushare", True, bench.common_figures(results), details=results)) == []
     table = lines[-1]
     assert "a. switch latency" in table and "d. inference p99" in table and "ratio" in table
