@@ -11,6 +11,8 @@ Parts (``--parts``, all by default):
   accuracy after the same number of epochs.
 - ``sas``: average job completion time on a simulated 100-node cluster with time-varying availability: SAS
   placement against least-loaded placement (and random).
+- ``sas-trace``: the same in a world whose availability statistics come from published GPU-cluster studies
+  (co-located jobs, diurnal load, spot preemptions: :mod:`benchmarks.straggler.traceworld`).
 
 Each run is real: every worker is its own process running the train loop (components.train.loop) through the
 strategy's runtime, exactly as on a node; only the rendezvous goes through a shared directory instead of the
@@ -193,10 +195,10 @@ def stanza_runs(runs: int, quick: bool, say) -> dict[str, Any]:
     return {"workload": base, "mbit": STANZA_MBIT, "runs": per_way}
 
 
-def sas_runs(runs: int, quick: bool, say) -> dict[str, Any]:
+def sas_runs(runs: int, quick: bool, say, world: str = "synthetic") -> dict[str, Any]:
     from benchmarks.straggler.bench_sas import sas_figures
 
-    return {"figures": sas_figures(runs=runs, progress=say)}
+    return {"figures": sas_figures(runs=runs, progress=say, world=world)}
 
 
 # -- figures -------------------------------------------------------------------------------------------------------
@@ -284,8 +286,9 @@ def figures(results: dict[str, Any]) -> list[Figure]:
             target=None, mechanism_text="Stanza", baseline_text="DDP",
             extra={"runs": step, "range": {way: _range(step[way]) for way in step},
                    "final_accuracy": {way: _median(finals[way]) for way in finals}}))
-    sas = results.get("sas")
-    if sas:
+    for sas in (results.get("sas"), results.get("sas-trace")):
+        if not sas:
+            continue
         for key, value in sas["figures"].items():
             found.append(Figure(key.replace("-", "_"), value["figure"], value.get("mechanism"),
                                 value.get("baseline"), value.get("unit", ""),
@@ -296,7 +299,8 @@ def figures(results: dict[str, Any]) -> list[Figure]:
     return found
 
 
-def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("sms", "stanza", "sas"),
+def main(quick: bool = False, output: str | None = None,
+         parts: tuple[str, ...] = ("sms", "stanza", "sas", "sas-trace"),
          runs: int | None = None) -> int:
     say = progress("[straggler] ")
     runs = runs or (1 if quick else 3)
@@ -307,6 +311,8 @@ def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] 
         results["stanza"] = stanza_runs(runs, quick, say)
     if "sas" in parts:
         results["sas"] = sas_runs(runs, quick, say)
+    if "sas-trace" in parts:
+        results["sas-trace"] = sas_runs(runs, quick, say, world="trace")
     doc = document("straggler", quick, figures(results), details=results)
     write(doc, output)
     print(figures_table(doc))
@@ -321,7 +327,7 @@ if __name__ == "__main__":
     parser.add_argument("--spec")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output")
-    parser.add_argument("--parts", default="sms,stanza,sas")
+    parser.add_argument("--parts", default="sms,stanza,sas,sas-trace")
     parser.add_argument("--runs", type=int)
     arguments = parser.parse_args()
     if arguments.worker is not None:

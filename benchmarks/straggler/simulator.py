@@ -21,6 +21,12 @@ The cluster (defaults: 100 nodes of 4 worker slots, a 10 s tick):
   would run it fastest given the availability *now* and the load already placed), and ``random``; and, as a
   reference only, ``oracle``: the same choice made on the true future availability (no forecast error).
 
+``Config(world="trace")`` replaces the traces by :mod:`benchmarks.straggler.traceworld` (co-located jobs, a
+diurnal cycle and spot preemptions, with statistics from published GPU-cluster studies). There a node can be
+lost (availability 0 on every resource): no policy places on it, and a gang with a worker on it goes back to its
+last checkpoint and queues again; ``on-demand-first`` (least-loaded on on-demand nodes first) is a further
+baseline, and SAS also weighs how often each node has been lost (:func:`components.straggler.sas.loss_rate`).
+
 Figures per policy: average and p95 job completion time (arrival to finish, waiting included), the straggler
 rate (the share of a running gang's ticks in which its slowest worker ran below 80% of its median worker's
 speed), the mean slowdown (running time over work), and SAS's decision latency.
@@ -43,6 +49,7 @@ from components.straggler.availability import AvailabilityPredictor
 RESOURCES = ("cpu", "gpu", "network")
 SHARED = (True, False, True)  # a node's workers share its CPU and network; each has a GPU of its own
 POLICIES = ("sas", "least-loaded", "least-allocated", "random")
+TRACE_POLICIES = (*POLICIES, "on-demand-first")  # the trace world has spot nodes, and the operator's rule for them
 WORKER_SIZES = (1, 2, 3, 4, 5, 6, 7, 8)
 WORKER_WEIGHTS = (0.25, 0.25, 0.03, 0.22, 0.03, 0.04, 0.03, 0.15)
 
@@ -80,6 +87,13 @@ class Config:
     theta: float = sas.THETA
     straggler_ratio: float = 0.8
     seed: int = 0
+    # "synthetic": the traces above; "trace": availability whose statistics come from published GPU-cluster
+    # studies, with co-located jobs, a diurnal cycle and spot preemptions (benchmarks.straggler.traceworld)
+    world: str = "synthetic"
+    # a gang that loses a node (a preemption: availability 0) goes back to its last checkpoint, taken every
+    # checkpoint_s of work, and queues again; restarting costs restart_s of work (traceworld.SOURCES)
+    checkpoint_s: float = 1800.0
+    restart_s: float = 120.0
 
     @property
     def ticks(self) -> int:
@@ -101,7 +115,15 @@ class Job:
 
 # -- the world ------------------------------------------------------------------------------------------------
 def traces(config: Config) -> np.ndarray:
-    """Availability, nodes × ticks × resources (see the module docstring); seeded by ``config.seed``."""
+    """Availability, nodes × ticks × resources (see the module docstring); seeded by ``config.seed``. With
+    ``config.world == "trace"``: :func:`benchmarks.straggler.traceworld.trace_world` (0 where a node is
+    preempted)."""
+    if config.world == "trace":
+        from benchmarks.straggler.traceworld import trace_world
+
+        return trace_world(config)
+    if config.world != "synthetic":
+        raise ValueError(f"world must be 'synthetic' or 'trace', got {config.world!r}")
     rng = np.random.default_rng([config.seed, 1])
     n, ticks, resources = config.nodes, config.ticks, len(RESOURCES)
     t = np.arange(ticks) * config.tick_s
@@ -134,7 +156,12 @@ def jobs(config: Config) -> list[Job]:
     rng = random.Random(config.seed * 7919 + 11)
     mean_workers = sum(s * w for s, w in zip(WORKER_SIZES, WORKER_WEIGHTS, strict=True)) / sum(WORKER_WEIGHTS)
     mean_work = config.work_median_s * math.exp(config.work_sigma ** 2 / 2)
-    rate = config.load * config.nodes * config.slots / (mean_workers * mean_work)
+    capacity = 1.0
+    if config.world == "trace":  # the load is of what the co-located jobs leave (traceworld.spare_capacity)
+        from benchmarks.straggler.traceworld import spare_capacity
+
+        capacity = spare_capacity()
+    rate = config.load * capacity * config.nodes * config.slots / (mean_workers * mean_work)
     found, now = [], config.warmup_s
     while True:
         now += rng.expovariate(rate)
@@ -148,6 +175,16 @@ def jobs(config: Config) -> list[Job]:
 
 
 # -- policies -------------------------------------------------------------------------------------------------
+def node_pools(config: Config) -> np.ndarray:
+    """What each node reports about how it is provisioned: -1 on-demand, else its spot pool (instance type x
+    zone). Every node is on-demand in the synthetic world."""
+    if config.world == "trace":
+        from benchmarks.straggler.traceworld import spot_pools
+
+        return spot_pools(config)
+    return np.full(config.nodes, -1, dtype=int)
+
+
 class State:
     """What a policy may see at a tick: the availability history so far, free slots and placed demand."""
 
@@ -163,6 +200,16 @@ class State:
     @property
     def now(self) -> np.ndarray:
         return self.trace[:, self.tick]
+
+    @property
+    def up(self) -> np.ndarray:
+        """Nodes that are there (a preempted node reads 0 on every resource)."""
+        return self.trace[:, self.tick].max(axis=1) > 0
+
+    @property
+    def placeable(self) -> np.ndarray:
+        """Free slots on the nodes that are up: where a policy may place a worker now."""
+        return np.where(self.up, self.free, 0)
 
     def history(self, node: int) -> dict[str, np.ndarray]:
         first = max(0, self.tick + 1 - self.config.history)
@@ -192,7 +239,8 @@ class RandomPolicy(Policy):
         self.rng = random.Random(config.seed * 31 + 5)
 
     def place(self, state: State, job: Job) -> list[int]:
-        slots = [node for node in range(self.config.nodes) for _ in range(state.free[node])]
+        placeable = state.placeable
+        slots = [node for node in range(self.config.nodes) for _ in range(placeable[node])]
         return self.rng.sample(slots, job.workers)
 
 
@@ -205,7 +253,7 @@ class LeastLoadedPolicy(Policy):
         started = time.perf_counter()
         demand = np.asarray(job.demand)
         now = state.now
-        free = state.free.copy()
+        free = state.placeable.copy()
         load = state.load.copy()
         chosen = []
         for _ in range(job.workers):
@@ -213,6 +261,32 @@ class LeastLoadedPolicy(Policy):
             pace = np.where(free > 0, sas.speed(now, after), -np.inf)
             margin = (now - after).min(axis=1)
             node = int(np.lexsort((np.arange(len(free)), -margin, -pace))[0])
+            chosen.append(node)
+            free[node] -= 1
+            load[node] += np.where(state.shared, demand, 0.0)
+        self.decisions.append(time.perf_counter() - started)
+        return chosen
+
+
+class OnDemandFirstPolicy(LeastLoadedPolicy):
+    """Least-loaded, but on on-demand nodes whenever they have room: the operator's rule of thumb where some
+    nodes are spot instances (it reads the same provisioning label SAS pools its loss counts by)."""
+
+    name = "on-demand-first"
+
+    def place(self, state: State, job: Job) -> list[int]:
+        started = time.perf_counter()
+        demand = np.asarray(job.demand)
+        now = state.now
+        free = state.placeable.copy()
+        load = state.load.copy()
+        spot = node_pools(self.config) >= 0
+        chosen = []
+        for _ in range(job.workers):
+            after = sas.totals(load, demand, 1, state.shared)
+            pace = np.where(free > 0, sas.speed(now, after), -np.inf)
+            margin = (now - after).min(axis=1)
+            node = int(np.lexsort((np.arange(len(free)), -margin, -pace, np.where(free > 0, spot, 2)))[0])
             chosen.append(node)
             free[node] -= 1
             load[node] += np.where(state.shared, demand, 0.0)
@@ -230,13 +304,15 @@ class LeastAllocatedPolicy(Policy):
         started = time.perf_counter()
         demand = np.asarray(job.demand)
         free = state.free.copy()
+        placeable = state.placeable.copy()
         load = state.load.copy()
         chosen = []
         for _ in range(job.workers):
             requested = (self.config.slots - free) / self.config.slots + load.sum(axis=1)
-            node = int(np.lexsort((np.arange(len(free)), np.where(free > 0, requested, np.inf)))[0])
+            node = int(np.lexsort((np.arange(len(free)), np.where(placeable > 0, requested, np.inf)))[0])
             chosen.append(node)
             free[node] -= 1
+            placeable[node] -= 1
             load[node] += np.where(state.shared, demand, 0.0)
         self.decisions.append(time.perf_counter() - started)
         return chosen
@@ -264,8 +340,24 @@ class SasPolicy(Policy):
         self.grouping: list[float] = []  # seconds per grouping
         self.forecasting: list[float] = []  # seconds per forecast of every node
         self.fitting: list[float] = []
+        # how often each node has been lost (preempted) and for how long it has been watched: the control plane
+        # sees a node leave and come back; SAS turns it into a rate (sas.loss_rate)
+        self.losses = np.zeros(config.nodes)
+        self.watched_s = 0.0
+        self.was_up: np.ndarray | None = None
+
+    def _watch(self, state: State) -> None:
+        if self.was_up is None:  # the history the nodes had before the first job: count it
+            up = state.trace[:, :state.tick + 1].max(axis=2) > 0
+            self.losses += (up[:, :-1] & ~up[:, 1:]).sum(axis=1)
+            self.watched_s = state.tick * self.config.tick_s
+        else:
+            self.losses += self.was_up & ~state.up
+            self.watched_s += self.config.tick_s
+        self.was_up = state.up
 
     def on_tick(self, state: State) -> None:
+        self._watch(state)
         if state.tick >= self.next_fit:
             started = time.perf_counter()
             self.predictor.fit([state.history(node) for node in range(self.config.nodes)])
@@ -285,20 +377,26 @@ class SasPolicy(Policy):
     def place(self, state: State, job: Job) -> list[int]:
         self._forecast(state)
         started = time.perf_counter()
+        # per node: pooling the counts by provisioning label (loss_rate's ``pools``) avoided more preemptions
+        # but packed the on-demand nodes, and lost JCT on the development seed (10), so it is not used
+        hazard = sas.loss_rate(self.losses, self.watched_s)
         if self.labels is None or state.tick >= self.next_group:
-            self.labels = sas.group(self.predicted, self.std, seed=self.config.seed)
+            self.labels = sas.group(self.predicted, self.std, seed=self.config.seed,
+                                    extra=sas.loss_probability(hazard, self.config.horizon_s))
             self.grouping.append(time.perf_counter() - started)
             self.next_group = state.tick + int(round(self.config.forecast_every_s / self.config.tick_s))
-        decision = sas.choose(self.predicted, self.std, self.labels, job.demand, job.workers, free=state.free,
-                              load=state.load, theta=self.config.theta, base_time=job.work, shared=SHARED)
+        decision = sas.choose(self.predicted, self.std, self.labels, job.demand, job.workers,
+                              free=state.placeable, load=state.load, theta=self.config.theta, base_time=job.work,
+                              shared=SHARED, hazard=hazard, loss_s=self.config.checkpoint_s / 2 + self.config.restart_s)
         self.decisions.append(time.perf_counter() - started)
         return decision.placement
 
 
 class OraclePolicy(Policy):
     """A reference, not a scheduler: SAS's choice made on each node's *true* mean availability over the job's
-    run (its work at full speed, plus 30%), with no uncertainty. What a perfect forecaster of availability
-    could reach with this placement rule."""
+    run (its work at full speed, plus 30%), with no uncertainty; a node that will be preempted within twice the
+    job's work counts as unavailable. What a perfect forecaster of availability could reach with this placement
+    rule."""
 
     name = "oracle"
 
@@ -306,8 +404,11 @@ class OraclePolicy(Policy):
         started = time.perf_counter()
         ahead = max(1, int(round(1.3 * job.work / self.config.tick_s)))
         future = state.trace[:, state.tick:state.tick + ahead].mean(axis=1)
+        lost = state.trace[:, state.tick:state.tick + 2 * ahead].max(axis=2).min(axis=1) <= 0
+        future[lost] = 0.0
         decision = sas.choose(future, np.full_like(future, 1e-3), np.zeros(self.config.nodes, dtype=int),
-                              job.demand, job.workers, free=state.free, load=state.load, theta=self.config.theta,
+                              job.demand, job.workers, free=state.placeable, load=state.load,
+                              theta=self.config.theta,
                               base_time=job.work, shared=SHARED, risk=0.0)
         self.decisions.append(time.perf_counter() - started)
         return decision.placement
@@ -315,7 +416,7 @@ class OraclePolicy(Policy):
 
 def make_policy(name: str, config: Config) -> Policy:
     return {"sas": SasPolicy, "least-loaded": LeastLoadedPolicy, "least-allocated": LeastAllocatedPolicy,
-            "random": RandomPolicy, "oracle": OraclePolicy}[name](config)
+            "random": RandomPolicy, "oracle": OraclePolicy, "on-demand-first": OnDemandFirstPolicy}[name](config)
 
 
 # -- the simulation -------------------------------------------------------------------------------------------
@@ -348,6 +449,9 @@ def simulate(config: Config, policy: Policy, trace: np.ndarray, stream: Sequence
     running: dict[int, tuple[Job, list[int], float]] = {}  # id -> (job, nodes, placed at)
     progress: dict[int, float] = {}
     done: dict[int, tuple[float, float]] = {}  # id -> (started, finished)
+    started_at: dict[int, float] = {}  # id -> when it first started
+    preempted = 0  # gangs sent back to their checkpoint because a node was lost
+    lost_work = 0.0
     arrivals = list(stream)
     next_arrival = 0
     straggling = gang_ticks = 0
@@ -363,17 +467,19 @@ def simulate(config: Config, policy: Policy, trace: np.ndarray, stream: Sequence
         policy.on_tick(state)
         waiting = []
         for job in queue:
-            if job.workers > state.free.sum():
+            if job.workers > state.placeable.sum():
                 waiting.append(job)
                 continue
+            placeable = state.placeable
             nodes = policy.place(state, job)
-            if len(nodes) != job.workers or any(state.free[node] <= 0 for node in nodes):
-                raise RuntimeError(f"{policy.name} placed job {job.id} on {nodes} (free {state.free[nodes]})")
+            if len(nodes) != job.workers or any(placeable[node] < nodes.count(node) for node in set(nodes)):
+                raise RuntimeError(f"{policy.name} placed job {job.id} on {nodes} (placeable "
+                                   f"{placeable[nodes]})")
             for node in nodes:
                 state.free[node] -= 1
                 state.load[node] += np.where(shared, demands[job.id], 0.0)
-            running[job.id] = (job, nodes, now)
-            progress[job.id] = 0.0
+            running[job.id] = (job, nodes, started_at.setdefault(job.id, now))
+            progress.setdefault(job.id, 0.0)
         queue = waiting
         # progress over this tick at this tick's availability: the node's shared resources, split over its
         # workers, and each worker's own GPU
@@ -382,6 +488,20 @@ def simulate(config: Config, policy: Policy, trace: np.ndarray, stream: Sequence
             ratio = np.where(state.load > 0, available / np.maximum(state.load, 1e-12), np.inf)
         pace = np.minimum(1.0, ratio.min(axis=1))
         finished = []
+        up = state.up
+        for job_id in [job_id for job_id, (_, nodes, _) in running.items() if not up[nodes].all()]:
+            # a node of the gang is gone: back to the last checkpoint, and into the queue again (by arrival)
+            job, nodes, _ = running.pop(job_id)
+            for node in nodes:
+                state.free[node] += 1
+                state.load[node] -= np.where(shared, demands[job_id], 0.0)
+            state.load[np.abs(state.load) < 1e-9] = 0.0
+            kept = math.floor(progress[job_id] / config.checkpoint_s) * config.checkpoint_s
+            lost_work += progress[job_id] - kept + config.restart_s
+            progress[job_id] = kept - config.restart_s
+            preempted += 1
+            queue.append(job)
+        queue.sort(key=lambda queued: (queued.arrival, queued.id))
         for job_id, (job, nodes, _) in running.items():
             speeds = pace[nodes]
             for index in own:
@@ -410,7 +530,8 @@ def simulate(config: Config, policy: Policy, trace: np.ndarray, stream: Sequence
         waits.append(started - job.arrival)
         if job.id in done:
             slowdowns.append((finished_at - started) / job.work)
-    details: dict[str, Any] = {"unfinished": len(arrivals) - len(done)}
+    details: dict[str, Any] = {"unfinished": len(arrivals) - len(done), "preempted": preempted,
+                               "lost_work_s": lost_work}
     if isinstance(policy, SasPolicy):
         details.update(grouping_ms=1000 * float(np.mean(policy.grouping)) if policy.grouping else 0.0,
                        forecast_ms=1000 * float(np.mean(policy.forecasting)) if policy.forecasting else 0.0,

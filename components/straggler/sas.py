@@ -20,6 +20,14 @@ abstract, see docs/components/straggler.md) does it in three steps:
    (ties: the more likely); when none reaches ``theta``, the most likely one. When no group has room for the
    whole gang, the nodes are taken as one group (SAS never keeps a gang waiting for a group).
 
+**Lost nodes** (optional: ``hazard``). Where nodes can disappear (spot preemptions), each node's loss rate
+(:func:`loss_rate`, from how often it was lost while watched) enters all three steps: the grouping gets the
+probability of a loss within the horizon as a column (``extra``); within a group a worker goes where
+``speed / (1 + rate x loss_s)`` is highest; a group's P(adequate) is multiplied by the probability that none of
+its used nodes is lost during the expected run, ``exp(-sum(rate) x time)``, and its expected time by
+``1 + sum(rate) x loss_s`` (each loss costs the gang ``loss_s``: the work since its last checkpoint and the
+restart).
+
 No torch, grpc or hivemind; numpy at import, scikit-learn when a grouping is computed.
 """
 
@@ -89,10 +97,43 @@ def matrix(forecasts: Sequence[Mapping[str, Mapping[str, float]]], resources: Se
     return predicted, std
 
 
-def group(predicted: np.ndarray, std: np.ndarray, k: int | None = None, seed: int = 0) -> np.ndarray:
-    """Group labels (0..k-1) of the nodes: KMeans over ``[predicted, std]``, ``k`` by the silhouette score
-    (2..6) unless given. One group for fewer than three nodes or nodes that are all alike."""
-    points = np.hstack([np.asarray(predicted, dtype=float), np.asarray(std, dtype=float)])
+def loss_rate(losses: Sequence[float] | np.ndarray, watched_s: float, prior: float = 1.0,
+              pools: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    """Each node's rate of being lost (per second), from ``losses`` (times each node was lost) over the
+    ``watched_s`` seconds it was watched: the Gamma-Poisson (empirical Bayes) estimate that shrinks every node
+    toward the cluster's mean rate with the weight of ``prior`` losses, so a node never lost is not taken to be
+    safe before it has been watched long enough to tell. With ``pools`` (a label per node: what the node
+    reports about how it is provisioned, e.g. on-demand, or a spot instance type in a zone), the losses of a
+    pool's nodes are counted together and every node gets its pool's rate: a pool's rate is learnt from all its
+    nodes, far sooner than one node's."""
+    losses = np.asarray(losses, dtype=float)
+    if watched_s <= 0 or not len(losses):
+        return np.zeros(len(losses))
+    mean = max(float(losses.mean()) / watched_s, 1e-12)
+    if pools is None:
+        return (losses + prior) / (watched_s + prior / mean)
+    labels = np.asarray(pools)
+    rate = np.zeros(len(losses))
+    for pool in np.unique(labels):
+        members = labels == pool
+        rate[members] = (losses[members].sum() + prior) / (members.sum() * watched_s + prior / mean)
+    return rate
+
+
+def loss_probability(rate: np.ndarray, seconds: float) -> np.ndarray:
+    """The probability that a node with loss ``rate`` (per second) is lost within ``seconds``."""
+    return 1.0 - np.exp(-np.asarray(rate, dtype=float) * max(0.0, seconds))
+
+
+def group(predicted: np.ndarray, std: np.ndarray, k: int | None = None, seed: int = 0,
+          extra: np.ndarray | None = None) -> np.ndarray:
+    """Group labels (0..k-1) of the nodes: KMeans over ``[predicted, std]`` (and the ``extra`` columns, one
+    row per node, when given), ``k`` by the silhouette score (2..6) unless given. One group for fewer than three
+    nodes or nodes that are all alike."""
+    columns = [np.asarray(predicted, dtype=float), np.asarray(std, dtype=float)]
+    if extra is not None:
+        columns.append(np.asarray(extra, dtype=float).reshape(len(columns[0]), -1))
+    points = np.hstack(columns)
     count = len(points)
     if count < 3 or np.ptp(points, axis=0).max(initial=0.0) <= SIMILAR:
         return np.zeros(count, dtype=int)
@@ -137,7 +178,7 @@ def totals(load: np.ndarray, demand: np.ndarray, count: np.ndarray | int, shared
 
 def _score_group(index: int, nodes: np.ndarray, predicted: np.ndarray, std: np.ndarray, free: np.ndarray,
                  load: np.ndarray, demand: np.ndarray, workers: int, base_time: float,
-                 shared: np.ndarray, risk: float) -> GroupScore:
+                 shared: np.ndarray, risk: float, hazard: np.ndarray, loss_s: float) -> GroupScore:
     capacity = int(free[nodes].sum())
     result = GroupScore(group=index, nodes=nodes.tolist(), capacity=capacity, eligible=capacity >= workers)
     if not result.eligible:
@@ -146,7 +187,7 @@ def _score_group(index: int, nodes: np.ndarray, predicted: np.ndarray, std: np.n
     cautious = np.clip(predicted[nodes] - risk * std[nodes], 0.0, 1.0)
     for _ in range(workers):  # each worker where it would run fastest (ties: the steadier node, then order)
         after = totals(load[nodes], demand, placed + 1, shared)
-        pace = speed(cautious, after)
+        pace = speed(cautious, after) / (1.0 + hazard[nodes] * loss_s)
         pace = np.where(placed < free[nodes], pace, -np.inf)
         margin = (predicted[nodes] - after).min(axis=1) - std[nodes].max(axis=1)
         choice = int(np.lexsort((np.arange(len(nodes)), -margin, -pace))[0])
@@ -159,6 +200,10 @@ def _score_group(index: int, nodes: np.ndarray, predicted: np.ndarray, std: np.n
     result.p_adequate = float(np.prod(_phi(np.where(np.isfinite(z), z, 50.0))))
     result.speed = float(speed(cautious[used], total).min())
     result.expected_time = base_time / result.speed if result.speed > 0 else math.inf
+    rate = float(hazard[nodes][used].sum())
+    if rate > 0 and math.isfinite(result.expected_time):
+        result.p_adequate *= math.exp(-rate * result.expected_time)
+        result.expected_time *= 1.0 + rate * loss_s
     result.placement = [int(nodes[position]) for position in range(len(nodes)) for _ in range(placed[position])]
     return result
 
@@ -166,12 +211,14 @@ def _score_group(index: int, nodes: np.ndarray, predicted: np.ndarray, std: np.n
 def choose(predicted: np.ndarray, std: np.ndarray, labels: Sequence[int], demand: Sequence[float],
            workers: int = 1, free: Sequence[int] | None = None, load: np.ndarray | None = None,
            theta: float = THETA, base_time: float = 1.0, shared: Sequence[bool] | None = None,
-           risk: float | None = None) -> Decision:
+           risk: float | None = None, hazard: Sequence[float] | np.ndarray | None = None,
+           loss_s: float = 0.0) -> Decision:
     """The group (and each worker's node) for a gang of ``workers``, given the nodes' forecasts (nodes ×
     resources), their group ``labels``, the per-worker ``demand`` (availability one worker needs, per
     resource), each node's ``free`` worker slots (default 1 each: spread), its ``load`` (the demand of the
     workers already placed there on its shared resources, nodes × resources; default none) and which resources
-    the workers of a node share (default all; see :func:`totals`). See the module docstring."""
+    the workers of a node share (default all; see :func:`totals`), and optionally each node's loss ``hazard``
+    (per second, :func:`loss_rate`) with what a loss costs the gang (``loss_s``). See the module docstring."""
     predicted = np.atleast_2d(np.asarray(predicted, dtype=float))
     std = np.maximum(np.atleast_2d(np.asarray(std, dtype=float)), 1e-3)
     count = len(predicted)
@@ -182,12 +229,13 @@ def choose(predicted: np.ndarray, std: np.ndarray, labels: Sequence[int], demand
     shared = np.ones(predicted.shape[1], dtype=bool) if shared is None else np.asarray(shared, dtype=bool)
     workers = max(1, int(workers))
     risk = RISK if risk is None else float(risk)
+    hazard = np.zeros(count) if hazard is None else np.maximum(np.asarray(hazard, dtype=float), 0.0)
     scores = [_score_group(int(g), np.flatnonzero(labels == g), predicted, std, free, load, demand, workers,
-                           base_time, shared, risk) for g in sorted(set(labels.tolist()))]
+                           base_time, shared, risk, hazard, loss_s) for g in sorted(set(labels.tolist()))]
     eligible = [score for score in scores if score.eligible]
     if not eligible and count:
         whole = _score_group(-1, np.arange(count), predicted, std, free, load, demand, workers, base_time,
-                             shared, risk)
+                             shared, risk, hazard, loss_s)
         scores.append(whole)
         eligible = [whole] if whole.eligible else []
     if not eligible:

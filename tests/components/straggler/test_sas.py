@@ -131,3 +131,38 @@ def test_the_matrix_reads_node_payloads_and_tolerates_gaps():
                                  {"predicted": {"cpu": math.nan}, "std": {}}, {}], ("cpu", "gpu"))
     assert predicted.tolist() == [[0.5, 1.0], [1.0, 1.0], [1.0, 1.0]]
     assert std[0, 0] == pytest.approx(0.1) and std.min() > 0
+
+
+def test_loss_rate_shrinks_toward_the_cluster_mean():
+    """Gamma-Poisson: a node never lost is not taken as safe at once; more watching separates the nodes."""
+    losses = np.array([0.0, 0.0, 4.0, 0.0])
+    short, long = sas.loss_rate(losses, 3600.0), sas.loss_rate(losses * 10, 36000.0)
+    mean = losses.sum() / len(losses) / 3600.0
+    assert short[0] == pytest.approx(1.0 / (3600.0 + 1.0 / mean))
+    assert short[0] < mean < short[2] < 4.0 / 3600.0  # shrunk toward the mean from both sides
+    assert long[2] / long[0] > short[2] / short[0]  # the same rates, watched 10x longer: told apart better
+    assert sas.loss_rate(losses, 0.0).tolist() == [0.0] * 4
+    pooled = sas.loss_rate(losses, 3600.0, pools=[0, 1, 1, 0])  # a pool's nodes share their counts
+    assert pooled[1] == pooled[2] == pytest.approx(5.0 / (2 * 3600.0 + 1.0 / mean))
+    assert pooled[0] == pooled[3] == pytest.approx(1.0 / (2 * 3600.0 + 1.0 / mean))
+    assert pooled[0] < short[0]
+    assert sas.loss_probability(np.array([0.0, 1 / 3600.0]), 3600.0) == pytest.approx([0.0, 1 - math.exp(-1)])
+
+
+def test_a_gang_avoids_nodes_that_are_often_lost():
+    """Four equally available nodes, two of them lost often (spot): a 2-worker gang goes to the other two,
+    and its P(adequate) and expected time account for the loss rate."""
+    predicted = np.full((4, 3), 0.8)
+    std = np.full((4, 3), 0.02)
+    hazard = np.array([1 / 1800.0, 0.0, 1 / 1800.0, 0.0])
+    labels = np.zeros(4, dtype=int)
+    safe = sas.choose(predicted, std, labels, DEMAND, workers=2, hazard=hazard, loss_s=900.0, base_time=600.0)
+    assert sorted(safe.placement) == [1, 3]
+    blind = sas.choose(predicted, std, labels, DEMAND, workers=2, base_time=600.0)
+    assert sorted(blind.placement) == [0, 1]  # without the rates: ties go to the lower index
+    risky = sas.choose(predicted[[0, 2]], std[[0, 2]], [0, 0], DEMAND, workers=2, hazard=hazard[[0, 2]],
+                       loss_s=900.0, base_time=600.0)
+    assert risky.p_adequate == pytest.approx(blind.p_adequate * math.exp(-2 / 1800.0 * 600.0), rel=1e-6)
+    assert risky.expected_time == pytest.approx(600.0 * (1 + 2 / 1800.0 * 900.0))
+    grouped = sas.group(predicted, std, extra=sas.loss_probability(hazard, 1200.0))
+    assert grouped[0] == grouped[2] != grouped[1] == grouped[3]
