@@ -496,11 +496,13 @@ def format_table(results: dict[str, Any]) -> str:
 
 
 def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] = ("sla", "emoe", "switchflow"),
-         peers: bool = False) -> int:
+         peers: bool = False, runs: int = 1, models: tuple[str, ...] | None = None) -> int:
     """``strata bench serving`` entry point: the SLA part (finish rates of Orloj, FIFO and EDF batching through the
     gRPC endpoint, and the per-request overhead; :mod:`benchmarks.serving.slabench`), the eMoE part
     (:mod:`benchmarks.serving.emoebench`) and SwitchFlow's inference latency next to training (this module), one
-    after the other on this machine; prints each, optionally writes the common JSON; 0 on success."""
+    after the other on this machine; prints each, optionally writes the common JSON; 0 on success. ``runs``
+    repeats the SLA part (its figures are then the medians, with every run's values and their ranges);
+    ``models`` picks the SLA part's models (``dynamic``, ``static``, ``early-exit``; default all)."""
     from benchmarks.serving import emoebench, slabench
 
     if peers:
@@ -513,9 +515,17 @@ def main(quick: bool = False, output: str | None = None, parts: tuple[str, ...] 
     machine = None
     if "sla" in parts:
         print("== SLA serving: finish rates within the SLO (Orloj, FIFO dynamic batching, EDF) ==", flush=True)
-        details["sla"] = slabench.run(quick, peers=peers)
-        print(slabench.format_table(details["sla"]), flush=True)
-        found += slabench.figures(details["sla"])
+        sizes = {"models": list(models)} if models else None
+        every = []
+        for index in range(runs):
+            if runs > 1:
+                print(f"-- run {index + 1} of {runs}", flush=True)
+            result = slabench.run(quick, peers=peers, sizes=sizes)
+            print(slabench.format_table(result), flush=True)
+            every.append(result)
+        details["sla"] = every[0] if runs == 1 else {"runs": every}
+        found += slabench.figures(every[0]) if runs == 1 else slabench.combine(
+            [slabench.figures(result) for result in every])
     if "emoe" in parts:
         print("== eMoE: experts resident on the device ==", flush=True)
         details["emoe"] = emoebench.run(quick)
@@ -552,5 +562,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--output")
+    parser.add_argument("--parts", default="sla,emoe,switchflow", help="comma-separated: sla, emoe, switchflow")
+    parser.add_argument("--runs", type=int, default=1, help="repeat the SLA part (figures: median and range)")
+    parser.add_argument("--models", help="the SLA part's models, comma-separated: dynamic, static, early-exit")
     arguments = parser.parse_args()
-    sys.exit(main(arguments.quick, arguments.output))
+    sys.exit(main(arguments.quick, arguments.output, tuple(arguments.parts.split(",")), runs=arguments.runs,
+                  models=tuple(arguments.models.split(",")) if arguments.models else None))

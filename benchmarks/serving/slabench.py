@@ -10,6 +10,12 @@ Everything runs on this machine, in one run, over 127.0.0.1:
 - **The requests**: one row each. On the dynamic model ``long_share`` of them are ``long_len`` tokens long and
   the rest ``short_len``. Each request's SLO is ``multiplier`` times its own latency through gRPC on an idle
   endpoint (measured first, p50 of ``calibration`` sequential calls per kind), sent as the call's gRPC deadline.
+- **The early-exit model** (``early-exit``, :mod:`components.serving.earlyexit`): an MLP of ``exit_width`` with 4
+  confidence-thresholded exits, trained ``exit_steps`` steps on corrupted digits; requests are single held-out rows
+  drawn from a pool of ``exit_pool``. Every request has the same shape, so nothing the policies see tells a row
+  that leaves at the first exit from one that runs all four. Its SLO is ``multiplier`` times the *mean* latency
+  alone over the pool (the client cannot know a row's depth either), and its load is ``exit_load`` times the
+  rate of one request at a time (1 / that mean), so the setting scales with the machine.
 - **The load**: an open-loop generator in a separate process pinned to the other core sends ``requests`` calls
   at ``rate_rps`` on average, Poisson, or *bursty* (bursts of a geometric number of requests, mean
   ``burst_mean``, arriving together at ``rate_rps / burst_mean`` bursts per second). Non-blocking gRPC futures:
@@ -46,11 +52,15 @@ POLICIES = ("orloj", "fifo", "edf")
 FULL = {"model_steps": 20, "width": 384, "requests": 600, "rate_rps": 200.0, "burst_mean": 4.0,
         "multipliers": [1.5, 2.0, 3.0, 5.0], "static_multipliers": [1.5, 3.0], "patterns": ["poisson", "bursty"],
         "warmup": 300, "calibration": 40, "max_batch": 8, "max_queue_delay_ms": 0.1, "long_share": 0.2,
-        "short_len": 8, "long_len": 64, "overhead_calls": 300}
+        "short_len": 8, "long_len": 64, "overhead_calls": 300,
+        "models": ["dynamic", "static", "early-exit"], "exit_width": 1536, "exit_steps": 200, "exit_pool": 256,
+        "exit_load": 1.5}
 QUICK = {**FULL, "requests": 200, "multipliers": [1.5, 3.0], "static_multipliers": [1.5], "warmup": 100,
          "calibration": 20, "overhead_calls": 100}
+EARLY_EXIT = "early-exit"  # the model whose run time the input does not reveal (components.serving.earlyexit)
 TARGET_DYNAMIC = 1.5  # Orloj against FIFO on the dynamic model at a tight SLO (the paper: 51-80 % more)
 TARGET_STATIC = 1.0  # no worse than FIFO on the static model
+TARGET_EXIT_EDF = 1.0  # Orloj no worse than EDF with a mean estimate where the input does not reveal the run time
 OVERHEAD_BUDGET_S = 0.0005  # per-request overhead over a direct model call, p50
 DRAIN_S = 30.0  # after the last send: time for every answer (or status) to come back
 
@@ -67,13 +77,21 @@ def make_model(directory: Path, workload: str, steps: int, **fields: Any) -> dic
     from components.train.spec import TrainSpec
     from components.train.workloads import builtin_workload
 
-    spec = TrainSpec().validate({"workload": workload, "max_steps": steps, "seed": 1, **fields})
+    if workload == EARLY_EXIT:  # trained as a team's entry point would be; served from the serving zoo
+        from components.serving.earlyexit import ENTRYPOINT, EarlyExitDigits
+
+        spec = TrainSpec().validate({"entrypoint": ENTRYPOINT, "max_steps": steps, "seed": 1, "batch_size": 64,
+                                     "lr": 0.001, **fields})
+        instance = EarlyExitDigits()
+    else:
+        spec = TrainSpec().validate({"workload": workload, "max_steps": steps, "seed": 1, **fields})
+        instance = builtin_workload(workload)
     ctx = LocalContext(job_id=SOURCE_JOB, attempt_id=f"bench-{workload}", spec=dict(spec),
                        workdir=directory / workload)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        TrainLoop(builtin_workload(workload), spec, ctx, owns_process=False).run()
+        TrainLoop(instance, spec, ctx, owns_process=False).run()
     finally:
         torch.set_num_threads(threads)
     path = ctx.artifacts["model.pt"]
@@ -88,6 +106,13 @@ def request_inputs(model: dict[str, Any], sizes: dict[str, Any], seed: int = 0) 
     import numpy as np
 
     rng = np.random.default_rng(seed)
+    if model["workload"] == EARLY_EXIT:
+        # Held-out corrupted digits (never trained on): what a request is tells nothing of how deep it goes.
+        from components.serving.earlyexit import EarlyExitDigits
+
+        x_test = EarlyExitDigits().load_data({"seed": 1})[2].numpy()
+        rows = rng.choice(len(x_test), size=min(sizes["exit_pool"], len(x_test)), replace=False)
+        return {f"x{index:03d}": x_test[row:row + 1].astype(np.float32) for index, row in enumerate(rows)}
     if model["variable_length"]:
         limit = model["input_limit"]
         return {"short": rng.integers(0, limit, size=(1, sizes["short_len"])).astype(np.int64),
@@ -118,6 +143,8 @@ def request_kinds(kinds: list[str], count: int, long_share: float, seed: int) ->
     rng = random.Random(seed)
     if kinds == ["row"]:
         return ["row"] * count
+    if "short" not in kinds:  # a pool of rows (the early-exit model): drawn uniformly
+        return [rng.choice(kinds) for _ in range(count)]
     return ["long" if rng.random() < long_share else "short" for _ in range(count)]
 
 
@@ -297,10 +324,13 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
     results: dict[str, Any] = {"sizes": sizes, "models": {}, "calibration": {}, "runs": {}, "overhead": {}}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="strata-sla-bench-") as directory:
-        models = {
-            "dynamic": make_model(Path(directory), "tiny-gpt", sizes["model_steps"], hidden=sizes["width"]),
-            "static": make_model(Path(directory), "mlp-digits", sizes["model_steps"], hidden=256),
+        makers = {
+            "dynamic": lambda: make_model(Path(directory), "tiny-gpt", sizes["model_steps"], hidden=sizes["width"]),
+            "static": lambda: make_model(Path(directory), "mlp-digits", sizes["model_steps"], hidden=256),
+            EARLY_EXIT: lambda: make_model(Path(directory), EARLY_EXIT, sizes["exit_steps"],
+                                           hidden=sizes["exit_width"]),
         }
+        models = {name: makers[name]() for name in sizes["models"]}
         results["models"] = {name: {k: v for k, v in model.items() if k != "path"} for name, model in models.items()}
         client = _Child(context, "sla-client", _client_main, cores[1])
         try:
@@ -313,7 +343,18 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                 try:
                     address = server.receive(STARTUP_TIMEOUT_S)["address"]
                     base = {}
-                    for kind in kinds_available:
+                    if name == EARLY_EXIT:
+                        # The client cannot know how deep a row goes: one SLO for every request, from the mean
+                        # latency alone over the pool (each row's median of 3 calls; one warm-up call each).
+                        alone = []
+                        for kind in kinds_available:
+                            latencies = client.call(("sequential", address, inputs[kind], 4), STARTUP_TIMEOUT_S)
+                            alone.append(statistics.median(latencies[1:]))
+                        base = dict.fromkeys(kinds_available, statistics.mean(alone))
+                        results["calibration_spread"] = {"p10_s": percentile(alone, 0.1),
+                                                         "p50_s": percentile(alone, 0.5),
+                                                         "p90_s": percentile(alone, 0.9)}
+                    for kind in kinds_available if name != EARLY_EXIT else ():
                         client.call(("sequential", address, inputs[kind], 10), STARTUP_TIMEOUT_S)
                         latencies = client.call(("sequential", address, inputs[kind], sizes["calibration"]), 120)
                         base[kind] = statistics.median(latencies)
@@ -326,11 +367,17 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                                                "server_p50_s": server.call("stats")["stats"]["p50_ms"] / 1000}
                 finally:
                     server.close()
-                results["calibration"][name] = base
+                results["calibration"][name] = base if name != EARLY_EXIT else {
+                    "mean": next(iter(base.values())), **results.pop("calibration_spread")}
                 say(f"  {name} model ({model['workload']}): alone through gRPC "
-                    + ", ".join(f"{kind} {seconds * 1000:.2f} ms" for kind, seconds in base.items()))
-                patterns = sizes["patterns"] if name == "dynamic" else ["poisson"]
-                multipliers = sizes["multipliers"] if name == "dynamic" else sizes["static_multipliers"]
+                    + ", ".join(f"{kind} {seconds * 1000:.2f} ms" for kind, seconds in results["calibration"][name].items()))
+                patterns = sizes["patterns"] if name != "static" else ["poisson"]
+                multipliers = sizes["static_multipliers"] if name == "static" else sizes["multipliers"]
+                # The early-exit model's load follows the machine: exit_load times the rate one endpoint serving
+                # one request at a time could sustain (1 / the mean latency alone), so a slower machine gets the
+                # same overload, as its SLOs follow its latencies.
+                rate = sizes["exit_load"] / base[next(iter(base))] if name == EARLY_EXIT else sizes["rate_rps"]
+                results.setdefault("rates_rps", {})[name] = rate
                 plans: dict[str, list] = {}
                 for policy in policies:
                     batching = {"policy": policy, "max_batch": sizes["max_batch"],
@@ -339,14 +386,13 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                     try:
                         address = server.receive(STARTUP_TIMEOUT_S)["address"]
                         warm_kinds = request_kinds(kinds_available, sizes["warmup"], sizes["long_share"], 99)
-                        warm = arrivals("poisson", sizes["warmup"], sizes["rate_rps"], sizes["burst_mean"], 98)
+                        warm = arrivals("poisson", sizes["warmup"], rate, sizes["burst_mean"], 98)
                         client.call(("run", address, inputs, _plan(warm_kinds, warm, base, 10.0)), 300)
                         for pattern in patterns:
                             for multiplier in multipliers:
                                 seed = zlib.crc32(f"{pattern}/{multiplier:g}".encode()) % 10_000
                                 kinds = request_kinds(kinds_available, sizes["requests"], sizes["long_share"], seed)
-                                moments = arrivals(pattern, sizes["requests"], sizes["rate_rps"], sizes["burst_mean"],
-                                                   seed + 1)
+                                moments = arrivals(pattern, sizes["requests"], rate, sizes["burst_mean"], seed + 1)
                                 plan = _plan(kinds, moments, base, multiplier)
                                 outcome = _finish(client.call(("run", address, inputs, plan),
                                                               moments[-1] + DRAIN_S + 60), plan)
@@ -357,12 +403,13 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
                                     f"({outcome['on_time']}/{outcome['requests']}; {outcome['statuses'] or 'all answered'})")
                         stats = server.call("stats")["stats"]
                         results["runs"].setdefault(f"{name}/endpoint", {})[policy] = {
-                            key: stats.get(key) for key in ("batches", "mean_batch", "batch_sizes", "dropped_early")}
+                            key: stats.get(key) for key in ("batches", "mean_batch", "batch_sizes", "dropped_early",
+                                                            "exit_depths") if key in stats}
                     finally:
                         server.close()
                 for system in PEERS if peers else ():
                     warm_kinds = request_kinds(kinds_available, sizes["warmup"], sizes["long_share"], 99)
-                    warm = arrivals("poisson", sizes["warmup"], sizes["rate_rps"], sizes["burst_mean"], 98)
+                    warm = arrivals("poisson", sizes["warmup"], rate, sizes["burst_mean"], 98)
                     say(f"  {name}: real {system} on the same requests ...")
                     found = peer(system, model, inputs, plans, _plan(warm_kinds, warm, base, 10.0), sizes,
                                  overhead_row=inputs.get("row"))
@@ -377,10 +424,12 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
     return results
 
 
-def tight(results: dict[str, Any], name: str) -> dict[str, dict[str, float]]:
-    """Per policy, the finish rate at the tightest multiplier on model ``name``, over its patterns (mean)."""
+def tight(results: dict[str, Any], name: str, multiplier: float | None = None) -> dict[str, float]:
+    """Per policy, the finish rate at ``multiplier`` (by default the tightest) on model ``name``, over its
+    patterns (mean)."""
     sizes = results["sizes"]
-    multiplier = min(sizes["multipliers"] if name == "dynamic" else sizes["static_multipliers"])
+    if multiplier is None:
+        multiplier = min(sizes["static_multipliers"] if name == "static" else sizes["multipliers"])
     rates: dict[str, list[float]] = {}
     for key, by_policy in results["runs"].items():
         parts = key.split("/")
@@ -403,12 +452,22 @@ FINISH_FIGURES = (  # (key, model, baseline policy, its description, target)
 
 def figures(results: dict[str, Any]) -> list[Figure]:
     found = []
-    rates = {"dynamic": tight(results, "dynamic"), "static": tight(results, "static")}
+    rates = {name: tight(results, name) for name in ("dynamic", "static")}
     for key, model, baseline, label, target in FINISH_FIGURES:
         if "orloj" in rates[model] and baseline in rates[model]:
             found.append(Figure(key, f"finish rate within the SLO, {model} model, tightest SLO, Orloj against {label}",
                                 rates[model]["orloj"], rates[model][baseline], "share", lower_is_better=False,
                                 target=target))
+    if EARLY_EXIT in results.get("models", {}):  # every multiplier: where the input does not reveal the run time
+        for multiplier in results["sizes"]["multipliers"]:
+            at = tight(results, EARLY_EXIT, multiplier)
+            for baseline, label, target in (("fifo", "FIFO dynamic batching (Triton-style)", TARGET_DYNAMIC),
+                                            ("edf", "EDF with a mean estimate", TARGET_EXIT_EDF)):
+                if "orloj" in at and baseline in at:
+                    found.append(Figure(f"finish_rate_exit_{multiplier:g}x_vs_{baseline}".replace(".", "_"),
+                                        f"finish rate within the SLO, early-exit model, SLO {multiplier:g}x the mean "
+                                        f"latency alone, Orloj against {label}", at["orloj"], at[baseline], "share",
+                                        lower_is_better=False, target=target))
     overhead = results.get("overhead") or {}
     for system, label in (("triton", "Triton through its gRPC endpoint"), ("ray_serve", "Ray Serve through a handle")):
         theirs = overhead.get(system) or {}
@@ -436,9 +495,38 @@ def format_table(results: dict[str, Any]) -> str:
         if key.endswith("/endpoint"):
             lines.append(f"{key}: " + "; ".join(f"{policy} mean batch {stats['mean_batch'] or 0:.2f}, "
                                                 f"{stats['dropped_early']} answered early"
+                                                + (f", rows per exit {stats['exit_depths']}" if "exit_depths" in stats
+                                                   else "")
                                                 for policy, stats in by_policy.items()))
     overhead = results.get("overhead") or {}
     if overhead:
         lines.append(f"one row of the static model: gRPC p50 {overhead['grpc_p50_s'] * 1000:.3f} ms, direct call "
                      f"p50 {overhead['direct_p50_s'] * 1000:.3f} ms, overhead {overhead['overhead_p50_s'] * 1000:.3f} ms")
     return "\n".join(lines)
+
+
+def combine(runs: list[list[Figure]]) -> list[Figure]:
+    """The figures of several runs as one: each the median of its runs' mechanism and baseline, with every
+    run's values and ratio, and their ranges, under ``runs`` and ``range`` (a figure some run lacks is left
+    out)."""
+    combined = []
+    for first in runs[0]:
+        same = [next((figure for figure in found if figure.key == first.key), None) for found in runs]
+        if any(figure is None for figure in same):
+            continue
+        mechanisms = [figure.mechanism for figure in same]
+        baselines = [figure.baseline for figure in same]
+        ratios = [figure.ratio for figure in same]
+        values = {"mechanism": mechanisms, "baseline": baselines, "ratio": ratios}
+        known = {key: [value for value in found if value is not None] for key, found in values.items()}
+        combined.append(Figure(
+            first.key, f"{first.figure} (median of {len(runs)} runs)",
+            percentile(known["mechanism"], 0.5) if known["mechanism"] else None,
+            percentile(known["baseline"], 0.5) if known["baseline"] else None, first.unit,
+            lower_is_better=first.lower_is_better, target=first.target,
+            extra={"runs": values, "range": {key: [min(found), max(found)] if found else None
+                                             for key, found in known.items()},
+                   "ratio_median": percentile(known["ratio"], 0.5) if known["ratio"] else None,
+                   "met_runs": sum(1 for ratio in known["ratio"] if first.target is not None
+                                   and ratio >= first.target)}))
+    return combined

@@ -311,10 +311,13 @@ class ServedSession(InferenceSession):
 class Dispatcher:
     """An endpoint's request queue and its batching thread.
 
-    Whenever the endpoint has no batch on the device, the thread asks the :class:`Batching` policy for the next
-    batch of the queued requests (and which to answer at once with ``DEADLINE_EXCEEDED``), hands the batch to
-    the executor and waits for it: one batch per endpoint on the device at a time, so the policy decides with
-    the latest arrivals. Each request's bucket is its length bucket (:data:`LENGTH_BUCKETS` over the model's
+    Whenever the endpoint has no batch on the device, the :class:`Batching` policy is asked for the next batch of
+    the queued requests (and which to answer at once with ``DEADLINE_EXCEEDED``), the batch goes to the executor,
+    and the endpoint waits for it: one batch per endpoint on the device at a time, so the policy decides with the
+    latest arrivals. The policy is asked by whichever thread finds the device free: the call's own thread when a
+    request arrives at an idle endpoint, the executor's when a batch ends, and the batching thread only when the
+    policy asked to look again later (FIFO's queue delay). So a request costs no hop to another thread before it
+    reaches the executor. Each request's bucket is its length bucket (:data:`LENGTH_BUCKETS` over the model's
     longest input) for a variable-length model, 0 otherwise. The policy learns each batch's measured time.
     """
 
@@ -326,6 +329,7 @@ class Dispatcher:
         self._queue: list[Pending] = []
         self._busy = False
         self._stopping = False
+        self._wake: float | None = None  # when the policy asked to look again (the batching thread's timer)
         self._ids = itertools.count()
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
@@ -352,7 +356,9 @@ class Dispatcher:
                 raise QueueFull(f"the queue is full ({len(self._queue)} requests wait for the device, the endpoint's "
                                 f"max_queue); retry later or add replicas")
             self._queue.append(pending)
-            self._cond.notify_all()
+            batch = self._take()
+        if batch:
+            self._launch(batch)
 
     def depth(self) -> int:
         with self._cond:
@@ -369,47 +375,68 @@ class Dispatcher:
     def _purge(self) -> None:
         self._queue = [p for p in self._queue if not (p.payload.abandoned.is_set() or p.payload.answer.done())]
 
+    def _take(self) -> list[Pending] | None:
+        """With the lock held: if the device is free and requests wait, ask the policy. Answers its drops, and
+        returns the batch to launch (the device is then the endpoint's: busy) or None; a policy that asked to
+        look again later sets the batching thread's timer."""
+        if self._stopping:
+            return None
+        self._purge()
+        if not self._queue or self._busy:
+            return None
+        decision = self.policy.decide(list(self._queue), time.monotonic())
+        for pending in decision.drop:
+            self._queue.remove(pending)
+            self.dropped += 1
+            pending.payload.settle(None, RequestTimedOut(
+                "the request cannot finish by its deadline (answered early, without running it)"))
+        if decision.batch:
+            batch, rows = [], 0
+            for pending in decision.batch:  # at most max_rows rows per forward pass (the memory held)
+                rows += int(pending.payload.inputs.shape[0])
+                if batch and rows > self.endpoint.max_rows:
+                    break
+                batch.append(pending)
+                self._queue.remove(pending)
+            self._busy = True
+            self._wake = None
+            return batch
+        if decision.wake_at is not None:
+            self._wake = decision.wake_at
+            self._cond.notify_all()  # the batching thread sets its timer
+        return None
+
     def _next(self) -> list[Pending] | None:
-        """Block until there is a batch to run; None when stopping."""
+        """The batching thread: block until the policy's timer is due and there is a batch to run; None when
+        stopping."""
         with self._cond:
             while True:
                 if self._stopping:
                     return None
-                wake = None
-                self._purge()
-                if self._queue and not self._busy:
-                    decision = self.policy.decide(list(self._queue), time.monotonic())
-                    for pending in decision.drop:
-                        self._queue.remove(pending)
-                        self.dropped += 1
-                        pending.payload.settle(None, RequestTimedOut(
-                            "the request cannot finish by its deadline (answered early, without running it)"))
-                    if decision.batch:
-                        batch, rows = [], 0
-                        for pending in decision.batch:  # at most max_rows rows per forward pass (the memory held)
-                            rows += int(pending.payload.inputs.shape[0])
-                            if batch and rows > self.endpoint.max_rows:
-                                break
-                            batch.append(pending)
-                            self._queue.remove(pending)
-                        self._busy = True
-                        return batch
-                    wake = decision.wake_at
-                timeout = None if wake is None else max(0.0, wake - time.monotonic())
-                self._cond.wait(timeout)
+                batch = self._take()
+                if batch:
+                    return batch
+                wake = self._wake if self._queue and not self._busy else None
+                self._cond.wait(None if wake is None else max(0.0, wake - time.monotonic()))
 
     def _loop(self) -> None:
         while (batch := self._next()) is not None:
-            item = _Batch([pending.payload for pending in batch], pending=batch)
-            try:
-                future = self.endpoint.executor.infer(self.endpoint.name, item)
-            except (KeyError, ExecutorClosed) as error:
-                fault = EndpointUnavailable(f"endpoint {self.endpoint.name!r} is not serving: {error}")
-                for call in item.calls:
-                    call.settle(None, fault)
-                self._finished()
-                continue
-            future.add_done_callback(lambda future, item=item: self._done(item, future))
+            self._launch(batch)
+
+    def _launch(self, batch: list[Pending]) -> None:
+        """Hand ``batch`` (taken by :meth:`_take`) to the executor; :meth:`_done` answers it when it has run."""
+        item = _Batch([pending.payload for pending in batch], pending=batch)
+        try:
+            future = self.endpoint.executor.infer(self.endpoint.name, item)
+        except (KeyError, ExecutorClosed) as error:
+            fault = EndpointUnavailable(f"endpoint {self.endpoint.name!r} is not serving: {error}")
+            for call in item.calls:
+                call.settle(None, fault)
+            with self._cond:  # the next batch is the batching thread's, not a recursion of this one
+                self._busy = False
+                self._cond.notify_all()
+            return
+        future.add_done_callback(lambda future, item=item: self._done(item, future))
 
     def _done(self, item: _Batch, future: concurrent.futures.Future) -> None:
         """On the execution thread: answer the batch's calls, teach the policy, free the device for the next."""
@@ -470,9 +497,12 @@ class Dispatcher:
         return _Batch([pending.payload for pending in chosen], pending=chosen)
 
     def _finished(self) -> None:
+        """The device is free again: the next batch, if one is due, goes from this thread (the executor's)."""
         with self._cond:
             self._busy = False
-            self._cond.notify_all()
+            batch = self._take()
+        if batch:
+            self._launch(batch)
 
 
 def endpoint_memory(served: ServedModel, max_rows: int) -> MemoryRequest:
@@ -724,6 +754,9 @@ class ServingEndpoint:
         if session is not None and session.placement is not None:
             stats["emoe"] = {**session.placement.stats(), "perplexity": session.perplexity.value}
         stats["preemptions"] = session.preemptions if session is not None else 0
+        depths = getattr(self.served.module, "depths", None)
+        if isinstance(depths, list):  # an early-exit model: rows answered at each exit so far
+            stats["exit_depths"] = list(depths)
         return stats
 
 

@@ -75,7 +75,13 @@ def load_served_model(path: str | Path, *, allow_program: bool = False) -> Serve
     from components.train.model_format import DTYPES, load_model
     from components.train.workloads import BUILTIN_WORKLOADS
 
-    module, description = load_model(Path(path), allow_program=allow_program)
+    try:
+        module, description = load_model(Path(path), allow_program=allow_program)
+    except ValueError:
+        found = _load_zoo_model(Path(path))
+        if found is None:
+            raise
+        module, description = found
     inputs, outputs = description["input"], description["output"]
     input_shape = tuple(inputs["shape"])
     return ServedModel(
@@ -91,6 +97,42 @@ def load_served_model(path: str | Path, *, allow_program: bool = False) -> Serve
         input_limit=int(inputs["limit"]),
         variable_length=bool(getattr(BUILTIN_WORKLOADS.get(description["workload"]), "variable_length", False)),
     )
+
+
+def _load_zoo_model(path: Path) -> tuple[nn.Module, dict[str, Any]] | None:
+    """``(module, description)`` of a ``model.pt`` whose workload is one of the serving component's own
+    (:data:`components.serving.earlyexit.ZOO`: trained from an entry point of this component, not a team's
+    code), rebuilt from its config as :func:`components.train.model_format.load_model` rebuilds a built-in
+    one; None for any other workload."""
+    from components.serving.earlyexit import ZOO
+    from components.train.model_format import DTYPES, read_model
+
+    model = read_model(path)
+    cls = ZOO.get(model["workload"])
+    if cls is None:
+        return None
+    config = model["config"]
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} records no config of its {model['workload']} model")
+    inputs, outputs = cls.describe_io(config)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            module = cls.from_config(config)
+        module.load_state_dict(model["state_dict"], strict=True, assign=True)
+    except (TypeError, ValueError, KeyError, RuntimeError) as error:
+        raise ValueError(f"{path}: the weights do not fit a {model['workload']} model of config {config!r}: "
+                         f"{' '.join(str(error).split())}") from error
+    module = module.to("cpu").eval()
+    with torch.inference_mode():
+        produced = module(torch.zeros((1, *inputs["shape"]), dtype=DTYPES[inputs["dtype"]]))
+    if list(produced.shape[1:]) != list(outputs["shape"]):
+        raise ValueError(f"{path}: the {model['workload']} model gives rows of {list(produced.shape[1:])}, not "
+                         f"the recorded {outputs['shape']}")
+    if hasattr(module, "reset_depths"):
+        module.reset_depths()  # the check above is no request
+    model.pop("state_dict")
+    model.pop("program")
+    return module, {**model, "input": inputs, "output": outputs, "program": None}
 
 
 class UserModule(nn.Module):
@@ -149,10 +191,12 @@ def load_user_model(path: str | Path, entrypoint: str) -> ServedModel:
 
 
 def servable_workloads() -> tuple[str, ...]:
-    """The workloads whose ``model.pt`` can be served (:func:`components.train.model_format.rebuildable_workloads`)."""
+    """The workloads whose ``model.pt`` can be served without a loader class: the train component's built-in ones
+    (:func:`components.train.model_format.rebuildable_workloads`) and this component's early-exit network."""
+    from components.serving.earlyexit import NAME
     from components.train.model_format import rebuildable_workloads
 
-    return rebuildable_workloads()
+    return tuple(sorted((*rebuildable_workloads(), NAME)))
 
 
 __all__ = ["ServedModel", "UserModule", "load_served_model", "load_user_model", "servable_workloads"]

@@ -99,6 +99,12 @@ class ExecProfile:
     def runs(self, size: int, bucket: int) -> int:
         return len(self._runs.get((size, bucket), ()))
 
+    @property
+    def measured(self) -> bool:
+        """Whether any batch has been measured: before that every estimate is ``prior_s``, a guess that must not
+        make a policy answer requests early (one that dropped everything would never measure anything)."""
+        return bool(self._runs)
+
     def quantiles(self, size: int, bucket: int) -> np.ndarray:
         """The distribution of one batch's time: :data:`QUANTILES` sorted values, each of equal weight."""
         key = (int(size), int(bucket))
@@ -206,7 +212,7 @@ class EdfBatcher(BatchPolicy):
 
     def decide(self, queue, now):
         ordered = sorted(queue)
-        drop = [p for p in ordered if now + self.profile.mean(1, p.bucket) > p.deadline]
+        drop = [p for p in ordered if self.profile.measured and now + self.profile.mean(1, p.bucket) > p.deadline]
         live = [p for p in ordered if p not in drop]
         batch: list[Pending] = []
         for request in live[: self.max_batch]:
@@ -239,7 +245,7 @@ class OrlojBatcher(BatchPolicy):
             self.profile.observe(len(batch), max(p.bucket for p in batch), seconds)
 
     def hopeless(self, request: Pending, now: float) -> bool:
-        return self.profile.cdf(1, request.bucket, request.deadline - now) < self.drop_below
+        return self.profile.measured and self.profile.cdf(1, request.bucket, request.deadline - now) < self.drop_below
 
     def batch_time(self, batch: Sequence[Pending]) -> tuple[int, int]:
         return len(batch), max(p.bucket for p in batch)
@@ -247,7 +253,8 @@ class OrlojBatcher(BatchPolicy):
     def on_time(self, batch: Sequence[Pending], start: float) -> float:
         """Expected requests of ``batch`` that finish by their deadlines when it starts at ``start``."""
         size, bucket = self.batch_time(batch)
-        return sum(self.profile.cdf(size, bucket, p.deadline - start) for p in batch)
+        values = self.profile._lookup(size, bucket)[0]  # the profile's cdf, with one lookup for the whole batch
+        return sum(bisect.bisect_right(values, p.deadline - start) for p in batch) / len(values)
 
     def rest(self, queue: Sequence[Pending], start: float, *, ordered: bool = False) -> float:
         """Expected on-time requests of ``queue`` served after ``start`` in deadline order, ``max_batch`` at a time,

@@ -17,8 +17,8 @@ AUTH_MODES = ("token", "none")
 BATCHING_FIELDS = {"policy", "max_batch", "max_queue_delay_ms", "max_queue", "preempt"}
 POLICIES = ("orloj", "fifo", "edf")  # components.serving.endpoint.Batching.POLICIES
 BATCHING_DEFAULTS = {"policy": "orloj", "max_batch": 8, "max_queue_delay_ms": 2.0, "max_queue": 128, "preempt": True}
-SERVABLE_WORKLOADS = ("cnn-dataset", "cnn-fc", "cnn-synthetic", "dlrm-ctr", "dlrm-movielens", "mlp-digits", "moe-gpt",
-                      "tiny-gpt")  # components.serving.model.servable_workloads()
+SERVABLE_WORKLOADS = ("cnn-dataset", "cnn-fc", "cnn-synthetic", "dlrm-ctr", "dlrm-movielens", "early-exit-digits",
+                      "mlp-digits", "moe-gpt", "tiny-gpt")  # components.serving.model.servable_workloads()
 _ENTRYPOINT = re.compile(ENTRYPOINT_PATTERN)
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 

@@ -206,3 +206,86 @@ def test_fifo_never_preempts(executor, gpt):
         assert handle.endpoint.session.urgent is None
         predict(handle.address, np.zeros((1, 8), np.int64))
         assert handle.stats()["preemptions"] == 0
+
+
+class RecordingExecutor:
+    """Just enough of a DeviceExecutor for a Dispatcher: records which thread hands it each batch, and leaves
+    each batch's future to the test."""
+
+    def __init__(self):
+        self.launched: list[tuple[str, object, object]] = []  # (thread name, batch, future)
+        self.changed = threading.Condition()
+
+    def infer(self, name, batch):
+        from concurrent.futures import Future
+
+        future = Future()
+        with self.changed:
+            self.launched.append((threading.current_thread().name, batch, future))
+            self.changed.notify_all()
+        return future
+
+    def wait_for(self, count, timeout=10.0):
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.launched) >= count, timeout), self.launched
+        return self.launched[count - 1]
+
+
+def dispatcher_with(batching):
+    from types import SimpleNamespace
+
+    from components.serving.endpoint import Dispatcher
+
+    executor = RecordingExecutor()
+    served = SimpleNamespace(variable_length=False, input_shape=(4,))
+    endpoint = SimpleNamespace(executor=executor, name="ep", served=served, max_rows=64)
+    return Dispatcher(endpoint, batching), executor
+
+
+def call(deadline_s=30.0):
+    from components.serving.endpoint import _Call
+
+    return _Call(torch.zeros(1, 4), time.monotonic() + deadline_s)
+
+
+@pytest.mark.parametrize("policy", ["orloj", "edf"])
+def test_a_request_to_an_idle_endpoint_goes_to_the_device_from_its_own_thread(policy):
+    """No hop to the dispatcher's thread: the caller's thread asks the policy and hands the batch over; the next
+    batch goes from the thread that finished the last one."""
+    dispatcher, executor = dispatcher_with(Batching(policy=policy, max_batch=4))
+    try:
+        threading.current_thread().name = "caller"
+        first = call()
+        dispatcher.submit(first)
+        thread, batch, future = executor.wait_for(1)
+        assert thread == "caller" and batch.calls == [first]
+        waiting = [call(), call()]
+        for item in waiting:  # the device is busy: they queue
+            dispatcher.submit(item)
+        assert len(executor.launched) == 1 and dispatcher.depth() == 2
+
+        def finish():
+            batch.ran, batch.seconds = batch.calls, 0.001
+            future.set_result([torch.zeros(1, 4)])
+
+        finisher = threading.Thread(target=finish, name="device")
+        finisher.start()
+        finisher.join()
+        thread, second, _ = executor.wait_for(2)
+        assert thread == "device" and second.calls == waiting  # both, as one batch
+        assert first.answer.result(1).shape == (1, 4) and dispatcher.batches == 1
+    finally:
+        threading.current_thread().name = "MainThread"
+        dispatcher.stop()
+
+
+def test_fifo_queue_delay_is_the_dispatcher_threads_timer():
+    dispatcher, executor = dispatcher_with(Batching(policy="fifo", max_batch=4, max_queue_delay_s=0.05))
+    try:
+        began = time.monotonic()
+        dispatcher.submit(call())
+        thread, batch, _ = executor.wait_for(1)
+        assert thread == "serving-batcher-ep" and len(batch.calls) == 1
+        assert time.monotonic() - began >= 0.05  # it waited for a fuller batch, then went alone
+    finally:
+        dispatcher.stop()

@@ -51,18 +51,31 @@ def test_sla_and_emoe_parts_tiny_smoke():
 
     lines = []
     sizes = {"requests": 12, "warmup": 6, "calibration": 3, "overhead_calls": 5, "patterns": ["poisson"],
-             "multipliers": [3.0], "static_multipliers": [3.0], "rate_rps": 50.0, "width": 32, "model_steps": 2}
+             "multipliers": [3.0], "static_multipliers": [3.0], "rate_rps": 50.0, "width": 32, "model_steps": 2,
+             "exit_width": 16, "exit_steps": 2, "exit_pool": 6, "exit_load": 0.1}
     results = slabench.run(True, say=lines.append, sizes=sizes)
-    for key in ("dynamic/poisson/3", "static/poisson/3"):
+    for key in ("dynamic/poisson/3", "static/poisson/3", "early-exit/poisson/3"):
         assert set(results["runs"][key]) == set(slabench.POLICIES)
         for outcome in results["runs"][key].values():
             assert outcome["requests"] == 12 and 0 <= outcome["on_time"] <= 12
     assert set(results["calibration"]["dynamic"]) == {"short", "long"} and results["calibration"]["static"]["row"] > 0
+    # The early-exit model: one SLO for every request (the client cannot tell how deep a row goes).
+    assert results["calibration"]["early-exit"]["mean"] > 0
+    for policy, stats in results["runs"]["early-exit/endpoint"].items():  # each row that ran left at one exit
+        assert len(stats["exit_depths"]) == 4 and 0 < sum(stats["exit_depths"]) <= 6 + 12, policy
     assert results["overhead"]["grpc_p50_s"] > results["overhead"]["direct_p50_s"] > 0
-    keys = {figure.key for figure in slabench.figures(results)}
+    found = slabench.figures(results)
+    keys = {figure.key for figure in found}
     assert keys == {"finish_rate_dynamic_vs_fifo", "finish_rate_dynamic_vs_edf", "finish_rate_static_vs_fifo",
-                    "overhead_p50"}
+                    "overhead_p50", "finish_rate_exit_3x_vs_fifo", "finish_rate_exit_3x_vs_edf"}
     assert "dynamic/poisson/3" in slabench.format_table(results)
+    # Several runs: the medians, every run's values and the ranges.
+    twice = {figure.key: figure.as_dict() for figure in slabench.combine([found, found])}
+    assert set(twice) == keys
+    one = {figure.key: figure.as_dict() for figure in found}["finish_rate_exit_3x_vs_edf"]
+    assert twice["finish_rate_exit_3x_vs_edf"]["runs"]["mechanism"] == [one["mechanism"]] * 2
+    assert twice["finish_rate_exit_3x_vs_edf"]["target"] == slabench.TARGET_EXIT_EDF
+    assert validate_document(document("serving", True, slabench.combine([found, found]))) == []
 
     emoe = emoebench.run(True, say=lines.append, sizes={"steps": 2, "hidden": 16, "windows": 8, "batch": 4,
                                                          "warmup": 1, "step": 0.5})

@@ -179,3 +179,16 @@ def test_on_long_queues_the_choice_is_never_worse_than_any_deadline_ordered_batc
     chosen = brute_force_value(policy, policy.decide(queue, now=0.0).batch, queue, 0.0)
     ordered = sorted(queue)
     assert all(chosen >= brute_force_value(policy, ordered[:size], queue, 0.0) - 1e-9 for size in range(1, 5))
+
+
+@pytest.mark.parametrize("make", [lambda: OrlojBatcher(max_batch=4), lambda: EdfBatcher(max_batch=4)])
+def test_before_any_batch_is_measured_the_prior_answers_nothing_early(make):
+    """The prior (5 ms) is a guess: with 2-ms deadlines it would make every request hopeless, and a policy that
+    answered all of them early would never measure a batch. Nothing is dropped until one has run."""
+    policy = make()
+    queue = [Pending(deadline=0.002, arrival=0.0, id=index) for index in range(3)]
+    decision = policy.decide(queue, now=0.0)
+    assert decision.drop == [] and decision.batch
+    arrivals = [(index * 0.004, index * 0.004 + 0.002, 0) for index in range(50)]
+    outcome = simulate(make(), arrivals, lambda batch: 0.001)
+    assert outcome.dropped == 0 and outcome.on_time == 50
