@@ -178,9 +178,11 @@ def trainable_spec(workload: str) -> dict[str, Any]:
 
 
 def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: int, seed: int,
-               workload: str = "mlp-digits") -> dict[str, Any]:
+               workload: str = "mlp-digits", runners: int | None = None) -> dict[str, Any]:
     """The same sweep both ways: Fluid packs up to 4 trials a GPU and water-fills; the baseline runs one trial per
-    GPU, first in first out (``packing: 1``: each trial holds a whole GPU, ``gpus`` at a time)."""
+    GPU, first in first out (``packing: 1``: each trial holds a whole GPU, ``gpus`` at a time, each placed as a job
+    of its own: ``runners: 0``). ``runners``: Fluid's warm trial runners per GPU (None: the engine's default, one
+    per virtual GPU; 0: every trial placed as a job of its own, water-filled, as before warm runners)."""
     space = SWEEP_SPACES[workload]
     trainable = {**trainable_spec(workload), **{key: "{{" + key + "}}" for key in space}}
     return {"name": name, "kind": "tune", "resources": {"gpus": gpus}, "max_attempts": 1, "time_limit": 3600,
@@ -188,7 +190,7 @@ def sweep_body(name: str, *, fluid: bool, gpus: int, trials: int, iterations: in
                      "max_iterations": iterations, "seed": seed, "searcher": {"name": "random"},
                      "scheduler": {"name": "asha", "options": {"grace_period": 1, "reduction_factor": 3}},
                      "packing": 4 if fluid else 1, "max_concurrent": 4 * gpus if fluid else gpus,
-                     "max_gpus_per_trial": 1,
+                     "max_gpus_per_trial": 1, "runners": runners if fluid else 0,
                      "trainable": {"kind": "train", "spec": trainable}}}
 
 
@@ -196,7 +198,9 @@ REAL_SWEEPS = {  # workload -> (trials, max iterations): full size, and --quick
     "full": {"mlp-digits": (16, 9), "cnn-synthetic": (16, 9)},
     "quick": {"mlp-digits": (4, 2)},
 }
-WAYS = ("fluid", "fifo", "optuna", "ray", "ray_default")
+WAYS = ("fluid", "fluid_placed", "fifo", "optuna", "ray", "ray_default")
+# What a plain ``--peers`` run measures (the targets need Fluid and Ray Tune's best); ``--ways`` picks others.
+DEFAULT_WAYS = ("fluid", "fifo", "optuna", "ray", "ray_default")
 
 
 def gpu_seconds(table: dict[str, Any]) -> float:
@@ -234,9 +238,10 @@ class StrataSweeps:
         from datetime import datetime
 
         client = self.client
-        job = client.post("jobs/", body or sweep_body(f"bench-{way}-{workload}-{seed}", fluid=way == "fluid",
+        job = client.post("jobs/", body or sweep_body(f"bench-{way}-{workload}-{seed}", fluid=way != "fifo",
                                                       gpus=self.gpus, trials=trials, iterations=iterations,
-                                                      seed=seed, workload=workload))
+                                                      seed=seed, workload=workload,
+                                                      runners=0 if way == "fluid_placed" else None))
         deadline = time.monotonic() + 1800
         while job["state"] not in {"SUCCEEDED", "FAILED", "CANCELLED"}:
             if time.monotonic() > deadline:
@@ -250,7 +255,9 @@ class StrataSweeps:
         finished = datetime.fromisoformat(job["finished_at"].replace("Z", "+00:00"))
         return {"job": job["id"], "makespan_s": (finished - started).total_seconds(),
                 "best": (table.get("best") or {}).get("value"), "trials": len(table["trials"]),
-                "stopped": sum(t["status"] == "stopped" for t in table["trials"]), "gpu_seconds": gpu_seconds(table)}
+                "stopped": sum(t["status"] == "stopped" for t in table["trials"]), "gpu_seconds": gpu_seconds(table),
+                "platform": table.get("platform"),
+                "child_states": sorted({t.get("state") or "" for t in table["trials"]})}
 
     def stop(self) -> None:
         self.stack.stop()
@@ -279,13 +286,15 @@ def ray_sweep(python: str, *, workload: str, trials: int, iterations: int, seed:
             return json.load(handle)
 
 
-def real_sweeps(runs: int, sizes: dict[str, tuple[int, int]], *, peers: bool, gpus: int = 2) -> dict[str, Any]:
-    """Every way on the same sweeps, ``runs`` times, one after another (never two at once): Fluid and one trial
-    per GPU on ``strata up``, Optuna's loop, and with ``peers`` Ray Tune in its best and default configurations.
-    Run ``r`` of every way uses searcher seed ``r``. Returns ``{workload: {way: [run, ...]}}``."""
+def real_sweeps(runs: int, sizes: dict[str, tuple[int, int]], *, peers: bool, gpus: int = 2,
+                ways: tuple[str, ...] = DEFAULT_WAYS) -> dict[str, Any]:
+    """Every way on the same sweeps, ``runs`` times, one after another (never two at once): Fluid (on warm trial
+    runners; ``fluid_placed``: every trial placed as a job of its own) and one trial per GPU on ``strata up``,
+    Optuna's loop, and with ``peers`` Ray Tune in its best and default configurations. Run ``r`` of every way uses
+    searcher seed ``r``. Returns ``{workload: {way: [run, ...]}}``."""
     say = progress("  ")
     python = peers_python() if peers else None
-    ways = [way for way in WAYS if peers or not way.startswith("ray")]
+    ways = [way for way in ways if peers or not way.startswith("ray")]
     results: dict[str, Any] = {}
     strata = StrataSweeps(gpus)
     try:
@@ -295,7 +304,7 @@ def real_sweeps(runs: int, sizes: dict[str, tuple[int, int]], *, peers: bool, gp
                 for way in ways:
                     say(f"{workload} sweep {run_index + 1}/{runs} ({way}): {trials} trials, {iterations} epochs at "
                         f"most, ASHA, {gpus} GPU slots")
-                    if way in {"fluid", "fifo"}:
+                    if way in {"fluid", "fluid_placed", "fifo"}:
                         result = strata.run(way, workload=workload, trials=trials, iterations=iterations,
                                             seed=run_index)
                     elif way == "optuna":
@@ -423,8 +432,10 @@ class SweepFigure(Figure):
 
 
 PEERS_TEXT = {
+    "fluid_placed": ("Fluid before warm runners: every trial placed as a job of its own (runners: 0), 4 a GPU, "
+                     "water-filled, on strata up", None),
     "fifo": ("one trial per virtual GPU, first in first out (Ray Tune's default executor), on strata up", 2.0),
-    "ray": ("Ray Tune 2.60, ASHA, reuse_actors=True (its best configuration), one trial per logical GPU", 1 / 0.6),
+    "ray": ("Ray Tune 2.60, ASHA, reuse_actors=True (its best configuration), one trial per logical GPU", 1.0),
     "ray_default": ("Ray Tune 2.60, ASHA, its default (a new actor per trial), one trial per logical GPU", None),
     "optuna": ("Optuna's study.optimize, seeded random sampler, successive-halving pruner, 2 threads", None),
 }
@@ -445,28 +456,46 @@ def _real_figures(real: dict[str, Any]) -> list[Figure]:
             found.append(SweepFigure(
                 f"{workload}_vs_{way}", f"{workload} sweep: makespan against {way.replace('_', ' ')}",
                 _median(mine), _median(theirs), "s", target=target,
-                mechanism_text="Fluid (4 trials a GPU, water-filled) on strata up", baseline_text=text,
+                mechanism_text="Fluid on strata up: trials on warm runners (1 per virtual GPU), each its own job",
+                baseline_text=text,
                 same_accuracy=abs(best_mine - best_theirs) <= 0.01,
                 extra={"ratio_range": [ratios[0], ratios[-1]], "runs": len(ratios),
                        "makespan_range": [min(mine), max(mine)], "baseline_range": [min(theirs), max(theirs)],
                        "best": best_mine, "best_baseline": best_theirs,
                        "gpu_seconds": gpu_mine, "gpu_seconds_baseline": _median(gpu_theirs) if gpu_theirs else None,
                        "trials": fluid[0]["trials"]}))
+    costs = [r["platform"]["per_trial_s"] for ways in real.values() for r in ways.get("fluid", [])
+             if (r.get("platform") or {}).get("per_trial_s") is not None]
+    if costs:  # measured by the engine, per trial: see components/tuning/pool.py
+        by_workload = {workload: sorted(r["platform"]["per_trial_s"] for r in ways.get("fluid", [])
+                                        if (r.get("platform") or {}).get("per_trial_s") is not None)
+                       for workload, ways in real.items()}
+        found.append(Figure(
+            "platform_per_trial", "platform cost per trial: from a runner going free to the trial's first line, plus "
+            "the runner's time on it outside the trial's own code (decisions, reports, files)",
+            _median(costs), 0.05, "s", target=1.0,
+            mechanism_text="Fluid on warm trial runners, every trial its own job (batched submits, points, ends)",
+            baseline_text="the 50 ms budget",
+            extra={"range": [min(costs), max(costs)], "runs": len(costs), "by_workload": by_workload,
+                   "startup_s": sorted((r.get("platform") or {}).get("ready_s") or 0
+                                       for ways in real.values() for r in ways.get("fluid", [])),
+                   "batches": sorted((r.get("platform") or {}).get("batches") or 0
+                                     for ways in real.values() for r in ways.get("fluid", []))}))
     if "mlp-digits" in real:  # its trials train for ~10 ms an epoch: wall time per trial is what each system costs
         ways = real["mlp-digits"]
         per_trial = {way: _median([r["makespan_s"] / r["trials"] for r in runs]) for way, runs in ways.items() if runs}
         baseline = per_trial.get("ray", per_trial.get("fifo"))
         found.append(Figure(
-            "wall_per_trial", "platform cost per trial: makespan / trials of the near-empty MLP sweep",
+            "wall_per_trial", "wall time per trial: makespan / trials of the near-empty MLP sweep",
             per_trial["fluid"], baseline, "s", target=None,
-            mechanism_text="Fluid on strata up (submit, place, host, report, end, per trial)",
+            mechanism_text="Fluid on strata up (warm trial runners)",
             baseline_text="Ray Tune, reuse_actors=True" if "ray" in per_trial else "one trial per GPU",
             extra={"per_trial_s": per_trial, "budget_s": 0.05, "within_budget": per_trial["fluid"] < 0.05}))
     return found
 
 
 def figures(results: dict[str, Any]) -> list[Figure]:
-    return _real_figures(results.get("real") or {}) + _simulated_figures(results)
+    return _real_figures(results.get("real") or {}) + (_simulated_figures(results) if results.get("sizes") else [])
 
 
 def _simulated_figures(results: dict[str, Any]) -> list[Figure]:
@@ -489,17 +518,40 @@ def _simulated_figures(results: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def main(quick: bool = False, output: str | None = None, real: bool = True, peers: bool = False) -> int:
+def main(quick: bool = False, output: str | None = None, real: bool = True, peers: bool = False,
+         ways: tuple[str, ...] = DEFAULT_WAYS, workloads: tuple[str, ...] | None = None, runs: int | None = None,
+         simulate_sweeps: bool = True) -> int:
     """``strata bench tuning`` entry point: run, print, optionally write the common JSON. ``real``: also run the
     sweeps for real (a local ``strata up``, Optuna's loop; the tests leave it out); ``peers``: also real Ray
-    Tune (``--peers``; needs ``make bench-peers``)."""
+    Tune (``--peers``; needs ``make bench-peers``). ``ways``/``workloads``/``runs``: a part of the real sweeps
+    (``python -m benchmarks.tuning.bench --ways fluid,ray``); ``simulate_sweeps``: also the simulated sweep."""
     if peers:
         peers_python()  # fail in one line before anything runs
-    results = run(quick)
+    results = run(quick) if simulate_sweeps else {}
     if real:
-        runs = 1 if quick else 3
-        results["real"] = real_sweeps(runs, REAL_SWEEPS["quick" if quick else "full"], peers=peers)
+        runs = runs or (1 if quick else 3)
+        sizes = REAL_SWEEPS["quick" if quick else "full"]
+        sizes = {name: size for name, size in sizes.items() if workloads is None or name in workloads}
+        results["real"] = real_sweeps(runs, sizes, peers=peers, ways=tuple(ways))
     doc = document("tuning", quick, figures(results), details=results)
     print(figures_table(doc))
     write(doc, output)
     return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tuning.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--output")
+    parser.add_argument("--peers", action="store_true", help="also real Ray Tune (make bench-peers)")
+    parser.add_argument("--ways", default=",".join(DEFAULT_WAYS), help=f"some of {', '.join(WAYS)}")
+    parser.add_argument("--workloads", default=None, help="mlp-digits,cnn-synthetic (default: both)")
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--no-simulation", action="store_true", help="leave the simulated sweep out")
+    args = parser.parse_args()
+    sys.exit(main(args.quick, args.output, peers=args.peers, ways=tuple(args.ways.split(",")),
+                  workloads=tuple(args.workloads.split(",")) if args.workloads else None, runs=args.runs,
+                  simulate_sweeps=not args.no_simulation))

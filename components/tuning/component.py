@@ -28,13 +28,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from components.runtime.contract.component import Component
 from components.runtime.contract.context import Context
 from components.tuning.schedulers import Action, make_scheduler
 from components.tuning.space import substitute
-from components.tuning.spec import TuneSpec
 from components.tuning.waterfill import Bounds, allocate, grow
 
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -219,10 +217,7 @@ class Engine:
                 if point["step"] in steps:
                     continue
                 steps.add(point["step"])
-                iteration = trial.iterations + 1
-                trial.values.append([float(point["step"]), float(point["value"]), float(point.get("time") or 0)])
-                self.searcher.report(trial.number, iteration, float(point["value"]))
-                decision = self.scheduler.result(str(trial.number), iteration, float(point["value"]))
+                decision, iteration = self.observe(trial, point["step"], point["value"], point.get("time"))
                 changed = True
                 if decision.action is Action.STOP and iteration >= self.spec["max_iterations"]:
                     break  # it has done every iteration: it completes (its top rung judged it, nothing to stop)
@@ -245,6 +240,14 @@ class Engine:
                 changed = True
         changed |= self.apply_resumes()
         return changed
+
+    def observe(self, trial: Trial, step: float, value: float, at: float | None) -> tuple[Any, int]:
+        """Record one result of the sweep's metric (the trial's next iteration) and ask the scheduler; returns
+        (its decision, the iteration)."""
+        iteration = trial.iterations + 1
+        trial.values.append([float(step), float(value), float(at or 0)])
+        self.searcher.report(trial.number, iteration, float(value))
+        return self.scheduler.result(str(trial.number), iteration, float(value)), iteration
 
     def exploit(self, trial: Trial, decision: Any) -> bool:
         """PBT's exploit and explore: the trial goes on as a new child job that starts from a copy of the donor
@@ -277,7 +280,7 @@ class Engine:
         for number, _target in self.scheduler.resume():
             trial = self.trials[int(number)]
             trial.status, trial.reason = "running", "promoted"
-            self.ctx.children.release(trial.job, "promoted to the next rung")
+            self.resume_child(trial)
             changed = True
         for trial in list(self.live()):  # synchronous rungs stop the trials they did not promote
             if self.scheduler.trials.get(str(trial.number), {}).get("status") == "stopped":
@@ -296,13 +299,21 @@ class Engine:
             if self.scheduler.trials[str(trial.number)]["status"] == "running":
                 self.scheduler.stop(str(trial.number))
             self.searcher.tell(trial.number, best, state="pruned")
-            self.ctx.children.cancel(trial.job)
+            self.stop_child(trial)
         else:
             self.scheduler.fail(str(trial.number))
             self.searcher.tell(trial.number, None, state="failed")
         trial.shares.append([self.clock(), 0.0])
         trial.share = 0.0
         self.ctx.log(f"trial {trial.number} {status} after {trial.iterations} iteration(s): {reason}")
+
+    def stop_child(self, trial: Trial) -> None:
+        """The scheduler stopped ``trial``: cancel its job."""
+        self.ctx.children.cancel(trial.job)
+
+    def resume_child(self, trial: Trial) -> None:
+        """The scheduler promoted the paused ``trial``: let its job be placed again."""
+        self.ctx.children.release(trial.job, "promoted to the next rung")
 
     def rebalance(self) -> bool:
         """Give freed GPUs to the running trials furthest behind, once no trial waits to start.
@@ -406,11 +417,3 @@ class Engine:
         else:
             self.ctx.log("no trial reported the metric", level="warning")
         return summary
-
-
-class TuneComponent(Component):
-    kind: ClassVar[str] = TuneSpec.kind
-
-    def run(self, ctx: Context) -> None:
-        spec = TuneSpec().validate(ctx.spec)
-        Engine(ctx, spec).run()

@@ -106,7 +106,8 @@ def trials(data) -> dict[str, Any]:
                      "jobs": trial.get("jobs", []), "exploits": trial.get("exploits", []),
                      "state": child.get("state"), "name": child.get("name")})
     return {"metric": payload.get("metric"), "mode": payload.get("mode"), "budget": payload.get("budget"),
-            "best": payload.get("best"), "rungs": payload.get("rungs", []), "trials": rows}
+            "best": payload.get("best"), "rungs": payload.get("rungs", []), "trials": rows,
+            "platform": payload.get("platform")}
 
 
 trials.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer schema)
@@ -119,6 +120,8 @@ trials.schema = {  # type: ignore[attr-defined]  (the job_routes seam's answer s
         "budget": {},
         "best": {},
         "rungs": {"type": "array", "items": {}},
+        "platform": {"description": "With warm trial runners: what running a trial cost outside its own code "
+                                    "(per_trial_s, its median and max), the runners, the batched calls."},
         "trials": {"type": "array", "items": {"type": "object", "properties": {
             "number": {}, "job": {"type": ["string", "null"]}, "params": {}, "status": {},
             "state": {"type": ["string", "null"]}, "name": {"type": ["string", "null"]},

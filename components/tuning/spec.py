@@ -13,7 +13,7 @@ from components.tuning.space import normalize_space, placeholders, space_problem
 
 FIELDS = {"space", "metric", "mode", "trials", "max_concurrent", "trainable", "searcher", "scheduler",
           "max_iterations", "iterations_field", "packing", "max_gpus_per_trial", "seed", "trial_time_limit",
-          "trial_max_attempts", "data"}
+          "trial_max_attempts", "data", "runners"}
 SEARCHERS = ("random", "grid", "tpe")
 MAX_TRIALS = 10_000
 DEFAULT_METRIC = "test_accuracy"
@@ -32,7 +32,7 @@ class TuneSpec(KindSpec):
     scheduler, sharing the tune job's GPUs by Fluid's water-filling."""
 
     kind: ClassVar[str] = "tune"
-    component: ClassVar[str] = "components.tuning.component:TuneComponent"
+    component: ClassVar[str] = "components.tuning.kind:TuneComponent"
     description: ClassVar[str] = (
         "Tune hyperparameters: trials of a train job over a search space (random, grid or TPE through Optuna; "
         "ASHA, Hyperband, successive halving, median stopping or PBT), water-filled onto the job's GPUs."
@@ -62,6 +62,7 @@ class TuneSpec(KindSpec):
         seed = check.number("seed", 0, kind=int, minimum=0, maximum=2**32 - 1) or 0
         trial_time_limit = check.number("trial_time_limit", 3600, kind=int, minimum=10, maximum=7 * 86400) or 3600
         trial_attempts = check.number("trial_max_attempts", 2, kind=int, minimum=1, maximum=10) or 2
+        runners = check.number("runners", None, kind=int, minimum=0, maximum=64)
 
         searcher = spec.get("searcher", {"name": "random"})
         if isinstance(searcher, str):
@@ -119,7 +120,7 @@ class TuneSpec(KindSpec):
             "scheduler": {"name": scheduler["name"], "options": dict(options or {})},
             "max_iterations": max_iterations, "iterations_field": iterations_field, "packing": packing,
             "max_gpus_per_trial": max_gpus, "seed": seed, "trial_time_limit": trial_time_limit,
-            "trial_max_attempts": trial_attempts, "data": copy.deepcopy(data),
+            "trial_max_attempts": trial_attempts, "data": copy.deepcopy(data), "runners": runners,
         }
 
     @staticmethod
@@ -166,6 +167,10 @@ class TuneSpec(KindSpec):
                 "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1, "default": 0},
                 "trial_time_limit": {"type": "integer", "minimum": 10, "maximum": 7 * 86400, "default": 3600},
                 "trial_max_attempts": {"type": "integer", "minimum": 1, "maximum": 10, "default": 2},
+                "runners": {"type": ["integer", "null"], "minimum": 0, "maximum": 64, "default": None,
+                            "description": "Warm trial runners per GPU (trials reuse their processes); 0: every "
+                                           "trial is placed as a job of its own; null: 1 per virtual GPU, "
+                                           "`packing` per real GPU"},
                 "trainable": {"type": "object", "required": ["spec"], "additionalProperties": False,
                               "properties": {"kind": {"type": "string", "default": "train"},
                                              "spec": {"type": "object"}}},

@@ -1,5 +1,5 @@
-"""End-to-end: a `tune` job on `strata up` runs its trials as nested child jobs inside its own GPU, stops the
-poor ones early (ASHA), ends SUCCEEDED with a best trial listed by its trials route, and that trial's model is
+"""End-to-end: a `tune` job on `strata up` runs its trials as nested child jobs inside its own GPU (on its warm
+trial runner; PBT's trials are placed one by one), stops the poor ones early (ASHA), ends SUCCEEDED with a best trial listed by its trials route, and that trial's model is
 served."""
 
 from __future__ import annotations
@@ -44,16 +44,15 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
     assert len(children) == 4 and all(child["state"] in TERMINAL for child in children)
     tune_devices = {(a["node"], a["device_index"]) for a in job["attempts"][0]["allocations"]}
     assert [a["share"] for a in job["attempts"][0]["allocations"]] == [1.0]
+    assert tune_devices
     for child in children:
         record = cluster.job(child["id"])
         assert record["parent"] == sweep and record["kind"] == "train" and record["nested"] is True
-        attempts = sorted(record["attempts"], key=lambda attempt: attempt["number"])
-        # Each starts on a quarter of the tune job's device; water-filling may give it more once others stop.
-        assert [a["share"] for a in attempts[0]["allocations"]] == [0.25]
-        for attempt in attempts:
-            for allocation in attempt["allocations"]:
-                assert allocation["nested"] and allocation["share"] in {0.25, 0.5, 0.75, 1.0}
-                assert (allocation["node"], allocation["device_index"]) in tune_devices
+        # Run by the sweep's warm trial runner inside the sweep's GPU: a job of its own, never placed.
+        assert record["attempts"] == [] and record["started_at"] and record["finished_at"], record
+        assert any(point["name"] == "test_accuracy" for point in cluster.metrics(child["id"]))
+        if record["state"] == "SUCCEEDED":  # its files are its job's: the model a serve job reads
+            assert {"model.pt", "metrics.json"} <= {a["name"] for a in cluster.get(f"jobs/{child['id']}/artifacts/")}
 
     logs = "\n".join(cluster.logs(sweep))
     assert logs.count("trial ") >= 4 and "best trial" in logs, logs

@@ -220,6 +220,32 @@ class RemoteChildren(Children):
             return {}
         return self._post("metrics/", {"after": after})["children"]
 
+    def batch(self, *, submit: list[dict[str, Any]] | None = None, start: list[str] | None = None,
+              metrics: dict[str, list[dict[str, Any]]] | None = None,
+              logs: dict[str, list[dict[str, Any]]] | None = None, end: dict[str, dict[str, str]] | None = None,
+              watch: list[str] | None = None) -> dict[str, Any]:
+        body = {"submit": submit or [], "start": start or [], "metrics": metrics or {}, "logs": logs or {},
+                "end": end or {}, "watch": watch or []}
+        try:
+            return self._post("batch/", body)
+        except ApiError as error:
+            if error.status == 400:
+                raise ValueError(f"the children's batch was refused: {error}") from None
+            raise
+
+    def put_file(self, job_id: str, name: str, data: bytes, kind: str = "artifact") -> None:
+        ctx = self.ctx
+        ctx.client.request("PUT", ctx._path(f"children/{job_id}/files/{name}/"), data=data,
+                           params={**ctx._auth(), "kind": kind},
+                           headers={"Content-Type": "application/octet-stream"}, timeout=600)
+
+    def checkpoint_of(self, job_id: str) -> bytes | None:
+        with tempfile.TemporaryDirectory(prefix="strata-child-checkpoint-") as directory:
+            target = Path(directory) / "checkpoint"
+            found = transfers.download(self.ctx.client, self.ctx._path(f"children/{job_id}/checkpoint/"),
+                                       self.ctx._auth(), target)
+            return target.read_bytes() if found else None
+
 
 class RemoteRendezvous(Rendezvous):
     """The attempt's ``rendezvous/`` route: rank 0 publishes, the others poll."""

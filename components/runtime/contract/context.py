@@ -51,6 +51,12 @@ class Facet:
         return NotImplementedError(f"{type(self.ctx).__name__} has no {what}")
 
 
+# The parts of Children.batch (aliases: inside the class, ``list`` is its method).
+_Items = list[dict[str, Any]]
+_Ids = list[str]
+_ById = dict[str, list[dict[str, Any]]]
+
+
 class Children(Facet):
     """``ctx.children``: the job's child jobs (a sweep's trials, a deployment's replicas), jobs of the same team
     under the same checks and quota."""
@@ -95,6 +101,36 @@ class Children(Facet):
         """:meth:`metrics` of many children at once (``{child id: cursor}`` -> ``{child id: answer}``; a job that is
         not a child is left out). The node's twin asks the control plane once."""
         return {job_id: self.metrics(job_id, after=cursor) for job_id, cursor in after.items()}
+
+    # -- children this job runs itself, in processes it already holds (warm workers) -----------------------
+    def batch(self, *, submit: _Items | None = None, start: _Ids | None = None, metrics: _ById | None = None,
+              logs: _ById | None = None, end: dict[str, dict[str, str]] | None = None,
+              watch: _Ids | None = None) -> dict[str, Any]:
+        """One round trip about children this job runs *itself*, inside its own allocation (they are recorded,
+        visible and cancellable like any job, but never placed by the scheduler):
+
+        - ``submit``: ``[{"job": body, "idempotency_key": key, "start": bool}]``, each a nested child run by this
+          job (``start``: running from now on); answered in order in ``"submitted"`` (their summaries);
+        - ``start``: ids of such children it starts running now (QUEUED -> RUNNING);
+        - ``metrics``/``logs``: ``{id: [{"name", "step", "value"}]}`` / ``{id: [{"message", "level"}]}``, what
+          they reported;
+        - ``end``: ``{id: {"state", "reason"}}``, SUCCEEDED, FAILED, CANCELLED, or QUEUED (paused at a checkpoint,
+          started again later);
+        - ``watch``: more ids whose state to answer.
+
+        Answers ``{"submitted": [summary], "started": [id], "ended": [id], "states": {id: {"state", "reason"}}}``
+        with the state of every child named, so a cancellation through the API is learnt in the same call.
+        Reports about a child that is no longer running are dropped."""
+        raise self._none("children it runs itself")
+
+    def put_file(self, job_id: str, name: str, data: bytes, kind: str = "artifact") -> None:
+        """Store ``data`` as artifact ``name`` (``kind="checkpoint"``: the checkpoint) of a child this job runs
+        itself."""
+        raise self._none("children it runs itself")
+
+    def checkpoint_of(self, job_id: str) -> bytes | None:
+        """The latest checkpoint of one of this job's children, or None when it has none."""
+        raise self._none("children it runs itself")
 
 
 class Rendezvous(Facet):
@@ -391,6 +427,52 @@ class LocalChildren(Children):
 
     def metrics(self, job_id: str, after: int = 0) -> dict[str, Any]:
         return {**self._child(job_id)["summary"], "points": [], "cursor": after}
+
+    def batch(self, *, submit: _Items | None = None, start: _Ids | None = None, metrics: _ById | None = None,
+              logs: _ById | None = None, end: dict[str, dict[str, str]] | None = None,
+              watch: _Ids | None = None) -> dict[str, Any]:
+        """In memory: children run by this job keep their points (``entry["points"]``), lines and files."""
+        submitted = []
+        for item in submit or []:
+            summary = self.submit(item["job"], item.get("idempotency_key"), nested=True)
+            entry = self._child(summary["id"])
+            if not entry.get("by_parent"):
+                entry.update(by_parent=True, points=[], lines=[], files={})
+                summary.update(held=True, reason="waiting for its parent to run it")
+            submitted.append(summary)
+            if item.get("start"):
+                start = [*(start or []), summary["id"]]
+        started, ended, named = [], [], set(watch or [])
+        for job_id in start or []:
+            named.add(job_id)
+            summary = self._child(job_id)["summary"]
+            if summary["state"] in {"QUEUED", "PREEMPTED"}:
+                summary["state"] = "RUNNING"
+                started.append(job_id)
+        for job_id, points in (metrics or {}).items():
+            named.add(job_id)
+            entry = self._child(job_id)
+            if entry["summary"]["state"] == "RUNNING":
+                entry.setdefault("points", []).extend(points)
+        for job_id, lines in (logs or {}).items():
+            named.add(job_id)
+            self._child(job_id).setdefault("lines", []).extend(lines)
+        for job_id, item in (end or {}).items():
+            named.add(job_id)
+            summary = self._child(job_id)["summary"]
+            if summary["state"] == "RUNNING":
+                summary["state"], summary["reason"] = item["state"], item.get("reason", "")
+                ended.append(job_id)
+        states = {job_id: {"state": self._child(job_id)["summary"]["state"],
+                           "reason": self._child(job_id)["summary"]["reason"]} for job_id in named}
+        submitted = [dict(summary) for summary in submitted]
+        return {"submitted": submitted, "started": started, "ended": ended, "states": states}
+
+    def put_file(self, job_id: str, name: str, data: bytes, kind: str = "artifact") -> None:
+        self._child(job_id).setdefault("files", {})[(kind, name)] = bytes(data)
+
+    def checkpoint_of(self, job_id: str) -> bytes | None:
+        return self._child(job_id).get("files", {}).get(("checkpoint", "checkpoint.pt"))
 
 
 class LocalRendezvous(Rendezvous):

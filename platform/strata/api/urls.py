@@ -6,6 +6,7 @@ from strata.accounts.api.views import SecretViewSet, TeamViewSet, TokenViewSet
 from strata.cluster.api import renewal
 from strata.cluster.api import views as cluster
 from strata.jobs.api import node_views as attempts
+from strata.jobs.api import parent_run_views as parent_run
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
     AttemptDataView,
@@ -72,6 +73,11 @@ urlpatterns = [
          name="attempt-child-release"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/resize/", attempts.AttemptChildResizeView.as_view(),
          name="attempt-child-resize"),
+    path(f"{ATTEMPT}/children/batch/", parent_run.AttemptChildrenBatchView.as_view(), name="attempt-children-batch"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/files/<str:name>/", parent_run.AttemptChildFileView.as_view(),
+         name="attempt-child-file"),
+    path(f"{ATTEMPT}/children/<uuid:child_id>/checkpoint/", parent_run.AttemptChildCheckpointView.as_view(),
+         name="attempt-child-checkpoint"),
     path(f"{ATTEMPT}/children/metrics/", attempts.AttemptChildrenMetricsView.as_view(),
          name="attempt-children-metrics"),
     path(f"{ATTEMPT}/children/<uuid:child_id>/metrics/", attempts.AttemptChildMetricsView.as_view(),

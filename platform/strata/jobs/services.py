@@ -350,7 +350,8 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
 
 
 def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = None, *,
-                 nested: bool = False, checkpoint_from: Job | None = None) -> tuple[Job, bool]:
+                 nested: bool = False, checkpoint_from: Job | None = None,
+                 by_parent: bool = False) -> tuple[Job, bool]:
     """Submit a child job of the attempt's job: same team and owner, the normal checks and quota admission; or,
     ``nested``, inside the attempt's own allocation (refused when it could never fit there). Only a running job
     may have children submitted.
@@ -362,6 +363,8 @@ def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = Non
     parent = attempt.job
     if parent.state != S.RUNNING:
         raise InvalidTransition(parent.pk, [S.RUNNING], "child submit", parent.state)
+    if by_parent and not nested:  # ``by_parent``: its parent runs it itself, never placed (strata.jobs.parent_run)
+        raise SubmitRejected("nested", "a child its parent runs itself must be nested")
     if nested and (problem := nested_fit_problem(data.get("resources") or {}, parent_room(attempt))):
         raise SubmitRejected("resources", f"cannot run inside its parent's allocation: {problem}")
     source = None
@@ -376,6 +379,10 @@ def child_submit(attempt: Attempt, data: dict, idempotency_key: str | None = Non
                                   parent=parent, nested=nested)
         if created and source is not None:
             checkpoint_copy(source, job)
+        if created and by_parent:
+            from strata.jobs.parent_run import mark_by_parent
+
+            mark_by_parent(job)
     return job, created
 
 
@@ -625,6 +632,9 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
                            f"its parent's attempt {attempt.number} ended; waiting for the parent to run again")
             except InvalidTransition:
                 continue
+        from strata.jobs.parent_run import requeue_after_parent
+
+        requeue_after_parent(attempt)
         job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
                   attempt=attempt, outcome=outcome)
         if registry_subscribers():

@@ -51,7 +51,8 @@ UNSAFE = {"post", "put", "patch", "delete"}
 NODE_ROUTES = {"node-register", "node-heartbeat", "node-renew", "node-drain", "node-leave", "attempt-claim", "attempt-report",
                "attempt-finish", "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
-               "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens", "attempt-rendezvous",
+               "attempt-child-metrics", "attempt-children-metrics", "attempt-children-batch", "attempt-child-file",
+               "attempt-child-checkpoint", "attempt-tokens", "attempt-rendezvous",
                "attempt-credential", "attempt-code", "attempt-data", "attempt-renew",
                "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}

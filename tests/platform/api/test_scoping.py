@@ -13,8 +13,8 @@ PREFIX = "/api/v1/"
 NODE_ROUTES = {"node-register", "node-heartbeat", "node-renew", "node-drain", "node-leave", "attempt-claim", "attempt-report", "attempt-finish",
                "attempt-artifact", "attempt-checkpoint", "attempt-source", "attempt-children",
                "attempt-child-cancel", "attempt-child-hold", "attempt-child-release", "attempt-child-resize",
-               "attempt-child-metrics", "attempt-children-metrics", "attempt-tokens",
-               "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data", "attempt-renew",
+               "attempt-child-metrics", "attempt-children-metrics", "attempt-children-batch", "attempt-child-file",
+               "attempt-child-checkpoint", "attempt-tokens", "attempt-rendezvous", "attempt-credential", "attempt-code", "attempt-data", "attempt-renew",
                "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 # Authenticated by a job's access token (join) or a participant's own secret, never by an API token: 401 for those.
 PARTICIPANT_ROUTES = {"participant-join", "participant-heartbeat", "participant-leave"}
@@ -163,6 +163,7 @@ ATTEMPT_CREDENTIAL_ROUTES = {"attempt-report", "attempt-renew", "attempt-artifac
                              "attempt-checkpoint", "attempt-tokens", "attempt-rendezvous", "attempt-credential",
                              "attempt-children", "attempt-child-cancel", "attempt-child-hold", "attempt-child-release",
                              "attempt-child-resize", "attempt-child-metrics", "attempt-children-metrics",
+                             "attempt-children-batch", "attempt-child-file", "attempt-child-checkpoint",
                              "attempt-upload-start", "attempt-upload-parts", "attempt-upload-complete", "attempt-upload-abort"}
 
 
