@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,26 +74,14 @@ def gang(device: str, sizes: dict[str, Any], world: int, backend: str | None) ->
             "hidden": sizes["hidden"], "log_every": 10**6, "checkpoint_every": 10**9, "epochs": 1000}
     if backend:
         spec["distributed"] = {"strategy": "ddp", "backend": backend}
+    from benchmarks.straggler.bench import run_ranks
+
     with tempfile.TemporaryDirectory(prefix="strata-gpu-check-ddp-") as directory:
         output = Path(directory) / "result.json"
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "STRATA_TORCH_THREADS": "1"}
-        children = [subprocess.Popen([sys.executable, "-m", "benchmarks.gpu.distributed", "--rank", str(rank),
-                                      "--world", str(world), "--workdir", directory, "--spec", json.dumps(spec),
-                                      "--device", device, "--output", str(output)],
-                                     env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                    for rank in range(world)]
-        outs = []
-        try:
-            for child in children:
-                outs.append(child.communicate(timeout=600)[0])
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
-        failed = [(rank, child.returncode) for rank, child in enumerate(children) if child.returncode != 0]
-        if failed:
-            raise RuntimeError(f"ranks {failed} failed:\n" + "\n".join(out[-1500:] for out in outs))
+        run_ranks(lambda rank: [sys.executable, "-m", "benchmarks.gpu.distributed", "--rank", str(rank), "--world",
+                                str(world), "--workdir", directory, "--spec", json.dumps(spec), "--device", device,
+                                "--output", str(output)],
+                  world, 600, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
         return json.loads(output.read_text())
 
 

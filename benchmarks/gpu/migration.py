@@ -9,15 +9,14 @@ and it comes back when the device is free. Compared: the low job's completion ti
 and how far the two runs' final weights are apart (the same steps on the same data; on CUDA against the CPU the
 kernels differ, so not bit for bit).
 
-The gpushare benchmark's own migration figure (``benchmarks.gpushare.bench``, figure e) runs on two virtual
-devices only; this part passes the CUDA device. While ``components.gpushare.migration`` does not exist the part
+The measurement is the gpushare benchmark's own (``benchmarks.gpushare.bench.held_by_job``, figure e, which runs
+on two virtual devices) with the CUDA device passed through. While ``components.gpushare.migration`` does not exist the part
 records ``not built``.
 """
 
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any
 
 DRY = {"layers": 2, "train_spec": {"hidden": 32, "batch_size": 4}, "low_steps": 10, "hold_steps": 4}
@@ -25,35 +24,13 @@ GPU = {"layers": 8, "train_spec": {"hidden": 256, "batch_size": 64}, "low_steps"
 
 
 def held_by_job(device, sizes: dict[str, Any], target: Any) -> dict[str, Any]:
-    import torch
+    """The gpushare benchmark's held-by-a-job run (:func:`benchmarks.gpushare.bench.held_by_job`) on ``device``:
+    no virtual kernel stream, no memory budget."""
+    from benchmarks.gpushare.bench import held_by_job as bench_held_by_job
 
-    from components.gpushare.executor import DeviceExecutor
-    from components.gpushare.lanes import MemoryRequest
-    from components.gpushare.sessions import WorkloadSession
-    from components.gpushare.stages import StagedWorkloadSession
-    from components.train.spec import TrainSpec
-    from components.train.workloads import TinyGPTWorkload
-
-    deep = type("DeepTinyGPT", (TinyGPTWorkload,), {"layers": sizes["layers"]})
-    spec = TrainSpec().validate({"workload": "tiny-gpt", **sizes["train_spec"]})
-    low = StagedWorkloadSession(deep, spec, stages=2 * deep.layers + 2, steps=sizes["low_steps"], migrate_to=target)
-    high = WorkloadSession(deep, spec, steps=sizes["hold_steps"])
-    request = MemoryRequest(64 * 2**20, 256 * 2**20)
-    with DeviceExecutor(device, None, "priority", measure_iterations=0, enforce_memory_fraction=False) as executor:
-        executor.submit("low", low, request)
-        while low.step_count < 3:
-            time.sleep(0.002)
-        at = low.step_count
-        executor.submit("high", high, request, priority=1)
-        high_status = executor.wait("high", 600)
-        during = low.step_count - at
-        low_status = executor.wait("low", 600)
-    hold_s = high_status["jct_s"]
-    return {"low_jct_s": low_status["jct_s"], "high_jct_s": hold_s, "low_steps_during_hold": during,
-            "low_steps_per_s_during_hold": during / hold_s if hold_s else None, "state": low_status["state"],
-            "migration": low_status.get("migration"),
-            "weights": [tensor.detach().to("cpu", copy=True) for tensor in low.workload.model.state_dict().values()
-                        if isinstance(tensor, torch.Tensor)]}
+    return bench_held_by_job({"deep_layers": sizes["layers"], "train_spec": sizes["train_spec"],
+                              "migration_low_steps": sizes["low_steps"], "migration_hold_steps": sizes["hold_steps"]},
+                             None, target, device=device, budget=None)
 
 
 def run(rec) -> None:

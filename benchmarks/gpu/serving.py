@@ -15,8 +15,8 @@ call's deadline). Two measurements:
   server process takes), one fresh server per policy (Orloj, FIFO dynamic batching, EDF with a mean
   estimate), warmed up first; the calibration runs on the first, idle, before its warm-up. Finish rate = answered within the SLO / sent.
 
-The SLA benchmark (:mod:`benchmarks.serving.slabench`) runs its servers on a virtual GPU only (its server names
-``"cpu"``); this part's server takes the device.
+The server is the SLA benchmark's (:func:`benchmarks.serving.slabench._server_main`, which serves on the CPU as a
+virtual GPU by default) with the device passed through and no core pinned.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import statistics
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 from benchmarks.benchkit import Figure, percentile
 
@@ -39,52 +37,6 @@ POLICIES = ("orloj", "fifo", "edf")
 OVERHEAD_BUDGET_S = 0.0005
 TARGET_VS_FIFO = 1.5
 TARGET_VS_EDF = 1.0
-
-
-def server_main(conn, model_path: str, batching: dict[str, Any], device: str) -> None:
-    """A server process: ``model_path`` served on ``device``; answers ``"stats"`` and ``("direct", rows, calls)``
-    (p50 of a direct, synchronized call of the module) until ``"stop"``."""
-    from benchmarks.serving.harness import answering
-
-    handle = executor = None
-    try:
-        with answering(conn):
-            import torch
-
-            from components.gpushare.executor import DeviceExecutor
-            from components.serving.endpoint import Batching, start_serving
-            from components.serving.model import load_served_model
-
-            if device == "cpu":
-                torch.set_num_threads(1)
-            served = load_served_model(model_path)
-            executor = DeviceExecutor(device, 2 * 2**30, "fifo", name="gpu-check", enforce_memory_fraction=False)
-            handle = start_serving(executor, "bench", served, max_rows=64, request_timeout_s=30.0,
-                                   batching=Batching(**batching))
-            conn.send({"address": handle.address})
-            while True:
-                message = conn.recv()
-                if message == "stop":
-                    break
-                if message == "stats":
-                    conn.send({"stats": handle.stats()})
-                elif message[0] == "direct":
-                    module = served.module.to(device).eval()
-                    inputs = torch.as_tensor(message[1])
-                    times = []
-                    with torch.inference_mode():
-                        for _ in range(message[2]):
-                            began = time.perf_counter()
-                            module(inputs.to(device))
-                            if device.startswith("cuda"):
-                                torch.cuda.synchronize(device)
-                            times.append(time.perf_counter() - began)
-                    conn.send(percentile(times, 0.5))
-    finally:
-        if handle is not None:
-            handle.stop(1.0)
-        if executor is not None:
-            executor.shutdown(cancel=True, timeout=5.0)
 
 
 def run(rec) -> None:
@@ -103,7 +55,8 @@ def run(rec) -> None:
         client = _Child(context, "gpu-check-client", slabench._client_main, None)
         try:
             def server(model, batching):
-                child = _Child(context, "gpu-check-server", server_main, model["path"], batching, rec.device)
+                child = _Child(context, "gpu-check-server", slabench._server_main, None, model["path"], batching,
+                               rec.device)
                 return child, child.receive(STARTUP_TIMEOUT_S)["address"]
 
             def overhead():

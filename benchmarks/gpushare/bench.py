@@ -104,6 +104,13 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.2f} ms"
 
 
+def _sync(device: Any) -> None:
+    """Wait for the device's queued kernels (CUDA); nothing on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _ratio(baseline: float | None, mechanism: float | None) -> float | None:
     if not baseline or not mechanism:
         return None
@@ -157,11 +164,13 @@ class KernelStream(TorchDispatchMode):
 
 # -- a. switch latency -------------------------------------------------------------------------------------
 
-def bench_switch(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+def bench_switch(sizes: dict[str, Any], say: Callable[[str], None], device: Any = "cpu",
+                 budget: int | None = BUDGET) -> dict[str, Any]:
     jobs = {"mlp-1024": ("mlp-digits", {"hidden": 1024}), "cnn-32": ("cnn-synthetic", {"hidden": 32})}
     steps = sizes["switch_steps"]
     # Admit both before the execution thread starts, so that they alternate from the first iteration.
-    with DeviceExecutor("cpu", BUDGET, "pack", measure_iterations=0, start=False) as executor:
+    with DeviceExecutor(device, budget, "pack", measure_iterations=0, enforce_memory_fraction=False,
+                        start=False) as executor:
         sessions = {name: WorkloadSession.builtin(kind, steps=steps, **fields)
                     for name, (kind, fields) in jobs.items()}
         for name, session in sessions.items():
@@ -177,7 +186,7 @@ def bench_switch(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str,
     workloads = {}
     for name, (kind, fields) in jobs.items():
         workload = builtin_workload(kind)
-        workload.setup(_spec(kind, **fields), torch.device("cpu"))
+        workload.setup(_spec(kind, **fields), torch.device(device))
         workloads[name] = workload
     latencies = []
     names = list(workloads)
@@ -189,10 +198,12 @@ def bench_switch(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str,
             running, following = names[index % 2], names[(index + 1) % 2]
             workload = workloads[running]
             workload.train_step(workload.batch(0, index // 2 % workload.steps_per_epoch()))
+            _sync(device)
             began = time.perf_counter()
             torch.save(workload.state_dict(), paths[running])
-            state = torch.load(paths[following], map_location="cpu", weights_only=True)
+            state = torch.load(paths[following], map_location=device, weights_only=True)
             workloads[following].load_state_dict(state)
+            _sync(device)
             latencies.append(time.perf_counter() - began)
     baseline_p50 = percentile(latencies, 0.5)
     baseline_p99 = percentile(latencies, 0.99)
@@ -236,20 +247,23 @@ JOB_TYPES = {
 }
 
 
-def _calibrate(types: dict[str, tuple]) -> dict[str, dict[str, Any]]:
-    """Measured step time, setup time and memory request of each job type on this machine."""
+def _calibrate(types: dict[str, tuple], device: Any = "cpu") -> dict[str, dict[str, Any]]:
+    """Measured step time, setup time and memory request of each job type on this machine's ``device``."""
     calibration = {}
     for name, (workload_name, fields, _, _) in types.items():
         spec = _spec(workload_name, **fields)
         workload = builtin_workload(workload_name)
         began = time.perf_counter()
-        workload.setup(spec, torch.device("cpu"))
+        workload.setup(spec, torch.device(device))
+        _sync(device)
         setup = time.perf_counter() - began
         for index in range(3):
             workload.train_step(workload.batch(0, index))
+        _sync(device)
         began = time.perf_counter()
         for index in range(5):
             workload.train_step(workload.batch(0, 3 + index))
+        _sync(device)
         calibration[name] = {
             "step_s": (time.perf_counter() - began) / 5,
             "setup_s": setup,
@@ -286,9 +300,10 @@ def make_trace(count: int, scale: float, load: float, calibration: dict[str, dic
     return jobs
 
 
-def run_trace(trace: list[dict[str, Any]], policy: str, calibration: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def run_trace(trace: list[dict[str, Any]], policy: str, calibration: dict[str, dict[str, Any]],
+              device: Any = "cpu", budget: int | None = BUDGET) -> dict[str, Any]:
     """Replay ``trace`` on one executor under ``policy``; returns per-job JCTs."""
-    with DeviceExecutor("cpu", BUDGET, policy) as executor:
+    with DeviceExecutor(device, budget, policy, enforce_memory_fraction=False) as executor:
         began = time.perf_counter()
         for job in trace:
             delay = began + job["arrival_s"] - time.perf_counter()
@@ -309,12 +324,13 @@ def run_trace(trace: list[dict[str, Any]], policy: str, calibration: dict[str, d
             "switches": counters["switches"], "utilization": counters["utilization"]}
 
 
-def bench_jct(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
-    calibration = _calibrate(JOB_TYPES)
+def bench_jct(sizes: dict[str, Any], say: Callable[[str], None], device: Any = "cpu",
+              budget: int | None = BUDGET) -> dict[str, Any]:
+    calibration = _calibrate(JOB_TYPES, device)
     trace = make_trace(sizes["trace_jobs"], sizes["trace_scale"], sizes["load"], calibration)
     counts = {kind: sum(job["type"] == kind for job in trace) for kind in JOB_TYPES}
-    fifo = run_trace(trace, "fifo", calibration)
-    srtf = run_trace(trace, "srtf", calibration)
+    fifo = run_trace(trace, "fifo", calibration, device, budget)
+    srtf = run_trace(trace, "srtf", calibration, device, budget)
     ratio = _ratio(fifo["mean_jct_s"], srtf["mean_jct_s"])
     by_type = {}
     for kind in JOB_TYPES:
@@ -380,7 +396,8 @@ def _sweep_jobs(count: int) -> list[dict[str, Any]]:
             for i in range(count)]
 
 
-def bench_utilization(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+def bench_utilization(sizes: dict[str, Any], say: Callable[[str], None], device: Any = "cpu",
+                      budget: int | None = BUDGET) -> dict[str, Any]:
     jobs = _sweep_jobs(sizes["pack_jobs"])
     host_s = sizes["host_ms"] / 1000
     request = profile_workload(lambda: builtin_workload("mlp-digits"), _spec("mlp-digits", hidden=256))
@@ -393,13 +410,14 @@ def bench_utilization(sizes: dict[str, Any], say: Callable[[str], None]) -> dict
     with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="host") as pool:
         exclusive = []
         for job in jobs:  # one device per job: run them one at a time so that they do not share this CPU
-            with DeviceExecutor("cpu", BUDGET, "pack", measure_iterations=0) as executor:
+            with DeviceExecutor(device, budget, "pack", measure_iterations=0,
+                                enforce_memory_fraction=False) as executor:
                 executor.submit(job["job_id"], session(job, pool), request)
                 status = executor.wait(job["job_id"], 600)
                 busy = executor.status()["counters"]["busy_s"]
             exclusive.append({"job_id": job["job_id"], "device_s": status["jct_s"], "busy_s": busy,
                               "jct_s": status["jct_s"]})
-        with DeviceExecutor("cpu", BUDGET, "pack", measure_iterations=0) as executor:
+        with DeviceExecutor(device, budget, "pack", measure_iterations=0, enforce_memory_fraction=False) as executor:
             began = time.perf_counter()
             for job in jobs:
                 executor.submit(job["job_id"], session(job, pool), request)
@@ -443,9 +461,22 @@ class DeepTinyGPT(TinyGPTWorkload):
 TRAIN_SPEC = {"hidden": 64, "batch_size": 16}
 
 
-def _inference_model():
+def _training_job(sizes: dict[str, Any]) -> tuple[type[TinyGPTWorkload], dict[str, Any]]:
+    """Figure d's training job: :class:`DeepTinyGPT` and :data:`TRAIN_SPEC` unless ``sizes`` names
+    ``deep_layers`` or ``train_spec`` (the gpu-check's sizes do)."""
+    layers = sizes.get("deep_layers", DeepTinyGPT.layers)
+    deep = DeepTinyGPT if layers == DeepTinyGPT.layers else type("DeepTinyGPT", (DeepTinyGPT,), {"layers": layers})
+    return deep, _spec("tiny-gpt", **sizes.get("train_spec", TRAIN_SPEC))
+
+
+def _stream(lock: FifoLock | None):
+    """The virtual GPU's kernel stream (``lock``), or nothing on a real device (``None``)."""
+    return KernelStream(lock) if lock is not None else _nothing()
+
+
+def _inference_model(device: Any = "cpu"):
     workload = builtin_workload("tiny-gpt")
-    workload.setup(_spec("tiny-gpt"), torch.device("cpu"))
+    workload.setup(_spec("tiny-gpt"), torch.device(device))
     return workload.model.eval()
 
 
@@ -469,18 +500,19 @@ def _send_all(schedule: list[float], send: Callable[[], Any]) -> list[tuple[floa
     return sent
 
 
-def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock,
-                      migrate_to: MigrationTarget | None = None) -> dict[str, Any]:
-    spec = _spec("tiny-gpt", **TRAIN_SPEC)
+def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock | None,
+                      migrate_to: MigrationTarget | None = None, *, sizes: dict[str, Any] | None = None,
+                      device: Any = "cpu", budget: int | None = BUDGET) -> dict[str, Any]:
+    deep, spec = _training_job(sizes or {})
     if staged:
         # Every layer its own stage: the embedding, two halves per block, the head.
-        training = StagedWorkloadSession(DeepTinyGPT, spec, stages=2 * DeepTinyGPT.layers + 2, steps=10**6,
+        training = StagedWorkloadSession(deep, spec, stages=2 * deep.layers + 2, steps=10**6,
                                          migrate_to=migrate_to)
     else:
-        training = WorkloadSession(DeepTinyGPT, spec, steps=10**6)
-    with DeviceExecutor("cpu", BUDGET, "pack", measure_iterations=1,
-                        iteration_context=lambda: KernelStream(lock)) as executor:
-        executor.serve("lm", InferenceSession(_inference_model()), MemoryRequest(8 * 2**20, 8 * 2**20))
+        training = WorkloadSession(deep, spec, steps=10**6)
+    with DeviceExecutor(device, budget, "pack", measure_iterations=1, enforce_memory_fraction=False,
+                        iteration_context=None if lock is None else lambda: KernelStream(lock)) as executor:
+        executor.serve("lm", InferenceSession(_inference_model(device)), MemoryRequest(8 * 2**20, 8 * 2**20))
         executor.submit("train", training, MemoryRequest(64 * 2**20, 256 * 2**20))
         while training.step_count < 3:
             time.sleep(0.01)
@@ -508,17 +540,20 @@ def _executor_variant(staged: bool, schedule, request_input, lock: FifoLock,
             "served_between_operators": getattr(training, "inline_points", None), "migration": migration}
 
 
-def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | None) -> dict[str, Any]:
-    spec = _spec("tiny-gpt", **TRAIN_SPEC)
-    training = DeepTinyGPT()
-    training.setup(spec, torch.device("cpu"))
-    model = _inference_model()
+def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | None, *,
+                   sizes: dict[str, Any] | None = None, device: Any = "cpu") -> dict[str, Any]:
+    deep, spec = _training_job(sizes or {})
+    training = deep()
+    training.setup(spec, torch.device(device))
+    model = _inference_model(device)
+    request_input = request_input.to(device)
+    cuda = torch.device(device).type == "cuda"
     stop = threading.Event()
     counter = {"steps": 0}
     warm = threading.Event()
 
     def device_context():
-        return KernelStream(lock) if lock is not None else _nothing()
+        return _stream(lock)
 
     def train():
         torch.set_num_threads(1)
@@ -531,6 +566,7 @@ def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | N
                 index += 1
                 counter["steps"] = index
                 if index == 3:
+                    _sync(device)
                     warm.set()
 
     trainer = threading.Thread(target=train, name="naive-train", daemon=True)
@@ -551,6 +587,8 @@ def _naive_variant(schedule, request_input, lock: FifoLock | None, core: int | N
                     time.sleep(delay)
                 sent = time.perf_counter()
                 model(request_input)
+                if cuda:
+                    torch.cuda.synchronize(device)
                 latencies.append(time.perf_counter() - sent)
         result["window"] = time.perf_counter() - began
         result["steps"] = counter["steps"] - steps_before
@@ -572,46 +610,60 @@ class _nothing:
         return None
 
 
-def _training_alone(lock: FifoLock, seconds: float) -> float:
-    training = DeepTinyGPT()
-    training.setup(_spec("tiny-gpt", **TRAIN_SPEC), torch.device("cpu"))
-    with KernelStream(lock):
+def _training_alone(lock: FifoLock | None, seconds: float, *, sizes: dict[str, Any] | None = None,
+                    device: Any = "cpu") -> float:
+    deep, spec = _training_job(sizes or {})
+    training = deep()
+    training.setup(spec, torch.device(device))
+    with _stream(lock):
         for index in range(2):
             training.train_step(training.batch(0, index))
+        _sync(device)
         began, steps = time.perf_counter(), 0
         while time.perf_counter() - began < seconds:
             training.train_step(training.batch(0, 2 + steps % 50))
             steps += 1
+        _sync(device)
     return steps / (time.perf_counter() - began)
 
 
-def _inference_alone(request_input, lock: FifoLock, count: int = 50) -> list[float]:
-    model = _inference_model()
+def _inference_alone(request_input, lock: FifoLock | None, count: int = 50, *, device: Any = "cpu") -> list[float]:
+    model = _inference_model(device)
+    request_input = request_input.to(device)
+    cuda = torch.device(device).type == "cuda"
     latencies = []
-    with KernelStream(lock), torch.inference_mode():
+    with _stream(lock), torch.inference_mode():
         for _ in range(5):
             model(request_input)
+        _sync(device)
         for _ in range(count):
             began = time.perf_counter()
             model(request_input)
+            if cuda:
+                torch.cuda.synchronize(device)
             latencies.append(time.perf_counter() - began)
     return latencies
 
 
-def bench_inference(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
+def bench_inference(sizes: dict[str, Any], say: Callable[[str], None], device: Any = "cpu",
+                    budget: int | None = BUDGET) -> dict[str, Any]:
+    """Figure d. On the CPU every variant runs on the virtual GPU (one kernel at a time under a FIFO lock); on a
+    real device (``device`` CUDA) without the lock, and without the naive-OS-threads variant (a CPU model)."""
     schedule = _schedule(sizes["requests"], sizes["request_interval_ms"] / 1000)
     request_input = torch.randint(0, 95, (1, 64), generator=torch.Generator().manual_seed(0))
-    lock = FifoLock()
-    alone = _inference_alone(request_input, lock)
-    train_alone = _training_alone(lock, sizes["train_alone_s"])
+    virtual = torch.device(device).type == "cpu"
+    lock = FifoLock() if virtual else None
+    alone = _inference_alone(request_input, lock, device=device)
+    train_alone = _training_alone(lock, sizes["train_alone_s"], sizes=sizes, device=device)
+    on = {"sizes": sizes, "device": device}
     variants = {
-        "switchflow": _executor_variant(True, schedule, request_input, lock),
-        "whole_graph_fifo": _executor_variant(False, schedule, request_input, lock),
-        "naive": _naive_variant(schedule, request_input, lock, None),
+        "switchflow": _executor_variant(True, schedule, request_input, lock, budget=budget, **on),
+        "whole_graph_fifo": _executor_variant(False, schedule, request_input, lock, budget=budget, **on),
+        "naive": _naive_variant(schedule, request_input, lock, None, **on),
     }
-    if hasattr(os, "sched_setaffinity"):
+    if virtual and hasattr(os, "sched_setaffinity"):
         core = min(os.sched_getaffinity(0))
-        variants["naive_os_threads"] = _naive_variant(schedule, request_input, None, core)
+        variants["naive_os_threads"] = _naive_variant(schedule, request_input, None, core, sizes=sizes)
     summary = {}
     for name, variant in variants.items():
         latencies = variant["latencies"]
@@ -653,16 +705,18 @@ def bench_inference(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[s
 
 # -- e. migration -----------------------------------------------------------------------------------------
 
-def _held_by_job(sizes: dict[str, Any], lock: FifoLock, target: MigrationTarget | None) -> dict[str, Any]:
+def held_by_job(sizes: dict[str, Any], lock: FifoLock | None, target: MigrationTarget | None, *,
+                device: Any = "cpu", budget: int | None = BUDGET) -> dict[str, Any]:
     """The low job (staged, ``migration_low_steps``) runs; after 3 steps a high-priority job holds the device
-    for ``migration_hold_steps`` iterations."""
-    spec = _spec("tiny-gpt", **TRAIN_SPEC)
-    low = StagedWorkloadSession(DeepTinyGPT, spec, stages=2 * DeepTinyGPT.layers + 2,
+    for ``migration_hold_steps`` iterations. ``lock``: the virtual device's kernel stream (``None`` on a real
+    device). ``weights``: the low job's final weights, copied to the CPU."""
+    deep, spec = _training_job(sizes)
+    low = StagedWorkloadSession(deep, spec, stages=2 * deep.layers + 2,
                                 steps=sizes["migration_low_steps"], migrate_to=target)
-    high = WorkloadSession(DeepTinyGPT, spec, steps=sizes["migration_hold_steps"])
+    high = WorkloadSession(deep, spec, steps=sizes["migration_hold_steps"])
     request = MemoryRequest(64 * 2**20, 256 * 2**20)
-    with DeviceExecutor("cpu", BUDGET, "priority", measure_iterations=0,
-                        iteration_context=lambda: KernelStream(lock)) as executor:
+    with DeviceExecutor(device, budget, "priority", measure_iterations=0, enforce_memory_fraction=False,
+                        iteration_context=None if lock is None else lambda: KernelStream(lock)) as executor:
         executor.submit("low", low, request)
         while low.step_count < 3:
             time.sleep(0.002)
@@ -675,7 +729,7 @@ def _held_by_job(sizes: dict[str, Any], lock: FifoLock, target: MigrationTarget 
     return {"low_jct_s": low_status["jct_s"], "high_jct_s": hold_s, "low_steps_during_hold": during,
             "low_steps_per_s_during_hold": during / hold_s if hold_s else None,
             "migration": low_status["migration"], "state": low_status["state"],
-            "weights": [tensor.clone() for tensor in low.workload.model.state_dict().values()]}
+            "weights": [tensor.detach().to("cpu", copy=True) for tensor in low.workload.model.state_dict().values()]}
 
 
 def bench_migration(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[str, Any]:
@@ -685,7 +739,7 @@ def bench_migration(sizes: dict[str, Any], say: Callable[[str], None]) -> dict[s
         return MigrationTarget("cpu", context=lambda: KernelStream(second), name="virtual:1")
 
     train_alone = _training_alone(lock, sizes["train_alone_s"])
-    held = {"preempt_only": _held_by_job(sizes, lock, None), "migration": _held_by_job(sizes, lock, target())}
+    held = {"preempt_only": held_by_job(sizes, lock, None), "migration": held_by_job(sizes, lock, target())}
     # Exactness in the benchmark's own setting (a preempted staged run is bit-identical to an uninterrupted one).
     identical = all(torch.equal(a, b) for a, b in zip(held["preempt_only"].pop("weights"),
                                                        held["migration"].pop("weights"), strict=True))
@@ -758,7 +812,7 @@ def run(quick: bool = False, *, figures: list[str] | None = None, say: Callable[
                                "figures": {}}
     began = time.perf_counter()
     try:
-        _warm_up()
+        warm_up()
         for name in figures or list(FIGURES):
             figure_began = time.perf_counter()
             results["figures"][name] = FIGURES[name](sizes, say)
@@ -771,12 +825,13 @@ def run(quick: bool = False, *, figures: list[str] | None = None, say: Callable[
     return results
 
 
-def _warm_up() -> None:
+def warm_up(device: Any = "cpu") -> None:
     """Import and first-use costs (scikit-learn's digits, torch's kernels) out of every measurement."""
     for name in ("mlp-digits", "cnn-synthetic", "tiny-gpt"):
         workload = builtin_workload(name)
-        workload.setup(_spec(name), torch.device("cpu"))
+        workload.setup(_spec(name), torch.device(device))
         workload.train_step(workload.batch(0, 0))
+    _sync(device)
 
 
 def format_table(results: dict[str, Any]) -> str:

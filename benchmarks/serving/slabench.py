@@ -150,22 +150,25 @@ def request_kinds(kinds: list[str], count: int, long_share: float, seed: int) ->
 
 # -- the server (a child process pinned to the device's core) ------------------------------------------------
 
-def _server_main(conn, core: int | None, model_path: str, batching: dict[str, Any]) -> None:
-    """Serve ``model_path`` with ``batching``; answers ``"stats"``, ``("direct", kind_rows, calls)`` (p50 of a
-    direct model call) until ``"stop"``."""
+def _server_main(conn, core: int | None, model_path: str, batching: dict[str, Any], device: str = "cpu") -> None:
+    """Serve ``model_path`` with ``batching`` on ``device`` (the CPU, one thread, unless the gpu-check names a
+    CUDA device); answers ``"stats"``, ``("direct", kind_rows, calls)`` (p50 of a direct model call, synchronized
+    on CUDA, the inputs' copy to the device included) until ``"stop"``."""
     _pin(core)
     handle = executor = None
     try:
         with answering(conn):
             import torch
 
-            torch.set_num_threads(1)
+            cuda = device.startswith("cuda")
+            if not cuda:
+                torch.set_num_threads(1)
             from components.gpushare.executor import DeviceExecutor
             from components.serving.endpoint import Batching, start_serving
             from components.serving.model import load_served_model
 
             served = load_served_model(model_path)
-            executor = DeviceExecutor("cpu", 2 * 2**30, "fifo", name="bench-device")
+            executor = DeviceExecutor(device, 2 * 2**30, "fifo", name="bench-device", enforce_memory_fraction=False)
             handle = start_serving(executor, "bench", served, max_rows=64, request_timeout_s=30.0,
                                    batching=Batching(**batching))
             conn.send({"address": handle.address})
@@ -176,12 +179,17 @@ def _server_main(conn, core: int | None, model_path: str, batching: dict[str, An
                 if message == "stats":
                     conn.send({"stats": handle.stats()})  # wrapped: the stats have an "error" key of their own
                 elif message[0] == "direct":
+                    module = served.module.to(device).eval()
                     inputs = torch.as_tensor(message[1])
                     times = []
                     with torch.inference_mode():
                         for _ in range(message[2]):
                             began = time.perf_counter()
-                            served.module(inputs)
+                            if cuda:
+                                module(inputs.to(device))
+                                torch.cuda.synchronize(device)
+                            else:
+                                module(inputs)
                             times.append(time.perf_counter() - began)
                     conn.send(percentile(times, 0.5))
     finally:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,28 +54,38 @@ WORKER_TIMEOUT_S = 900
 
 
 # -- one gang, each rank a process -------------------------------------------------------------------------------
+def run_ranks(command: Callable[[int], list[str]], world: int, timeout: float = WORKER_TIMEOUT_S,
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> list[str]:
+    """Start ``world`` processes, ``command(rank)`` each, with one torch thread each (and ``env`` on top), wait
+    for all of them (``timeout`` each; the rest are killed when one is not done) and return their outputs; a
+    rank that fails raises with the tails of every output."""
+    env = {**os.environ, "STRATA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    children = [subprocess.Popen(command(rank), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+                for rank in range(world)]
+    outputs = []
+    try:
+        for child in children:
+            out, _ = child.communicate(timeout=timeout)
+            outputs.append(out)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    failed = [(rank, child.returncode) for rank, child in enumerate(children) if child.returncode != 0]
+    if failed:
+        tail = "\n".join(out[-1500:] for out in outputs)
+        raise RuntimeError(f"workers {failed} failed:\n{tail}")
+    return outputs
+
+
 def run_gang(spec: dict[str, Any], world: int, timeout: float = WORKER_TIMEOUT_S) -> dict[str, Any]:
     """Run ``spec`` on ``world`` worker processes; rank 0's result (see :func:`_worker`)."""
     with tempfile.TemporaryDirectory(prefix="strata-bench-gang-") as directory:
-        env = {**os.environ, "STRATA_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        children = [subprocess.Popen([sys.executable, "-m", "benchmarks.straggler.bench", "--worker", str(rank),
-                                      "--world", str(world), "--workdir", directory, "--spec", json.dumps(spec)],
-                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                    for rank in range(world)]
-        outputs = []
-        try:
-            for child in children:
-                out, _ = child.communicate(timeout=timeout)
-                outputs.append(out)
-        finally:
-            for child in children:
-                if child.poll() is None:
-                    child.kill()
-                    child.wait()
-        failed = [(rank, child.returncode) for rank, child in enumerate(children) if child.returncode != 0]
-        if failed:
-            tail = "\n".join(out[-1500:] for out in outputs)
-            raise RuntimeError(f"workers {failed} failed:\n{tail}")
+        run_ranks(lambda rank: [sys.executable, "-m", "benchmarks.straggler.bench", "--worker", str(rank),
+                                "--world", str(world), "--workdir", directory, "--spec", json.dumps(spec)],
+                  world, timeout)
         return json.loads((Path(directory) / "result-0.json").read_text())
 
 
