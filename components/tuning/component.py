@@ -152,21 +152,29 @@ class Engine:
         changed = False
         room = min(self.spec["max_concurrent"], max(1, int(self.budget * self.spec["packing"] + 1e-9)))
         while len([t for t in self.live() if t.status == "running"]) < room and not self.exhausted:
-            capacity = self.scheduler.capacity()
-            proposal = self.searcher.ask() if capacity is None or capacity > 0 else None
-            if proposal is None:
-                self.exhausted = True
-                if hasattr(self.scheduler, "seal"):
-                    self.scheduler.seal()
-                self.apply_resumes()
+            trial = self.propose()
+            if trial is None:
                 break
-            number, params = proposal
-            trial = Trial(number, params)
-            self.trials[number] = trial
-            self.scheduler.add(str(number), params)
             self.submit(trial)
             changed = True
         return changed
+
+    def propose(self) -> Trial | None:
+        """The searcher's next trial, registered with the scheduler; None (and the sweep sealed) when the searcher
+        or the scheduler's capacity has no more."""
+        capacity = self.scheduler.capacity()
+        proposal = self.searcher.ask() if capacity is None or capacity > 0 else None
+        if proposal is None:
+            self.exhausted = True
+            if hasattr(self.scheduler, "seal"):
+                self.scheduler.seal()
+            self.apply_resumes()
+            return None
+        number, params = proposal
+        trial = Trial(number, params)
+        self.trials[number] = trial
+        self.scheduler.add(str(number), params)
+        return trial
 
     def child_body(self, number: int, params: dict[str, Any], share: float) -> dict[str, Any]:
         """Trial ``number``'s child job: the trainable's kind with ``params`` substituted into its spec."""

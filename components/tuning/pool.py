@@ -350,18 +350,10 @@ class RunnerEngine(Engine):
         ahead. No control-plane call on this path: the start goes with the sender's next call."""
         changed = False
         while not self.exhausted and len(self.ready) + self.inflight < self.room():
-            capacity = self.scheduler.capacity()
-            proposal = self.searcher.ask() if capacity is None or capacity > 0 else None
-            if proposal is None:
-                self.exhausted = True
-                if hasattr(self.scheduler, "seal"):
-                    self.scheduler.seal()
-                self.apply_resumes()
+            trial = self.propose()
+            if trial is None:
                 break
-            number, params = proposal
-            trial = Trial(number, params)
-            self.trials[number] = trial
-            self.scheduler.add(str(number), params)
+            number, params = trial.number, trial.params
             body = self.child_body(number, params, self.runners[0].device.share if self.runners else 0.0)
             self.sender.queue(submit=(number, {"job": body, "idempotency_key": f"{self.ctx.job_id}:trial:{number}"}))
             self.inflight += 1
