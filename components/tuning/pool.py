@@ -395,6 +395,12 @@ class RunnerEngine(Engine):
                 if trial is not None and trial.status in {"running", "paused"}:
                     self.ended_outside(trial, state["state"])
                     changed = True
+                elif trial is not None and trial.status == "completed" and state["state"] == "CANCELLED":
+                    # Cancelled through the API after its last iteration, before its end reached the control
+                    # plane: the job's state stands, and the table says so (its results still count).
+                    trial.status = "stopped"
+                    trial.reason = "its job was cancelled outside the sweep after its last iteration"
+                    changed = True
 
     def launch(self, runner: Runner, trial: Trial) -> None:
         checkpoint = self.checkpoints.get(trial.job)
