@@ -18,7 +18,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m components.embeddings.movielens
 	touch $(STAMP)
 
-install: $(STAMP)
+# The OpenID provider of the single sign-on tests (node-oidc-provider, tests/support_oidc), from its lock file; the
+# tests never fetch anything. Without npm the single sign-on tests skip (a failure under STRATA_REQUIRE_SERVICES=1).
+OIDC_PROVIDER := tests/support_oidc/node_modules/.package-lock.json
+
+$(OIDC_PROVIDER): tests/support_oidc/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo "make: npm is missing; the single sign-on tests will skip"; exit 0; }; \
+	  cd tests/support_oidc && npm ci --no-audit --no-fund --loglevel=error
+
+install: $(STAMP) $(OIDC_PROVIDER)
 
 # Debian's Chromium for the browser tests (never a browser downloaded by a test tool). Needs root or sudo;
 # without either the browser tests skip (CI sets STRATA_REQUIRE_SERVICES=1, which turns that skip into a failure).

@@ -38,6 +38,28 @@ def clean(value: float | None, digits: int = 4) -> float | None:
     return round(value, digits)
 
 
+# How many significant digits the dashboard shows of a measured number (a metric, a panel's table cell, a chart's
+# hover label): the one rule, in Python (number_text) and in plotly's d3 format (HOVER_FORMAT).
+SIGNIFICANT_DIGITS = 4
+HOVER_FORMAT = f".{SIGNIFICANT_DIGITS}~g"
+
+
+def number_text(value: float | int | None, digits: int = SIGNIFICANT_DIGITS) -> str:
+    """A number as the dashboard shows it: ``digits`` significant digits (0.2785515320334262 -> "0.2786",
+    1.23456e-05 -> "1.235e-05"), whole numbers and numbers of ``digits`` digits or more without a fraction (8.0 ->
+    "8", 12345.6 -> "12346"); "—" for None, NaN and infinities."""
+    if value is None or isinstance(value, bool) or not math.isfinite(value):
+        return "—"
+    if isinstance(value, int) or float(value).is_integer() or abs(value) >= 10 ** digits:
+        return f"{value:.0f}" if abs(value) < 1e15 else f"{value:.{digits}g}"
+    return f"{value:.{digits}g}"
+
+
+def cell_text(value):
+    """A table cell as shown: a float through :func:`number_text`, anything else as it is."""
+    return number_text(value) if isinstance(value, float) else value
+
+
 def line(name: str, x: list, y: list, index: int = 0, **extra) -> dict:
     trace = {"type": "scatter", "mode": "lines", "name": name, "x": x, "y": y,
              "line": {"color": PALETTE[index % len(PALETTE)], "width": 2}}

@@ -388,6 +388,12 @@ def validate_submission(request, document: dict[str, Any], form_errors: dict[str
             team = submit_team(request, slug)
         except SubmitTeamError as error:
             errors["team"] = str(error)
+        else:
+            from strata.accounts import roles
+
+            if not roles.has_role(request, team, roles.MEMBER):  # a viewer reads the team's jobs only
+                errors["team"] = (f"you are a {roles.role_in(request, team)} in team {team.slug}: submitting "
+                                  "needs the member role")
     return Submission(document=document, errors=errors, data=data if not errors else None, team=team)
 
 

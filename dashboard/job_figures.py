@@ -1,8 +1,10 @@
 """Metric charts of the job detail page: which chart a metric goes on, downsampled series, plotly figures.
 
 Every metric a job reports lands on one of four charts by its name (:func:`chart_for`), one trace per metric
-name with the step on the x axis. The page embeds the initial figures and its script extends the traces with
-the points the live endpoint returns, so this module also hands the script each chart's empty layout.
+name with the step on the x axis. A metric with fewer than two steps (reported once, say) is no line: it is
+shown as a value instead (:func:`split_series`), so no chart is drawn empty. The page embeds the initial figures
+and its script extends the traces with the points the live endpoint returns, so this module also hands the
+script each chart's empty layout. Numbers are shown by :func:`dashboard.figures.number_text`'s rule.
 """
 
 from __future__ import annotations
@@ -10,13 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from django.db.models import Count, F, Max, Q, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Max
 
 from dashboard import figures
 from strata.jobs.models import Job
-
-MAX_POINTS_PER_SERIES = 2000
+from strata.jobs.selectors import MAX_POINTS_PER_SERIES, metric_series  # noqa: F401 (the page's series: one query path)
 
 CHARTS: dict[str, dict[str, str]] = {
     "loss": {"title": "Loss", "y_title": "loss"},
@@ -40,9 +40,10 @@ def chart_for(name: str) -> str:
 
 def chart_layout(chart: str) -> dict[str, Any]:
     spec = CHARTS[chart]
-    extra: dict[str, Any] = {"margin": {"l": 55, "r": 16, "t": 10, "b": 40}}
+    extra: dict[str, Any] = {"margin": {"l": 55, "r": 16, "t": 10, "b": 40},
+                             "yaxis": {"hoverformat": figures.HOVER_FORMAT}}
     if chart == "accuracy":
-        extra["yaxis"] = {"rangemode": "normal"}
+        extra["yaxis"]["rangemode"] = "normal"
     return figures.layout(x_title="step", y_title=spec["y_title"], **extra)
 
 
@@ -57,37 +58,19 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def metric_series(job: Job, up_to_id: int | None = None,
-                  max_points: int = MAX_POINTS_PER_SERIES) -> dict[str, tuple[list[int], list[float | None]]]:
-    """``name -> (steps, values)`` in step order. A series longer than ``max_points`` is thinned in the
-    database to every n-th point (its first and last kept), so a job with millions of points stays fast."""
-    points = job.metric_points.all()
-    if up_to_id is not None:
-        points = points.filter(id__lte=up_to_id)
-    counts = dict(points.values_list("name").annotate(n=Count("id")).order_by())
-    series: dict[str, tuple[list[int], list[float | None]]] = {}
-    small = [name for name, count in counts.items() if count <= max_points]
-    if small:
-        rows = points.filter(name__in=small).order_by("name", "step", "id").values_list("name", "step", "value")
-        for name, step, value in rows:
-            steps, values = series.setdefault(name, ([], []))
-            steps.append(step)
-            values.append(figures.clean(value, 6))
-    for name, count in counts.items():
-        if count <= max_points:
+def split_series(series: dict[str, tuple[list, list]]) -> tuple[dict[str, tuple[list, list]], list[dict[str, Any]]]:
+    """(the series drawn as lines, the metrics shown as values): a metric whose finite points span fewer than two
+    steps has no line to draw; it is shown as its last value (``{"name", "step", "text", "x", "y"}``, with its
+    points for the page script, which turns it into a line when a second step arrives)."""
+    lines, values = {}, []
+    for name, (steps, numbers) in series.items():
+        finite = [(step, value) for step, value in zip(steps, numbers, strict=True) if value is not None]
+        if len({step for step, _ in finite}) >= 2:
+            lines[name] = (steps, numbers)
             continue
-        stride = math.ceil(count / max_points)
-        numbered = (points.filter(name=name)
-                    .annotate(row=Window(RowNumber(), order_by=[F("step").asc(), F("id").asc()]))
-                    .annotate(phase=F("row") % stride)
-                    .filter(Q(phase=0) | Q(row=1) | Q(row=count))
-                    .order_by("step", "id")
-                    .values_list("step", "value"))
-        steps, values = series.setdefault(name, ([], []))
-        for step, value in numbered:
-            steps.append(step)
-            values.append(figures.clean(value, 6))
-    return dict(sorted(series.items()))
+        step, value = finite[-1] if finite else (steps[-1] if steps else None, None)
+        values.append({"name": name, "step": step, "text": figures.number_text(value), "x": steps, "y": numbers})
+    return lines, values
 
 
 def metric_figures(series: dict[str, tuple[list, list]]) -> dict[str, dict[str, Any]]:
@@ -112,6 +95,8 @@ def new_metrics(job: Job, after: int, limit: int) -> tuple[dict[str, dict[str, A
         entry = grouped.setdefault(name, {"x": [], "y": [], "chart": chart_for(name)})
         entry["x"].append(step)
         entry["y"].append(figures.clean(value, 6))
+    for entry in grouped.values():  # the newest value as shown, for a metric the page shows as a value
+        entry["text"] = figures.number_text(next((y for y in reversed(entry["y"]) if y is not None), None))
     return grouped, (rows[-1][0] if rows else after)
 
 

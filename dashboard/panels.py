@@ -14,6 +14,7 @@ from components.runtime.contract.panels import (
     PanelData,
     finite,  # noqa: F401 - the one definition, used here and by views
 )
+from dashboard.figures import cell_text
 from strata.jobs.panel_data import (  # noqa: F401 - the panels' data lives in the jobs app; re-exported here
     MAX_PANEL_ATTEMPTS,
     MAX_PANEL_POINTS,
@@ -52,6 +53,16 @@ def render_panels(placement: str, data: PanelData, kind: str | None = None) -> l
             content = {"error": f"{type(error).__name__}: {error}"}
         if content is None:
             continue
-        entry.update(finite(content))
+        entry.update(_shown(finite(content)))
         rendered.append(entry)
     return rendered
+
+
+def _shown(content: dict[str, Any]) -> dict[str, Any]:
+    """A panel's table with its numbers as the dashboard shows every number (:func:`dashboard.figures.cell_text`:
+    a rung's 0.2785515320334262 reads 0.2786)."""
+    table = content.get("table") if isinstance(content, dict) else None
+    if isinstance(table, dict) and isinstance(table.get("rows"), list):
+        rows = [[cell_text(cell) for cell in row] if isinstance(row, list) else row for row in table["rows"]]
+        content = {**content, "table": {**table, "rows": rows}}
+    return content

@@ -2,7 +2,22 @@
 
 from django.urls import path
 
-from dashboard.views import assets, auth, cluster, jobs, pools, team_secrets, usage
+from dashboard.views import (
+    assets,
+    audit,
+    auth,
+    cluster,
+    compare,
+    jobs,
+    log_search,
+    notifications,
+    pools,
+    sso,
+    team_members,
+    team_secrets,
+    tracking,
+    usage,
+)
 
 app_name = "dashboard"
 
@@ -12,8 +27,15 @@ urlpatterns = [
     path("logout/", auth.LogoutView.as_view(), name="logout"),
     path("assets/plotly.min.js", assets.plotly_js, name="plotly-js"),
     *jobs.urlpatterns,
+    *compare.urlpatterns,
+    *log_search.urlpatterns,
     *cluster.urlpatterns,
     *usage.urlpatterns,
     *pools.urlpatterns,
     *team_secrets.urlpatterns,
+    *notifications.urlpatterns,
+    *sso.urlpatterns,
+    *team_members.urlpatterns,
+    *tracking.urlpatterns,
+    *audit.urlpatterns,
 ]

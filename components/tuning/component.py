@@ -273,7 +273,8 @@ class Engine:
             self.ctx.log(f"trial {trial.number} keeps its weights: {error}", level="warning")
             return False
         old = trial.job
-        self.ctx.children.cancel(old)
+        self.ctx.children.cancel(old, f"replaced by {self.scheduler.title} at iteration {trial.iterations}: the trial "
+                                      f"goes on from trial {donor.number}'s weights")
         trial.jobs.append(old)
         trial.job, trial.params, trial.cursor, trial.base = summary["id"], params, 0, len(trial.values)
         trial.reason = decision.reason
@@ -315,9 +316,14 @@ class Engine:
         trial.share = 0.0
         self.ctx.log(f"trial {trial.number} {status} after {trial.iterations} iteration(s): {reason}")
 
+    def stop_reason(self, trial: Trial) -> str:
+        """What a stopped trial's job shows as its reason (its page, ``strata jobs``): who stopped it, when, why."""
+        text = f"stopped early by {self.scheduler.title} at iteration {trial.iterations}"
+        return f"{text}: {trial.reason}"[:300] if trial.reason else text
+
     def stop_child(self, trial: Trial) -> None:
-        """The scheduler stopped ``trial``: cancel its job."""
-        self.ctx.children.cancel(trial.job)
+        """The scheduler stopped ``trial``: cancel its job, saying why."""
+        self.ctx.children.cancel(trial.job, self.stop_reason(trial))
 
     def resume_child(self, trial: Trial) -> None:
         """The scheduler promoted the paused ``trial``: let its job be placed again."""

@@ -44,6 +44,8 @@ from components.tuning.schedulers import Action
 FLUSH_SECONDS = 0.5
 # How often, at most, the engine checkpoints its own state (each is an upload); and always at the end.
 SAVE_SECONDS = 5.0
+# How long the sweep's end waits for its runners to finish the trials the scheduler stopped last.
+DRAIN_SECONDS = 30.0
 ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -287,6 +289,7 @@ class RunnerEngine(Engine):
                     raise RuntimeError(f"no trial runner was ready after {READY_SECONDS:.0f} s")
                 if self.runners and all(r.broken for r in self.runners):
                     raise RuntimeError("every trial runner failed: " + "; ".join(r.broken for r in self.runners))
+            self.drain_runners()
             self.sender.flush()
             self.answers()
             self.uploads.close()
@@ -299,6 +302,19 @@ class RunnerEngine(Engine):
             stop_runners(self.runners)
             self.sender.close(timeout=10.0)
             self.uploads.close(timeout=5.0)
+
+    def drain_runners(self) -> None:
+        """The sweep is done, but the trials the scheduler stopped last may still be on their runners, finishing
+        the iteration that decided it: wait for their ``done`` (DRAIN_SECONDS at most) so their jobs end with the
+        sweep's reason (``stop_reason``) rather than with the sweep's own end; a runner that does not answer in
+        time has its trial's job ended here."""
+        deadline = time.perf_counter() + DRAIN_SECONDS
+        while any(r.job and not r.broken for r in self.runners) and time.perf_counter() < deadline:
+            self.pump(min(self.poll, 0.5))
+        for runner in self.runners:
+            trial = self.trials.get(runner.number) if runner.job else None
+            if trial is not None and trial.status == "stopped" and trial.job == runner.job:
+                self.end_job(trial.job, {"state": "CANCELLED", "reason": self.stop_reason(trial)})
 
     def save(self) -> None:
         """Checkpoint the engine's state from a thread of its own (the first save imports torch, and every one
@@ -505,7 +521,7 @@ class RunnerEngine(Engine):
             self.apply_resumes()
             return
         if trial.status == "stopped":
-            self.end_job(trial.job, {"state": "CANCELLED", "reason": f"stopped by the sweep: {trial.reason}"[:500]})
+            self.end_job(trial.job, {"state": "CANCELLED", "reason": self.stop_reason(trial)})
             return
         if trial.status != "running":
             return  # ended already (cancelled through the API)
@@ -575,7 +591,7 @@ class RunnerEngine(Engine):
         if trial in self.waiting:
             self.waiting.remove(trial)
         if trial.job and not any(runner.job == trial.job for runner in self.runners):
-            self.ctx.children.cancel(trial.job)
+            self.ctx.children.cancel(trial.job, self.stop_reason(trial))
 
     def resume_child(self, trial: Trial) -> None:
         if trial not in self.waiting:

@@ -139,6 +139,7 @@ class TrialScheduler:
     """The common part: mode, the trials and their status, JSON state. Subclasses decide in ``_on_result``."""
 
     name = "base"
+    title = "the scheduler"  # shown to users: "stopped early by ASHA at iteration 3"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 10):
         if mode not in {"min", "max"}:
@@ -269,6 +270,7 @@ class FIFO(TrialScheduler):
     """Every trial runs to ``max_iterations``: the baseline."""
 
     name = "fifo"
+    title = "FIFO"
 
 
 # -- ASHA ------------------------------------------------------------------------------------------------------
@@ -307,6 +309,7 @@ class ASHA(TrialScheduler):
     """
 
     name = "asha"
+    title = "ASHA"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 10, grace_period: int = 1,
                  reduction_factor: float = 3, brackets: int = 1, seed: int = 0):
@@ -392,6 +395,7 @@ class SuccessiveHalving(TrialScheduler):
     """
 
     name = "sh"
+    title = "successive halving"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 10, grace_period: int = 1,
                  reduction_factor: float = 3, num_trials: int | None = None):
@@ -590,6 +594,7 @@ class Hyperband(SuccessiveHalving):
     """
 
     name = "hyperband"
+    title = "Hyperband"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 27, grace_period: int = 1,
                  reduction_factor: float = 3):
@@ -617,6 +622,7 @@ class MedianStopping(TrialScheduler):
     """
 
     name = "median"
+    title = "median stopping"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 10, grace_period: int = 1,
                  min_samples_required: int = 3):
@@ -757,6 +763,7 @@ class PBT(TrialScheduler):
     """
 
     name = "pbt"
+    title = "PBT"
 
     def __init__(self, *, mode: str = "max", max_iterations: int = 10, perturbation_interval: int = 4,
                  quantile_fraction: float = 0.25, hyperparam_mutations: dict[str, Any] | None = None,

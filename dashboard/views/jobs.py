@@ -17,7 +17,8 @@ import yaml
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, F, Window
+from django.db.models.functions import RowNumber
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -40,7 +41,7 @@ from strata.accounts.models import Membership
 from strata.accounts.selectors import visible_team_ids
 from strata.api.throttles import SubmitThrottle
 from strata.api.values import value_problems
-from strata.jobs import services
+from strata.jobs import log_search, services
 from strata.jobs.api.serializers import JobSerializer
 from strata.jobs.models import Artifact, Job, JobState
 from strata.jobs.selectors import (
@@ -73,10 +74,50 @@ def filtered_jobs(team_ids, filters: dict[str, str]):
     return jobs_filtered(jobs_visible(team_ids), filters, strict=False).order_by("-created_at", "-id")
 
 
+CHILD_ROWS = 100  # child rows listed under one parent, as the job page lists (the rest: its "all child jobs" link)
+CHILD_DEPTH = 3  # levels of children listed under a top-level row
+
+
+def _nested_rows(matching, top: list[Job]) -> list[dict[str, Any]]:
+    """The rows of one page: each top-level job followed by its children that match the filters (oldest first,
+    at most CHILD_ROWS each, CHILD_DEPTH levels deep), which the page shows collapsed under it."""
+    children: dict[Any, list[Job]] = {}
+    totals: dict[Any, int] = {}
+    level = [job.pk for job in top]
+    for _ in range(CHILD_DEPTH):
+        if not level:
+            break
+        below = matching.filter(parent_id__in=level)
+        totals.update(below.order_by().values_list("parent_id").annotate(n=Count("id")))
+        ranked = (below.annotate(rank=Window(RowNumber(), partition_by=[F("parent_id")],
+                                             order_by=[F("created_at").asc(), F("id").asc()]))
+                  .filter(rank__lte=CHILD_ROWS).order_by("created_at", "id"))
+        level = []
+        for child in ranked:
+            children.setdefault(child.parent_id, []).append(child)
+            level.append(child.pk)
+    rows: list[dict[str, Any]] = []
+
+    def add(job: Job, depth: int, parent: Job | None) -> None:
+        below = children.get(job.pk, [])
+        rows.append({**_row(job), "depth": depth, "parent": parent.pk if parent else None,
+                     "children": totals.get(job.pk, 0), "more": totals.get(job.pk, 0) > len(below)})
+        for child in below:
+            add(child, depth + 1, job)
+
+    for job in top:
+        add(job, 0, None)
+    return rows
+
+
 def _rows_context(request) -> dict[str, Any]:
     filters = _filters(request)
     team_ids = visible_team_ids(request)
-    page = Paginator(filtered_jobs(team_ids, filters), PAGE_SIZE).get_page(request.GET.get("page"))
+    matching = filtered_jobs(team_ids, filters)
+    # Paginated over the top-level rows: a job whose parent is listed too comes with its parent (collapsed
+    # under it), so a sweep's trials do not crowd the top of the list. Listing one job's children shows them flat.
+    top = matching if filters["parent"] else matching.exclude(parent_id__in=matching.order_by().values("id"))
+    page = Paginator(top, PAGE_SIZE).get_page(request.GET.get("page"))
     # Jobs per state under the other filters: the state chips above the table.
     counts = dict(filtered_jobs(team_ids, {**filters, "state": ""}).order_by().values_list("state")
                   .annotate(n=Count("id")))
@@ -85,7 +126,7 @@ def _rows_context(request) -> dict[str, Any]:
     return {
         "filters": filters,
         "page": page,
-        "jobs": [_row(job) for job in page.object_list],
+        "jobs": _nested_rows(matching, list(page.object_list)),
         "range_text": f"{page.start_index()}–{page.end_index()} of {total} job{'s' if total != 1 else ''}"
                       if total else "no jobs",
         "team_ids": team_ids,
@@ -247,6 +288,11 @@ def _upload_code(request) -> str | None:
         team = submit_team(request, request.POST.get("team") or None)
     except SubmitTeamError as error:
         raise ValueError(f"choose the team the code belongs to: {error}") from None
+    from strata.accounts import roles
+
+    if not roles.has_role(request, team, roles.MEMBER):
+        raise ValueError(f"you are a {roles.role_in(request, team)} in team {team.slug}: uploading code needs the "
+                         "member role")
     try:
         bundle, _created = code_store(team=team, user=request.user, source=upload)
     except (CodeRejected, StorageQuotaExceeded) as error:
@@ -440,9 +486,11 @@ def job_detail(request, job_id):
     team_ids = visible_team_ids(request)
     job = _job(request, job_id)
     metrics_cursor = job_figures.latest_metric_id(job)
-    series = job_figures.metric_series(job, up_to_id=metrics_cursor)
+    series, metric_values = job_figures.split_series(job_figures.metric_series(job, up_to_id=metrics_cursor))
     charts = [{"chart": chart, "title": job_figures.CHARTS[chart]["title"], "json": figure_json(figure)}
               for chart, figure in job_figures.metric_figures(series).items()]
+    for value in metric_values:  # its points, for the page script to draw a line once a second step comes
+        value["points_json"] = json.dumps({"x": value.pop("x"), "y": value.pop("y")})
     log_rows = list(job.log_lines.order_by("-id").values_list("id", "time", "level", "message")[:INITIAL_LOG_LINES])
     log_rows.reverse()
     log_total = job.log_lines.count() if len(log_rows) == INITIAL_LOG_LINES else len(log_rows)
@@ -453,8 +501,10 @@ def job_detail(request, job_id):
     live = {"url": reverse("dashboard:job-live", args=[job.pk]), "terminal": job.terminal, "cursors": cursors,
             "charts": job_figures.chart_config(), "interval_ms": 1500}
     return render(request, "dashboard/jobs_detail.html", page_context(
-        request, "jobs", job=job, charts=charts,
+        request, "jobs", job=job, charts=charts, metric_values=metric_values,
+        has_children=job.children.exists(),
         logs="\n".join(_log_text(row[1:]) for row in log_rows), log_count=len(log_rows), log_total=log_total,
+        logs_trimmed=log_search.trimmed_notice(job),
         events=[_event(*row) for row in event_rows],
         spec_yaml=yaml.safe_dump(job.spec, sort_keys=False, default_flow_style=False, allow_unicode=True),
         panels=_panels(job, team_ids),
@@ -513,14 +563,29 @@ def job_live(request, job_id):
     return json_reply(reply)
 
 
+def _managed(request, job_id, action: str):
+    """The job (another team's: a 404) if the viewer may change it: its owner (member) or a team-admin; else a
+    403 naming the role needed (strata.accounts.roles)."""
+    from django.core.exceptions import PermissionDenied
+
+    from strata.accounts import roles
+
+    job = _job(request, job_id)
+    try:
+        roles.require_manage(request, job.team, job.owner_id, action)
+    except roles.RoleRequired as error:
+        raise PermissionDenied(str(error.detail)) from None
+    return job
+
+
 @login_required
 @require_POST
 def job_cancel(request, job_id):
-    job = _job(request, job_id)
+    job = _managed(request, job_id, "cancel it")
     if job.terminal:
         messages.info(request, f"{job.name} already finished ({job.state.lower()}).")
     else:
-        job = services.job_cancel(job, reason=f"cancelled by {request.user.username}")
+        job = services.job_cancel(job, reason=f"cancelled by {request.user.username}", request=request)
         messages.success(request, f"Cancelled {job.name}.")
     return redirect("dashboard:job-detail", job.pk)
 
@@ -528,9 +593,9 @@ def job_cancel(request, job_id):
 @login_required
 @require_POST
 def job_resubmit(request, job_id):
-    job = _job(request, job_id)
+    job = _managed(request, job_id, "resubmit it")
     try:
-        new_job = services.job_resubmit(job, user=request.user)
+        new_job = services.job_resubmit(job, user=request.user, request=request)
     except services.SubmitRejected as error:
         messages.error(request, f"Not resubmitted: {error.message}")
         return redirect("dashboard:job-detail", job.pk)

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_http_methods
 
 from components.runtime.contract.project import secret_name_problem
 from dashboard.views.common import login_required, page_context
-from strata.accounts import team_secrets
+from strata.accounts import roles, team_secrets
 from strata.accounts.models import Secret, Team
 from strata.accounts.selectors import member_team_ids
 
@@ -25,6 +25,7 @@ def _page(request, team, *, errors=None, name: str = "", status: int = 200):
     rows = (Secret.objects.filter(team=team).select_related("created_by", "updated_by").order_by("name")
             if team is not None else [])
     context = page_context(request, "secrets", team=team, member_teams=_teams(request), secrets=rows,
+                           manage=team is not None and roles.has_role(request, team, roles.TEAM_ADMIN),
                            errors=errors or {}, name=name, max_kib=team_secrets.MAX_VALUE_BYTES // 1024)
     return render(request, "dashboard/secrets.html", context, status=status)
 
@@ -51,6 +52,7 @@ def secrets_page(request):
     team = _team(request)
     if request.method == "GET" or team is None:
         return _page(request, team)
+    roles.require_page(request, team, roles.TEAM_ADMIN, "set or delete its secrets")
     here = f"{reverse('dashboard:team-secrets')}?{urlencode({'team': team.slug})}"
     name = request.POST.get("name", "").strip()
     if request.POST.get("action") == "delete":
@@ -58,7 +60,7 @@ def secrets_page(request):
         if deleted is None:
             messages.error(request, f"No secret {name} in team {team.slug}")
             return _page(request, team, status=404)
-        team_secrets.secret_delete(deleted)
+        team_secrets.secret_delete(deleted, request=request)
         messages.success(request, f"Secret {name} of {team.slug} deleted")
         return redirect(here)
     value = request.POST.get("value", "")
@@ -67,7 +69,7 @@ def secrets_page(request):
     if errors:
         messages.error(request, "Secret not saved: check the highlighted fields.")
         return _page(request, team, errors=errors, name=name, status=400)
-    _, created = team_secrets.secret_set(team, name, value, user=request.user)
+    _, created = team_secrets.secret_set(team, name, value, user=request.user, request=request)
     messages.success(request, f"Secret {name} of {team.slug} {'created' if created else 'replaced'}: jobs that "
                               "name it in environment.secrets get it from their next attempt on")
     return redirect(here)

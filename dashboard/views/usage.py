@@ -255,7 +255,7 @@ def quota_editor(request):
         if ROOTS_FIELD in request.POST:  # a form without the field leaves the granted roots as they are
             submitted[ROOTS_FIELD] = request.POST[ROOTS_FIELD]
         try:
-            change = quota_update(team.pk, submitted)
+            change = quota_update(team.pk, submitted, request=request)
         except QuotaInvalid as error:
             messages.error(request, f"Quota of {team.slug} not saved: check the highlighted fields.")
             context = page_context(request, "quotas", rows=_editor_rows(team.slug, submitted, error.errors),

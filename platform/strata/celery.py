@@ -56,12 +56,22 @@ def _configure() -> None:
                 "schedule": settings.STRATA_RETENTION_INTERVAL_SECONDS,
                 "options": {"queue": "control", "expires": settings.STRATA_RETENTION_INTERVAL_SECONDS},
             },
+            "tracking-mirror": {  # jobs mirrored to their team's MLflow server (strata.tracking)
+                "task": "strata.tracking.mirror",
+                "schedule": settings.STRATA_MLFLOW_SYNC_SECONDS,
+                "options": {"queue": "control", "expires": settings.STRATA_MLFLOW_SYNC_SECONDS},
+            },
+            "audit-retention": {  # audit log entries older than STRATA_AUDIT_RETENTION_DAYS (strata.audit)
+                "task": "strata.audit.retention",
+                "schedule": 3600.0,
+                "options": {"queue": "control", "expires": 3600},
+            },
         },
     )
 
 
 app.on_configure.connect(lambda **_: _configure(), weak=False)
-app.autodiscover_tasks(["strata.scheduling", "strata.telemetry"])
+app.autodiscover_tasks(["strata.scheduling", "strata.telemetry", "strata.audit", "strata.notify", "strata.tracking"])
 
 
 def request_pass() -> None:

@@ -230,3 +230,20 @@ def check_https(app_configs=None, **kwargs) -> list:
             problems.append(_warning("042", f"CSRF_TRUSTED_ORIGINS does not hold the public origin {origin}.",
                                      "Add it to STRATA_CSRF_TRUSTED_ORIGINS"))
     return problems
+
+
+@register(Tags.security, "strata", deploy=True)
+def check_sign_in(app_configs=None, **kwargs) -> list:
+    """Single sign-on (strata.accounts.oidc): a configuration nobody can log in with, or an admin group that
+    never applies."""
+    problems = []
+    sso = bool(settings.STRATA_OIDC_ISSUER and settings.STRATA_OIDC_CLIENT_ID)
+    if not settings.STRATA_PASSWORD_LOGIN and not sso:
+        problems.append(_warning("090", "STRATA_PASSWORD_LOGIN is off and single sign-on is not configured: nobody "
+                                        "can log in to the web UI.",
+                                 "Set STRATA_OIDC_ISSUER and STRATA_OIDC_CLIENT_ID, or STRATA_PASSWORD_LOGIN=true"))
+    if sso and settings.STRATA_OIDC_ADMIN_GROUP and not settings.STRATA_OIDC_TEAM_CLAIM:
+        problems.append(_warning("091", "STRATA_OIDC_ADMIN_GROUP is set but STRATA_OIDC_TEAM_CLAIM is not: the "
+                                        "admin group is looked for in that claim, so no login makes an admin.",
+                                 "Set STRATA_OIDC_TEAM_CLAIM (e.g. groups)"))
+    return problems

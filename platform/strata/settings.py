@@ -86,6 +86,9 @@ INSTALLED_APPS = [
     "strata.jobs",
     "strata.scheduling",
     "strata.telemetry",
+    "strata.audit",
+    "strata.notify",
+    "strata.tracking",
     "strata.api",
     "dashboard",
 ]
@@ -160,7 +163,8 @@ LOGIN_REDIRECT_URL = "/jobs/"
 
 # --- login guard (strata.accounts.login_guard; docs/security.md) ------------------------------------
 # Every password login goes through this backend, which refuses guessing before it checks the password.
-AUTHENTICATION_BACKENDS = ["strata.accounts.backends.GuardedModelBackend"]
+AUTHENTICATION_BACKENDS = ["strata.accounts.backends.GuardedModelBackend",
+                           "strata.accounts.oidc.OidcBackend"]  # single sign-on: only its callback
 # A user name from one address: free failures, then backoff, then a lockout of LOCKOUT_SECONDS per attempt.
 STRATA_LOGIN_FREE_FAILURES = env_int("STRATA_LOGIN_FREE_FAILURES", 5, minimum=1)
 STRATA_LOGIN_LOCKOUT_FAILURES = env_int("STRATA_LOGIN_LOCKOUT_FAILURES", 10, minimum=1)
@@ -174,6 +178,26 @@ STRATA_LOGIN_BACKOFF_MAX_SECONDS = env_float("STRATA_LOGIN_BACKOFF_MAX_SECONDS",
 STRATA_LOGIN_LOCKOUT_SECONDS = env_float("STRATA_LOGIN_LOCKOUT_SECONDS", 900.0, minimum=0.0)
 STRATA_LOGIN_WINDOW_SECONDS = env_float("STRATA_LOGIN_WINDOW_SECONDS", 3600.0, minimum=1.0)  # failures expire
 STRATA_LOGIN_KNOWN_ADDRESS_DAYS = env_float("STRATA_LOGIN_KNOWN_ADDRESS_DAYS", 30.0, minimum=0.0)
+
+# --- single sign-on with OpenID Connect (strata.accounts.oidc; docs/operations.md, Single sign-on) ----------
+# Off: the login page hides the password form and every password login (web UI, admin, API login) is refused.
+STRATA_PASSWORD_LOGIN = env_bool("STRATA_PASSWORD_LOGIN", True)
+# The provider's issuer URL (or its /.well-known/openid-configuration URL); empty: no single sign-on.
+STRATA_OIDC_ISSUER = env_str("STRATA_OIDC_ISSUER", "")
+STRATA_OIDC_CLIENT_ID = env_str("STRATA_OIDC_CLIENT_ID", "")  # the client registered at the provider for Strata
+STRATA_OIDC_CLIENT_SECRET = env_str("STRATA_OIDC_CLIENT_SECRET", "")  # its secret (or STRATA_OIDC_CLIENT_SECRET_FILE)
+STRATA_OIDC_SCOPES = env_list("STRATA_OIDC_SCOPES", ["openid", "email", "profile"])  # scopes asked for; most need groups
+STRATA_OIDC_PROVIDER_NAME = env_str("STRATA_OIDC_PROVIDER_NAME", "single sign-on")  # the login page: Sign in with <name>
+# The claim that names the Strata user (falls back to email, then sub).
+STRATA_OIDC_USERNAME_CLAIM = env_str("STRATA_OIDC_USERNAME_CLAIM", "preferred_username")
+# The claim listing the user's groups (e.g. groups); empty: logins never change teams or the admin flag.
+STRATA_OIDC_TEAM_CLAIM = env_str("STRATA_OIDC_TEAM_CLAIM", "")
+# Only groups with this prefix are teams (the prefix stripped); "slug:team-admin" or "slug:viewer" gives that role.
+STRATA_OIDC_TEAM_PREFIX = env_str("STRATA_OIDC_TEAM_PREFIX", "")
+STRATA_OIDC_CREATE_TEAMS = env_bool("STRATA_OIDC_CREATE_TEAMS", False)  # a group naming no team creates it
+STRATA_OIDC_ADMIN_GROUP = env_str("STRATA_OIDC_ADMIN_GROUP", "")  # a group (team claim) of cluster admins
+STRATA_OIDC_SIGN_ALGO = env_str("STRATA_OIDC_SIGN_ALGO", "RS256")  # the ID token's signature algorithm
+STRATA_OIDC_TIMEOUT_SECONDS = env_float("STRATA_OIDC_TIMEOUT_SECONDS", 10.0, minimum=0.1)  # each call to it
 
 # --- request limits -----------------------------------------------------------------------------------
 STRATA_MAX_BODY_BYTES = env_int("STRATA_MAX_BODY_BYTES", 1 * 2**20, minimum=1024)
@@ -197,6 +221,9 @@ STRATA_RETENTION_CHECKPOINTS = env_str("STRATA_RETENTION_CHECKPOINTS", "latest")
 STRATA_RETENTION_ARTIFACTS_DAYS = env_float_or_none("STRATA_RETENTION_ARTIFACTS_DAYS", None, minimum=0)
 # A code bundle that no job ever referenced is deleted this many days after its upload; empty: never.
 STRATA_RETENTION_UNUSED_CODE_DAYS = env_float_or_none("STRATA_RETENTION_UNUSED_CODE_DAYS", 7.0, minimum=0)
+# Log lines of ended jobs are kept this many days (the rest deleted, and the job's logs say how many: strata.jobs.
+# log_search); unset or empty: forever (only STRATA_MAX_LOG_LINES_PER_JOB bounds them).
+STRATA_RETENTION_LOG_DAYS = env_float_or_none("STRATA_RETENTION_LOG_DAYS", None, minimum=0)
 # How often the scheduler leader's beat runs the collector.
 STRATA_RETENTION_INTERVAL_SECONDS = env_float("STRATA_RETENTION_INTERVAL_SECONDS", 3600.0, minimum=10)
 DATA_UPLOAD_MAX_MEMORY_SIZE = STRATA_MAX_BODY_BYTES
@@ -258,6 +285,8 @@ SPECTACULAR_SETTINGS = {
         "ParticipantStateEnum": "strata.jobs.models.Participant.State",
         "NodeStateEnum": "strata.cluster.models.Node.State",
         "SharingPolicyEnum": "strata.cluster.models.DevicePool.Policy",
+        "WebhookFormatEnum": "strata.notify.models.Webhook.Format",
+        "DataFormatEnum": "strata.jobs.models.DataSet.Format",  # "format" is a webhook's field too
     },
 }
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -349,6 +378,8 @@ LOGGING = {
 STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)  # hour rollups
 STRATA_TELEMETRY_RAW_DAYS = env_int("STRATA_TELEMETRY_RAW_DAYS", 2, minimum=1)  # raw heartbeat samples
+# Audit log entries (strata.audit) older than this many days are deleted by the scheduler leader; empty: kept forever.
+STRATA_AUDIT_RETENTION_DAYS = env_float_or_none("STRATA_AUDIT_RETENTION_DAYS", 365.0, minimum=1)
 
 # --- metrics (docs/operations/metrics.md) -------------------------------------------------------------------
 # Set: /metrics asks for "Authorization: Bearer <token>"; unset: it is open (aggregate counts only).
@@ -357,3 +388,42 @@ STRATA_METRICS_TOKEN = env_str("STRATA_METRICS_TOKEN") or None
 STRATA_SCHEDULER_METRICS_PORT = env_int("STRATA_SCHEDULER_METRICS_PORT", 9109, minimum=0)
 # Where the scheduler's metrics server listens: loopback unless an operator opens it.
 STRATA_METRICS_BIND = env_str("STRATA_METRICS_BIND", "127.0.0.1")
+
+# --- notifications (strata.notify: webhooks and e-mail; docs/architecture.md, Notifications) ----------------
+# A webhook delivery gives up on connecting after this many seconds ...
+STRATA_NOTIFY_CONNECT_TIMEOUT_S = env_float("STRATA_NOTIFY_CONNECT_TIMEOUT_S", 3.0, minimum=0.1)
+# ... and on the receiver's answer after this many (the whole answer, not each read).
+STRATA_NOTIFY_READ_TIMEOUT_S = env_float("STRATA_NOTIFY_READ_TIMEOUT_S", 5.0, minimum=0.1)
+# Tries per delivery (the first included); a failed one is retried after STRATA_NOTIFY_BACKOFF_S, doubling each time.
+STRATA_NOTIFY_MAX_ATTEMPTS = env_int("STRATA_NOTIFY_MAX_ATTEMPTS", 6, minimum=1)
+STRATA_NOTIFY_BACKOFF_S = env_float("STRATA_NOTIFY_BACKOFF_S", 10.0, minimum=0.0)  # the wait after the first failed try
+STRATA_NOTIFY_BACKOFF_MAX_S = env_float("STRATA_NOTIFY_BACKOFF_MAX_S", 600.0, minimum=0.0)  # the longest wait
+# Deliveries `strata notifier` (the worker of the notify queue) makes at once, each in a thread of its own.
+STRATA_NOTIFY_CONCURRENCY = env_int("STRATA_NOTIFY_CONCURRENCY", 8, minimum=1)
+# Webhook URLs may name loopback, private and link-local addresses (off: only public ones, checked at each delivery).
+STRATA_WEBHOOK_ALLOW_PRIVATE = env_bool("STRATA_WEBHOOK_ALLOW_PRIVATE", False)
+# E-mail notifications go through Django's mail backend (smtp; tests use locmem) with these settings.
+EMAIL_BACKEND = env_str("STRATA_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("STRATA_EMAIL_HOST", "localhost")  # the SMTP server
+EMAIL_PORT = env_int("STRATA_EMAIL_PORT", 25, minimum=1)  # its port
+EMAIL_HOST_USER = env_str("STRATA_EMAIL_USER", "") or ""  # SMTP login (empty: none)
+EMAIL_HOST_PASSWORD = env_str("STRATA_EMAIL_PASSWORD", "") or ""  # or STRATA_EMAIL_PASSWORD_FILE
+EMAIL_USE_TLS = env_bool("STRATA_EMAIL_STARTTLS", False)  # STARTTLS on the plain port
+EMAIL_USE_SSL = env_bool("STRATA_EMAIL_SSL", False)  # TLS from the first byte (port 465)
+EMAIL_TIMEOUT = env_float("STRATA_EMAIL_TIMEOUT_S", 10.0, minimum=0.1)  # seconds for the SMTP server to answer
+DEFAULT_FROM_EMAIL = env_str("STRATA_EMAIL_FROM", "strata@localhost")  # the sender of notifications
+
+# --- the MLflow bridge (strata.tracking: a team's jobs mirrored to its MLflow server; docs/architecture.md) ---
+# How often the scheduler leader's beat mirrors jobs (new runs, metric batches, ended runs and their artifacts).
+STRATA_MLFLOW_SYNC_SECONDS = env_float("STRATA_MLFLOW_SYNC_SECONDS", 15.0, minimum=1)
+# An artifact or checkpoint larger than this is not copied to the run (a tag names it); 0: none is copied.
+STRATA_MLFLOW_MAX_ARTIFACT_BYTES = env_int("STRATA_MLFLOW_MAX_ARTIFACT_BYTES", 2 * 2**30, minimum=0)
+# One call to a tracking server gives up on connecting after this many seconds (an artifact's upload on its reads
+# after STRATA_MLFLOW_TIMEOUT_S * 10).
+STRATA_MLFLOW_TIMEOUT_S = env_float("STRATA_MLFLOW_TIMEOUT_S", 5.0, minimum=0.1)
+# A team whose server failed is retried after the sync interval, doubling each failed round up to this many seconds.
+STRATA_MLFLOW_BACKOFF_MAX_S = env_float("STRATA_MLFLOW_BACKOFF_MAX_S", 600.0, minimum=1)
+# One team's round stops starting new jobs' work after this many seconds (the rest is left to the next round).
+STRATA_MLFLOW_ROUND_BUDGET_S = env_float("STRATA_MLFLOW_ROUND_BUDGET_S", 60.0, minimum=1)
+# Teams `strata tracker` (the worker of the tracking queue) mirrors at once, each in a thread of its own.
+STRATA_MLFLOW_CONCURRENCY = env_int("STRATA_MLFLOW_CONCURRENCY", 4, minimum=1)

@@ -1,7 +1,9 @@
 from django.contrib import admin
+from django.contrib.auth.views import LoginView
 from django.http import JsonResponse
 from django.urls import include, path
 
+from strata.accounts.forms import GuardedAuthenticationForm
 from strata.api.metrics import metrics, readyz
 
 
@@ -21,6 +23,10 @@ urlpatterns = [
     path("metrics", metrics),  # Prometheus (docs/operations/metrics.md)
     path("admin/", admin.site.urls),
     path("api/v1/", include("strata.api.urls")),
+    # DRF's login page with the login guard's form (its messages: too many failures, password login off).
+    path("api-auth/login/", LoginView.as_view(template_name="rest_framework/login.html",
+                                              authentication_form=GuardedAuthenticationForm)),
     path("api-auth/", include("rest_framework.urls")),
+    path("oidc/", include("strata.accounts.oidc")),  # single sign-on: authenticate/, callback/
     path("", include("dashboard.urls")),
 ]

@@ -413,6 +413,7 @@ def test_charts_embed_the_metric_points(world):
     assert embedded(html, "fig-throughput")["data"][0]["y"] == [100, 200, 300, 400, 500]
     assert 'id="chart-other"' not in html  # only when a metric fits no other chart
     MetricPoint.objects.create(job=job, name="grad_norm", step=1, value=3.0)
+    MetricPoint.objects.create(job=job, name="grad_norm", step=2, value=2.0)
     assert embedded(world["client"].get(f"/jobs/{job.pk}/").content.decode(), "fig-other")["data"][0]["name"] == "grad_norm"
 
 
@@ -449,8 +450,8 @@ def test_live_returns_what_is_new_after_the_cursors(world):
     data = client.get(f"/jobs/{job.pk}/live/?{query}").json()
     assert data["state"] == job.state and data["terminal"] is False
     assert [line["text"].split("  ", 1)[1] for line in data["logs"]] == ["new line"]
-    assert data["metrics"] == {"loss": {"x": [2], "y": [0.7], "chart": "loss"},
-                               "accuracy": {"x": [2], "y": [0.6], "chart": "accuracy"}}
+    assert data["metrics"] == {"loss": {"x": [2], "y": [0.7], "chart": "loss", "text": "0.7"},
+                               "accuracy": {"x": [2], "y": [0.6], "chart": "accuracy", "text": "0.6"}}
     assert [event["message"] for event in data["events"]] == ["something happened"]
     assert data["cursors"]["logs"] > cursors["logs"] and data["cursors"]["metrics"] > cursors["metrics"]
     assert "No attempts yet" in data["attempts_html"] and "No artifacts yet" in data["artifacts_html"]

@@ -23,7 +23,7 @@ def alpha(make_team):
 @pytest.fixture
 def browser(make_user, alpha):
     client = Client()
-    client.force_login(make_user("alice", alpha))
+    client.force_login(make_user("alice", alpha, "team-admin"))  # setting secrets: team-admin (roles)
     return client
 
 

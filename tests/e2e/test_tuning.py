@@ -51,6 +51,8 @@ def test_a_sweep_runs_its_trials_inside_its_gpu_and_its_best_model_is_served(clu
         # Run by the sweep's warm trial runner inside the sweep's GPU: a job of its own, never placed.
         assert record["attempts"] == [] and record["started_at"] and record["finished_at"], record
         assert any(point["name"] == "test_accuracy" for point in cluster.metrics(child["id"]))
+        if record["state"] == "CANCELLED":  # stopped by the sweep's scheduler: its job says so, and when
+            assert record["reason"].startswith("stopped early by ASHA at iteration "), record["reason"]
         if record["state"] == "SUCCEEDED":  # its files are its job's: the model a serve job reads
             assert {"model.pt", "metrics.json"} <= {a["name"] for a in cluster.get(f"jobs/{child['id']}/artifacts/")}
 
@@ -122,6 +124,8 @@ def test_a_pbt_sweep_goes_on_from_better_trials_checkpoints(cluster):
     for row in exploited:
         for old in row["jobs"]:  # cancelled, unless it finished before the engine read its results
             assert children[old]["state"] in {"CANCELLED", "SUCCEEDED"}
+            if children[old]["state"] == "CANCELLED":  # a placed trial: its job says why (the placed path)
+                assert children[old]["reason"].startswith("replaced by PBT at iteration "), children[old]
         step = row["exploits"][-1]
         assert step["job"] == row["job"] and row["params"] == step["params"]
         logs = "\n".join(cluster.logs(row["job"]))

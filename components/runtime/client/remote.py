@@ -194,8 +194,8 @@ class RemoteChildren(Children):
     def list(self) -> list[dict[str, Any]]:
         return self.ctx.client.get(self.ctx._path("children/"), params=self.ctx._auth())
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        return self._post(f"{job_id}/cancel/")
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self._post(f"{job_id}/cancel/", {"reason": reason[:300]})
 
     def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:
         return self._post(f"{job_id}/hold/", {"reason": reason})

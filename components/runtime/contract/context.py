@@ -75,8 +75,10 @@ class Children(Facet):
         """This job's child jobs, oldest first (their summaries, with the current state)."""
         raise self._none("child jobs")
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
-        """Cancel one of this job's child jobs; returns its summary."""
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        """Cancel one of this job's child jobs; returns its summary. ``reason`` (at most 300 characters) is what
+        the child's page and ``strata jobs`` show, e.g. why the parent stopped it; without one they say "cancelled
+        by its parent <id>"."""
         raise self._none("child jobs")
 
     def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:
@@ -405,9 +407,9 @@ class LocalChildren(Children):
                 return entry
         raise LookupError(f"no child job {job_id}")
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
         summary = self._child(job_id)["summary"]
-        summary["state"] = "CANCELLED"
+        summary["state"], summary["reason"] = "CANCELLED", reason or f"cancelled by its parent {self.ctx.job_id}"
         return dict(summary)
 
     def hold(self, job_id: str, reason: str = "") -> dict[str, Any]:

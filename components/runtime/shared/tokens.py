@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Iterable
 
@@ -29,6 +30,13 @@ MAX_TOKEN_CHARS = 512  # longer presented values are refused without hashing the
 def token_digest(raw: str) -> str:
     """The SHA-256 hex digest the control plane stores for token ``raw`` (256 random bits: no salt needed)."""
     return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def new_api_token() -> tuple[str, str]:
+    """A new API token: (its prefix, shown in listings; its raw value ``st_<prefix>_<random>``). The control plane
+    makes them (``ApiToken.generate``), and so does ``strata login``, which sends only the digest."""
+    prefix = secrets.token_hex(4)
+    return prefix, f"st_{prefix}_{secrets.token_urlsafe(32)}"
 
 
 def bearer(metadata: Iterable[tuple[str, str | bytes]]) -> str | None:

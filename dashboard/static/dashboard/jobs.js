@@ -27,6 +27,30 @@
       filters.querySelectorAll("select").forEach((select) => select.addEventListener("change", () => filters.submit()));
     }
     const range = document.getElementById("jobs-range");
+    // Child jobs are listed under their parent, collapsed until its toggle opens them (kept across refreshes).
+    const expanded = new Set();
+    function showChildren() {
+      const shown = {};
+      Array.from(table.tBodies[0].rows).forEach((row) => {
+        const parent = row.dataset.parentId;
+        const visible = !parent || (shown[parent] && expanded.has(parent));
+        shown[row.dataset.jobId] = visible;
+        row.hidden = !visible;
+        const toggle = row.querySelector(".toggle-children");
+        if (toggle) {
+          const open = expanded.has(toggle.dataset.toggle);
+          toggle.setAttribute("aria-expanded", String(open));
+          toggle.textContent = (open ? "▾ " : "▸ ") + toggle.textContent.replace(/^[▸▾]\s*/, "");
+        }
+      });
+    }
+    table.addEventListener("click", (event) => {
+      const toggle = event.target.closest(".toggle-children");
+      if (!toggle) return;
+      const id = toggle.dataset.toggle;
+      if (expanded.has(id)) expanded.delete(id); else expanded.add(id);
+      showChildren();
+    });
     let last = null;
     Strata.poll(() => table.dataset.rowsUrl + window.location.search, 2000, (html) => {
       if (html === last) return true;
@@ -36,6 +60,7 @@
       if (!fresh) return true;
       last = html;
       table.tBodies[0].replaceWith(fresh);
+      showChildren();
       if (range && fresh.dataset.range !== undefined) range.textContent = fresh.dataset.range;
       if (fresh.dataset.counts) {
         Object.entries(JSON.parse(fresh.dataset.counts)).forEach(([state, count]) => {
@@ -213,10 +238,52 @@
       return plot;
     }
 
+    // A metric whose points span fewer than two steps is shown as a value (the server's text), not as a line:
+    // it becomes a line on its chart when a second step arrives.
+    const valuesCard = document.getElementById("metric-values");
+    const valuesList = document.getElementById("metric-values-list");
+
+    function valueEntry(name) {
+      return Array.from(valuesList.children).find((child) => child.dataset.metric === name) || null;
+    }
+
+    function showValue(name, points, text) {
+      let entry = valueEntry(name);
+      if (!entry) {
+        entry = element("div", "contents");
+        entry.dataset.metric = name;
+        entry.append(element("dt", "", name), element("dd", "num"));
+        valuesList.append(entry);
+      }
+      entry.dataset.points = JSON.stringify(points);
+      const finite = points.x.filter((x, i) => points.y[i] !== null);
+      const dd = entry.querySelector("dd");
+      dd.replaceChildren(document.createTextNode(text));
+      if (finite.length) dd.append(" ", element("span", "muted", "at step " + finite[finite.length - 1]));
+      valuesCard.hidden = false;
+      const empty = document.getElementById("charts-empty");
+      if (empty) empty.remove();
+    }
+
     function applyMetrics(metrics) {
       if (!window.Plotly) return;
       const palette = config.charts.palette;
       Object.entries(metrics || {}).forEach(([name, series]) => {
+        const existing = document.getElementById("chart-" + series.chart);
+        const drawn = existing && (existing.data || []).findIndex((trace) => trace.name === name);
+        if (!existing || drawn < 0) {
+          const entry = valueEntry(name);
+          const known = entry ? JSON.parse(entry.dataset.points) : {x: [], y: []};
+          const points = {x: known.x.concat(series.x), y: known.y.concat(series.y)};
+          const steps = new Set(points.x.filter((x, i) => points.y[i] !== null));
+          if (steps.size < 2) {
+            showValue(name, points, series.text);
+            return;
+          }
+          if (entry) entry.remove();
+          valuesCard.hidden = valuesList.children.length === 0;
+          series = Object.assign({}, series, points);
+        }
         const plot = ensureChart(series.chart);
         const traces = plot.data || [];
         const index = traces.findIndex((trace) => trace.name === name);

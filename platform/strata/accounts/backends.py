@@ -2,16 +2,23 @@
 
 It is the only entry of ``AUTHENTICATION_BACKENDS``, so every password login (the web UI's ``/login/``, the
 Django admin's, DRF's ``/api-auth/login/``, any ``authenticate()`` call) is guarded here, before the password
-is checked.
+is checked. With ``STRATA_PASSWORD_LOGIN`` off it refuses every password (single sign-on only).
+
+Each attempt the guard lets through leaves an audit log entry: ``login.success`` or ``login.failure``, and
+``login.lockout`` when the failure locks the user name or the address out. (An attempt the guard refuses leaves
+none: it checks no password, and a flood of them must not flood the log.)
 """
 
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
+from django.db import transaction
 
 from strata.accounts import login_guard
+from strata.audit.services import record
 
 
 class GuardedModelBackend(ModelBackend):
@@ -20,6 +27,10 @@ class GuardedModelBackend(ModelBackend):
             username = kwargs.get(get_user_model().USERNAME_FIELD)
         if username is None or password is None:
             return None
+        if not settings.STRATA_PASSWORD_LOGIN:
+            if request is not None:
+                setattr(request, login_guard.PASSWORD_OFF_ATTR, True)
+            raise login_guard.PasswordLoginOff()  # a PermissionDenied: authenticate() stops here
         try:
             attempt = login_guard.begin(username, login_guard.client_address(request))
         except login_guard.LoginRefused as refused:
@@ -29,7 +40,22 @@ class GuardedModelBackend(ModelBackend):
         user = super().authenticate(request, username=username, password=password, **kwargs)
         if user is not None:
             attempt.succeeded()
-        return user
+            record("login.success", request=request, actor=user, target=f"user {user.get_username()}")
+            return user
+        _login_failed(request, username, attempt)
+        return None
 
     async def aauthenticate(self, request, username=None, password=None, **kwargs):
         return await sync_to_async(self.authenticate)(request, username=username, password=password, **kwargs)
+
+
+def _login_failed(request, username: str, attempt: login_guard.Attempt) -> None:
+    """The audit log's entries for a wrong password: ``login.failure``, and ``login.lockout`` if it locks a key."""
+    User = get_user_model()
+    account = User._default_manager.filter(**{User.USERNAME_FIELD: username}).first()
+    actor, target = account or str(username), f"user {username}"
+    with transaction.atomic():
+        record("login.failure", request=request, actor=actor, target=target, after={"account": account is not None})
+        if attempt.locks:
+            record("login.lockout", request=request, actor=actor, target=target,
+                   after={"scopes": attempt.locks, "seconds": settings.STRATA_LOGIN_LOCKOUT_SECONDS})

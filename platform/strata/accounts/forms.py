@@ -11,6 +11,8 @@ from strata.accounts import login_guard
 
 class GuardedLoginFormMixin:
     def get_invalid_login_error(self):
+        if getattr(self.request, login_guard.PASSWORD_OFF_ATTR, False):
+            return ValidationError(login_guard.password_off_message(), code="password_login_off")
         wait = getattr(self.request, login_guard.REFUSED_ATTR, None)
         if wait is not None:
             return ValidationError(login_guard.refusal_message(wait), code="throttled")

@@ -26,7 +26,7 @@ import ipaddress
 import math
 import random
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -65,6 +65,23 @@ class LoginRefused(PermissionDenied):
 
 def refusal_message(retry_after: int) -> str:
     return f"Too many failed logins; try again in {retry_after} s."
+
+
+#: The request attribute set when a password login was refused because ``STRATA_PASSWORD_LOGIN`` is off.
+PASSWORD_OFF_ATTR = "strata_password_login_off"
+
+
+class PasswordLoginOff(PermissionDenied):
+    """Password logins are turned off (``STRATA_PASSWORD_LOGIN=false``): users sign in through single sign-on."""
+
+    def __init__(self):
+        super().__init__(password_off_message())
+
+
+def password_off_message() -> str:
+    name = settings.STRATA_OIDC_PROVIDER_NAME if settings.STRATA_OIDC_ISSUER else ""
+    where = f": sign in with {name}" if name else ""
+    return f"Password login is turned off on this cluster{where}."
 
 
 @dataclass(frozen=True)
@@ -148,21 +165,37 @@ def normalize_address(value: str | None) -> str | None:
     return str(address)
 
 
-def client_address(request) -> str | None:
-    """The client's address: REMOTE_ADDR, or with ``REST_FRAMEWORK["NUM_PROXIES"]`` = n > 0 the n-th address
-    from the right of X-Forwarded-For (what the nearest trusted proxy saw). X-Forwarded-For is ignored when
-    no proxies are configured, since any client can send it."""
+def _ip(value: str | None) -> str | None:
+    """``value`` as an IP address (an IPv4-mapped IPv6 one as IPv4), or None if it is not one."""
+    try:
+        address = ipaddress.ip_address((value or "").strip())
+    except ValueError:
+        return None
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address)
+
+
+def client_ip(request) -> str | None:
+    """The client's exact IP address: REMOTE_ADDR, or with ``REST_FRAMEWORK["NUM_PROXIES"]`` = n > 0 the n-th
+    address from the right of X-Forwarded-For (what the nearest trusted proxy saw). X-Forwarded-For is ignored
+    when no proxies are configured, since any client can send it. (The audit log records this one.)"""
     if request is None:
         return None
     meta = request.META
-    remote = normalize_address(meta.get("REMOTE_ADDR"))
+    remote = _ip(meta.get("REMOTE_ADDR"))
     proxies = settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0
     forwarded = meta.get("HTTP_X_FORWARDED_FOR")
     if proxies > 0 and forwarded:
         hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
         if hops:
-            return normalize_address(hops[-min(proxies, len(hops))]) or remote
+            return _ip(hops[-min(proxies, len(hops))]) or remote
     return remote
+
+
+def client_address(request) -> str | None:
+    """The guard's key for the client (:func:`client_ip`): an IPv4 address or an IPv6 /64."""
+    return normalize_address(client_ip(request))
 
 
 # --- the gate ---------------------------------------------------------------------------------------------
@@ -206,6 +239,7 @@ class Attempt:
     keys: list[tuple[str, str, str]]
     charged_at: datetime
     previous: dict[str, datetime | None]  # scope -> last_failure_at before the charge
+    locks: list[str] = field(default_factory=list)  # scopes this attempt locks out if it fails (for the audit log)
 
     def succeeded(self) -> None:
         """Refund the charge; the user name's counters for this address are cleared, and the address
@@ -242,14 +276,18 @@ def begin(username: str, address: str | None, *, now: datetime | None = None) ->
         if wait:
             raise LoginRefused(wait)
         previous = {}
+        locks = []
         for row in rows:
             previous[row.scope] = row.last_failure_at
             row.failures = policy.failures(row, now) + 1
+            lockout_at = policy.limits[row.scope].lockout_at
+            if lockout_at is not None and row.failures >= lockout_at:
+                locks.append(row.scope)
             row.last_failure_at = row.updated_at = now
             row.save(update_fields=["failures", "last_failure_at", "updated_at"])
     if random.random() < PURGE_CHANCE:
         purge(now=now)
-    return Attempt(keys=keys, charged_at=now, previous=previous)
+    return Attempt(keys=keys, charged_at=now, previous=previous, locks=locks)
 
 
 # --- housekeeping ------------------------------------------------------------------------------------------
@@ -292,7 +330,8 @@ def wait_seconds(username: str, address: str | None, *, now: datetime | None = N
 
 
 class LoginGuardMiddleware:
-    """Answers ``429 Too Many Requests`` with ``Retry-After`` when the guard refused a login on the request.
+    """Answers ``429 Too Many Requests`` with ``Retry-After`` when the guard refused a login on the request
+    (``403`` when it was refused because password logins are off).
 
     The guard runs inside ``authenticate()``, which every login view (the web UI's, the Django admin's, DRF's
     browsable-API login) calls from its form; those views redisplay the form with a 200, so the status is
@@ -308,4 +347,6 @@ class LoginGuardMiddleware:
         if wait is not None and response.status_code == 200:
             response.status_code = 429
             response["Retry-After"] = str(wait)
+        elif getattr(request, PASSWORD_OFF_ATTR, False) and response.status_code == 200:
+            response.status_code = 403  # STRATA_PASSWORD_LOGIN is off: the form says so
         return response

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 import uuid
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from components.runtime.shared.tokens import token_digest  # noqa: F401 -- re-exported: one digest for every token
+from components.runtime.shared.tokens import new_api_token, token_digest  # noqa: F401 -- token_digest re-exported
 
 
 class Team(models.Model):
@@ -25,13 +24,21 @@ class Team(models.Model):
 
 
 class Membership(models.Model):
+    """A user's place in a team: a role (strata.accounts.roles) and, optionally, the user's own limits inside the
+    team's quota (null: only the team's quota limits them; admission in strata.quotas.services)."""
+
     class Role(models.TextChoices):
-        MEMBER = "member"
-        TEAM_ADMIN = "team-admin"
+        VIEWER = "viewer"  # reads the team's jobs and data
+        MEMBER = "member"  # also submits, and manages their own jobs, tokens, code and data
+        TEAM_ADMIN = "team-admin"  # also every job of the team, its tokens, secrets, members and their limits
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    max_concurrent_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The user's admitted (queued or running) jobs in this team at once.")
+    max_gpus = models.FloatField(null=True, blank=True,
+                                 help_text="GPUs the user's jobs in this team hold at once (fractional).")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "team"], name="one_membership_per_team")]
@@ -67,8 +74,7 @@ class ApiToken(models.Model):
 
     @staticmethod
     def generate() -> tuple[str, str]:
-        prefix = secrets.token_hex(4)
-        return prefix, f"st_{prefix}_{secrets.token_urlsafe(32)}"
+        return new_api_token()
 
     @property
     def is_active(self) -> bool:

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from components.runtime.contract.project import requested_secrets, secret_name_problem
 from strata.accounts.models import Secret
+from strata.audit.services import record
 
 MAX_VALUE_BYTES = 64 * 1024
 REDACTED = "***"
@@ -98,27 +99,37 @@ def value_problem(value: Any) -> str | None:
 
 
 # -- writes -------------------------------------------------------------------------------------------------------
-def secret_set(team, name: str, value: str, *, user=None) -> tuple[Secret, bool]:
+def secret_set(team, name: str, value: str, *, user=None, request=None) -> tuple[Secret, bool]:
     """Create or replace ``team``'s secret ``name``; returns (secret, created). :class:`SecretRejected` names each
-    bad field."""
+    bad field. The audit log gets a ``secret.set`` entry (never the value)."""
     errors = {field: problem for field, problem in (("name", secret_name_problem(name)), ("value", value_problem(value)))
               if problem}
     if errors:
         raise SecretRejected(errors)
     ciphertext = encrypt(value)
     now = timezone.now()
+    before = None
     with transaction.atomic():
         secret, created = Secret.objects.select_for_update().get_or_create(
             team=team, name=name, defaults={"ciphertext": ciphertext, "created_by": user, "updated_by": user,
                                             "created_at": now, "updated_at": now})
         if not created:
+            before = {"name": name, "updated_at": secret.updated_at,
+                      "updated_by": secret.updated_by.get_username() if secret.updated_by else None}
             secret.ciphertext, secret.updated_by, secret.updated_at = ciphertext, user, now
             secret.save(update_fields=["ciphertext", "updated_by", "updated_at"])
+        record("secret.set", request=request, actor=None if request is not None else user, team=team,
+               target=f"secret {name}", before=before,
+               after={"name": name, "created": created, "updated_at": now})
     return secret, created
 
 
-def secret_delete(secret: Secret) -> None:
-    secret.delete()
+def secret_delete(secret: Secret, *, request=None, user=None) -> None:
+    """Delete ``secret``; the audit log gets a ``secret.delete`` entry."""
+    with transaction.atomic():
+        record("secret.delete", request=request, actor=None if request is not None else user, team=secret.team,
+               target=f"secret {secret.name}", before={"name": secret.name, "updated_at": secret.updated_at})
+        secret.delete()
 
 
 def secrets_rotate() -> int:

@@ -3,10 +3,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from strata.accounts.api.views import SecretViewSet, TeamViewSet, TokenViewSet
+from strata.audit.api import AuditExportView, AuditLogView
 from strata.cluster.api import renewal
 from strata.cluster.api import views as cluster
 from strata.jobs.api import node_views as attempts
 from strata.jobs.api import parent_run_views as parent_run
+from strata.jobs.api.compare_views import CompareView
+from strata.jobs.api.log_views import LogSearchView
 from strata.jobs.api.records import CollectionItemView, CollectionView
 from strata.jobs.api.views import (
     AttemptDataView,
@@ -23,8 +26,12 @@ from strata.jobs.api.views import (
     ParticipantJoinView,
     ParticipantLeaveView,
 )
+from strata.notify.api.views import EmailSubscriptionViewSet, WebhookViewSet
+from strata.quotas.api.members import TeamMembersView, TeamMemberView
 from strata.quotas.api.views import QuotaViewSet
 from strata.quotas.roots import record_context
+from strata.quotas.selectors import job_usage
+from strata.tracking.api import TrackingView
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
@@ -35,6 +42,8 @@ router.register("teams", TeamViewSet, basename="team")
 router.register("quotas", QuotaViewSet, basename="quota")
 router.register("tokens", TokenViewSet, basename="token")
 router.register("secrets", SecretViewSet, basename="secret")
+router.register("webhooks", WebhookViewSet, basename="webhook")
+router.register("email-subscriptions", EmailSubscriptionViewSet, basename="email-subscription")
 router.register("code", CodeBundleViewSet, basename="code")
 router.register("data", DataSetViewSet, basename="data")
 router.register("uploads", DataUploadViewSet, basename="upload")
@@ -88,6 +97,17 @@ urlpatterns = [
     path("participants/<uuid:participant_id>/heartbeat/", ParticipantHeartbeatView.as_view(),
          name="participant-heartbeat"),
     path("participants/<uuid:participant_id>/leave/", ParticipantLeaveView.as_view(), name="participant-leave"),
+    # A team's members, roles and per-user limits (strata.accounts.roles: reads any role, changes team-admin).
+    path("teams/<slug:slug>/members/", TeamMembersView.as_view(), name="team-members"),
+    path("teams/<slug:slug>/members/<str:username>/", TeamMemberView.as_view(), name="team-member"),
+    # The jobs' GPU- and CPU-seconds are the quota's count (strata.quotas.selectors), handed to the jobs layer.
+    path("compare/", CompareView.as_view(usage=job_usage), name="compare"),
+    path("logs/search/", LogSearchView.as_view(), name="logs-search"),
+    # The team's MLflow tracking server (strata.tracking: team-admins).
+    path("tracking/", TrackingView.as_view(), name="tracking"),
+    # The audit log (strata.audit: team-admins their teams' entries, cluster admins all).
+    path("audit/", AuditLogView.as_view(), name="audit"),
+    path("audit/export.csv", AuditExportView.as_view(), name="audit-export"),
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),

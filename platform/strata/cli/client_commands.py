@@ -349,23 +349,28 @@ def _progress(kind: str):
         return None
 
 
+def _print_state(job: dict, started: float) -> str:
+    reason = f" ({job['reason']})" if job["reason"] else ""
+    print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
+    return job["state"]
+
+
 def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None = None) -> int:
     started = time.monotonic()
     last_state, last_step, after = None, None, 0
     table, header_shown, rows = None, False, {}
     while True:
+        # The state, then everything reported up to it. An end state is printed after them: a job's points and
+        # rows are all stored before it ends, so its end state is the last line.
         job = client.get(f"jobs/{job_id}/")
         if table is None:
             table = _progress(job["kind"]) or False
-        if job["state"] != last_state:
-            reason = f" ({job['reason']})" if job["reason"] else ""
-            print(f"[{time.monotonic() - started:6.1f}s] {job['state']}{reason}", flush=True)
-            last_state = job["state"]
-        if job.get("endpoint"):  # a job with an endpoint runs until cancelled: waiting ends once it answers
-            print(f"listening on {job['endpoint']} (strata cancel {job_id} to stop)", flush=True)
-            return 0
-        points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
-        if points:
+        if job["state"] != last_state and job["state"] not in TERMINAL:
+            last_state = _print_state(job, started)
+        for _ in range(10_000 if job["state"] in TERMINAL else 20):  # drain the new points, a page per answer
+            points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
+            if not points:
+                break
             after = points[-1]["id"]
             step = max(p["step"] for p in points)
             if step != last_step:
@@ -386,6 +391,11 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
                         header_shown = True
                     print(f"[{time.monotonic() - started:6.1f}s] {text}", flush=True)
                     rows[key] = text
+        if job["state"] != last_state:
+            last_state = _print_state(job, started)
+        if job.get("endpoint"):  # a job with an endpoint runs until cancelled: waiting ends once it answers
+            print(f"listening on {job['endpoint']} (strata cancel {job_id} to stop)", flush=True)
+            return 0
         if job["state"] in TERMINAL:
             return 0 if job["state"] == "SUCCEEDED" else 1
         if timeout and time.monotonic() - started > timeout:
@@ -401,11 +411,25 @@ def jobs(args) -> int:
     if args.json:
         print(json.dumps(page["results"], indent=2))
         return 0
-    print(f"{'ID':36}  {'NAME':24} {'KIND':8} {'TEAM':12} {'STATE':10} {'HOLDS':10} REASON")
-    for job in page["results"]:
-        print(f"{job['id']:36}  {job['name'][:24]:24} {job['kind'][:8]:8} {job['team'][:12]:12} "
-              f"{job['state']:10} {_holds(job.get('resources') or {}):10} {job['reason'][:60]}")
+    print(job_table(page["results"]))
     return 0
+
+
+def job_table(jobs: list[dict]) -> str:
+    """``strata jobs``' table: columns as wide as their longest value (a kind, a team, a name: never cut,
+    except names past 40 characters and reasons past 60), so the table lines up without truncating kinds."""
+    columns = [("ID", "id", 36), ("NAME", "name", 40), ("KIND", "kind", None), ("TEAM", "team", None),
+               ("STATE", "state", None), ("HOLDS", "holds", None)]
+    rows = [{**job, "holds": _holds(job.get("resources") or {})} for job in jobs]
+    widths = {}
+    for title, key, limit in columns:
+        widest = max([len(title), *(len(str(row.get(key) or "")) for row in rows)])
+        widths[key] = min(widest, limit) if limit else widest
+    lines = ["  ".join(f"{title:{widths[key]}}" for title, key, _ in columns) + "  REASON"]
+    for row in rows:
+        cells = [f"{str(row.get(key) or '')[:widths[key]]:{widths[key]}}" for _, key, _ in columns]
+        lines.append("  ".join(cells) + f"  {(row.get('reason') or '')[:60]}")
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _holds(resources: dict) -> str:
@@ -420,6 +444,10 @@ def _holds(resources: dict) -> str:
 
 def logs(args) -> int:
     client = connect(args)
+    from strata.cli import log_commands
+
+    if log_commands.wanted(args) or not args.job:  # --grep/--search/--since/--until/--rank (strata.jobs.log_search)
+        return log_commands.logs(args, client)
     after = 0
     while True:
         lines = client.get(f"jobs/{args.job}/logs/", params={"after": after})

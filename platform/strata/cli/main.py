@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     scheduler = commands.add_parser("scheduler", help="run the scheduler (Celery worker with beat)")
     scheduler.add_argument("--loglevel", default="WARNING")
+    from strata.notify.cli import add_parsers as notify_parsers
+
+    notify_parsers(commands)  # webhooks, notifier
 
     node = commands.add_parser("node", help="run a node agent on this machine")
     node.add_argument("--server", required=True, help="control plane URL")
@@ -84,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--local", action="store_true", help="write to the local database instead of the API")
     create.add_argument("--user", default="admin", help="with --local: the token's user")
 
+    login = commands.add_parser("login", help="get a token from a browser session (single sign-on or password) "
+                                "and save it with the URL to the config file")
+    login.add_argument("--team", help="preselect this team on the approval page")
+    login.add_argument("--sso", action="store_true",
+                       help="log the browser in through the single sign-on provider (not the login page)")
+    login.add_argument("--no-browser", action="store_true", help="only print the link (open it anywhere)")
+    login.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the approval (default 600)")
+
     job_token = commands.add_parser("job-token", help="a job's access tokens (for the services its attempts run)")
     job_token_commands = job_token.add_subparsers(dest="job_token_command", required=True)
     job_token_create = job_token_commands.add_parser("create", help="issue a token for a job (printed once)")
@@ -106,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     user_create = user.add_parser("create", help="create a user (or reset its password) and add it to teams")
     user_create.add_argument("username")
     user_create.add_argument("--team", action="append", default=[], help="team slug (repeatable; created if new)")
-    user_create.add_argument("--role", choices=["member", "team-admin"], default="member")
+    user_create.add_argument("--role", choices=["viewer", "member", "team-admin"], default="member")
     user_create.add_argument("--admin", action="store_true", help="make a cluster admin (staff)")
     user_create.add_argument("--password-file", help="read the password from this file ('-': stdin); "
                              "default: generate one and print it")
@@ -148,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
             parser_.add_argument("name")
         parser_.add_argument("--team")
 
+    from strata.cli import member_commands
+
+    member_commands.add_parser(commands)
+    from strata.tracking import cli as tracking_commands
+
+    tracking_commands.add_parser(commands)
+    from strata.audit import cli as audit_commands
+
+    audit_commands.add_parser(commands)
     secrets = commands.add_parser("secrets", help="team secrets: values jobs get as environment variables "
                                   "(spec.environment.secrets)").add_subparsers(dest="secrets_command", required=True)
     secrets_set = secrets.add_parser("set", help="create or replace a secret; the value is read from stdin "
@@ -177,9 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--limit", type=int, default=50)
     jobs.add_argument("--json", action="store_true")
 
-    logs = commands.add_parser("logs", help="print a job's logs")
-    logs.add_argument("job")
+    logs = commands.add_parser("logs", help="print a job's logs; --grep PATTERN: its matching lines; --search "
+                                            "WORDS: the team's jobs' lines with these words, best first")
+    logs.add_argument("job", nargs="?", help="the job (leave out with --search: every job of the team)")
     logs.add_argument("-f", "--follow", action="store_true")
+    logs.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    logs.add_argument("-F", "--fixed-strings", dest="fixed", action="store_true", help="--grep's PATTERN as written")
+    logs.add_argument("-i", "--ignore-case", dest="icase", action="store_true", help="--grep ignores case")
+    logs.add_argument("--search", metavar="WORDS", help='words to find, ranked ("a phrase", OR, -without)')
+    logs.add_argument("--since", help="lines at or after: a time (ISO 8601) or a duration before now (2h)")
+    logs.add_argument("--until", help="lines at or before (as --since)")
+    logs.add_argument("--rank", help="only lines of these worker ranks (0 or 0,1)")
+    logs.add_argument("--team", help="--search this team's jobs (default: the token's team)")
+    logs.add_argument("--limit", type=int, default=50, help="--search: at most this many lines (default 50)")
 
     artifacts = commands.add_parser("artifacts", help="list a job's artifacts, or download them (straight from "
                                                       "the object store where the cluster has one)")
@@ -190,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = commands.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job")
+
+    compare = commands.add_parser("compare", help="compare 2 to 20 jobs: states, resources, GPU- and CPU-seconds, "
+                                                  "final metrics and the spec diff (one line per differing path)")
+    compare.add_argument("jobs", nargs="*", metavar="JOB")
+    compare.add_argument("--parent", metavar="JOB", help="compare this job's first 20 children (a sweep's trials)")
+    compare.add_argument("--json", action="store_true", help="print the API's answer (metric series included)")
 
     quota = commands.add_parser("quota", help="show quotas, usage and data roots; admins: --set field=value "
                                               "(data_roots=/srv/a,/srv/b grants data roots)")
@@ -225,8 +261,32 @@ def dispatch(args) -> int:
         return run_benchmark(args.component, quick=args.quick, output=args.output, peers=args.peers)
     if args.command == "plugins":
         return client.plugins(args)
+    if args.command == "compare":
+        from strata.cli.compare import compare
+
+        return compare(args)
     if args.command == "job-token":
         return client.job_token(args)
+    if args.command == "login":
+        from strata.cli.login import login
+
+        return login(args)
+    if args.command == "members":
+        from strata.cli.member_commands import members
+
+        return members(args)
+    if args.command in ("tracking", "tracker"):
+        from strata.tracking import cli as tracking_cli
+
+        return tracking_cli.run(args) if args.command == "tracking" else tracking_cli.tracker(args)
+    if args.command == "audit":
+        from strata.audit.cli import run as audit
+
+        return audit(args)
+    if args.command in ("webhooks", "notifier"):
+        from strata.notify import cli as notify_cli
+
+        return notify_cli.webhooks(args) if args.command == "webhooks" else notify_cli.notifier(args)
     if args.command == "secrets":
         return local.secrets_rotate_local(args) if args.secrets_command == "rotate" else client.secrets(args)
     handlers = {"up": local.up, "server": local.server, "scheduler": local.scheduler, "node": local.node,

@@ -318,7 +318,9 @@ def up(args) -> int:
     env = {**os.environ, "STRATA_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     strata = [sys.executable, "-m", "strata.cli.main"]
     specs = [("server", strata + ["server", "--port", str(args.port)], {}),
-             ("scheduler", strata + ["scheduler"], {})]
+             ("scheduler", strata + ["scheduler"], {}),
+             ("notifier", strata + ["notifier", "--concurrency", "2"], {}),  # webhooks and e-mail (strata.notify)
+             ("tracker", strata + ["tracker", "--concurrency", "2"], {})]  # MLflow mirroring (strata.tracking)
     if args.virtual_gpus != 0:
         specs.append(("node", strata + ["node", "--server", url, "--name", args.node_name, "--virtual-gpus",
                                         str(args.virtual_gpus), "--virtual-gpu-memory", args.virtual_gpu_memory,
@@ -386,6 +388,7 @@ def token_create_local(args) -> int:
 
     from strata.accounts import services
     from strata.accounts.models import Team
+    from strata.audit.services import local_actor
 
     user = get_user_model().objects.filter(username=args.user).first()
     if user is None:
@@ -393,7 +396,8 @@ def token_create_local(args) -> int:
     team = Team.objects.filter(slug=args.team).first() if args.team else None
     if args.kind == "user" and team is None:
         raise ValueError("a user token needs --team")
-    _, raw = services.token_create(user, team=team, kind=args.kind, name=args.name or "", ttl_days=args.ttl_days)
+    _, raw = services.token_create(user, team=team, kind=args.kind, name=args.name or "", ttl_days=args.ttl_days,
+                                   actor=local_actor("strata token create --local"))
     print(raw)
     return 0
 

@@ -10,3 +10,9 @@ class JobsConfig(AppConfig):
         from strata.jobs import node_work
 
         node_work.connect()
+        # SQLite: the log search index's triggers survive a later migration that rebuilds jobs_logline.
+        from django.db.models.signals import post_migrate
+
+        from strata.jobs.log_search import ensure_sqlite_triggers
+
+        post_migrate.connect(ensure_sqlite_triggers, sender=self, dispatch_uid="strata.jobs.log_search")

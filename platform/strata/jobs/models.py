@@ -152,6 +152,12 @@ class Job(models.Model):
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Log lines not kept (strata.jobs.log_search): past STRATA_MAX_LOG_LINES_PER_JOB (never stored, from the
+    # first one's time on) and removed by the retention collector (every line before log_trimmed_before).
+    log_lines_dropped = models.BigIntegerField(default=0, db_default=0)
+    log_dropped_after = models.DateTimeField(null=True, blank=True)
+    log_lines_trimmed = models.BigIntegerField(default=0, db_default=0)
+    log_trimmed_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -275,9 +281,13 @@ class LogLine(models.Model):
     time = models.DateTimeField(default=timezone.now)
     level = models.CharField(max_length=16, default="info")
     message = models.TextField()
+    # The worker rank that wrote the line (its "[rank N] " prefix, strata.jobs.log_search.rank_of); None: the
+    # node agent or the control plane. Searched with full-text and grep indexes (migration 0019_log_search).
+    rank = models.IntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["job", "time"], name="jobs_logline_job_time")]
 
 
 class MetricPoint(models.Model):

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from strata.jobs import log_search
 from strata.jobs.models import TERMINAL_STATES, Attempt, Job, JobState, LogLine, MetricPoint
 from strata.jobs.states import InvalidTransition, transition
 
@@ -89,8 +90,10 @@ def record(child: Job, *, metrics: list[dict[str, Any]] = (), logs: list[dict[st
         room = settings.STRATA_MAX_LOG_LINES_PER_JOB - LogLine.objects.filter(job_id=child.pk).count()
         LogLine.objects.bulk_create([
             LogLine(job_id=child.pk, attempt=None, level=str(item.get("level", "info"))[:16],
-                    message=str(item.get("message", ""))[:10000], time=item.get("time") or now)
+                    message=str(item.get("message", ""))[:10000], time=item.get("time") or now,
+                    rank=log_search.rank_of(str(item.get("message", ""))))
             for item in logs[: max(room, 0)]])
+        log_search.note_dropped(child.pk, list(logs[max(room, 0):]), now)
 
 
 def batch(attempt: Attempt, *, submitted: list[Job] = (), start_ids: list[str] = (),  # type: ignore[assignment]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, F, Prefetch, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from strata.accounts.models import Team
 from strata.accounts.selectors import request_token, visible_team_ids
@@ -79,6 +81,19 @@ def submit_team(request, slug: str | None) -> Team:
     if team is None:
         raise SubmitTeamError(f"unknown team {slug!r}")
     return team
+
+
+def require_submitter(request, slug) -> None:
+    """Refuse a write that makes something new in a team (a job, a code bundle, a data upload, a record) when the
+    caller only views the team it would go to: a JSON 403 naming the member role (``strata.accounts.roles``).
+    A team the request does not name or cannot use is left to :func:`submit_team`'s 400."""
+    from strata.accounts import roles
+
+    try:
+        team = submit_team(request, slug if isinstance(slug, str) and slug else None)
+    except SubmitTeamError:
+        return
+    roles.require(request, team, roles.MEMBER, "create things in it")
 
 
 def source_artifact(job: Job, name: str):
@@ -229,3 +244,46 @@ def job_shares(jobs: list[Job]) -> dict[Any, dict | None]:
             "policy": device_policy(device, policies), "measured_memory": latest[job_id].measured_memory,
         }
     return shares
+
+
+MAX_POINTS_PER_SERIES = 2000
+
+
+def _finite(value: float | None, digits: int) -> float | None:
+    """A finite, rounded number for JSON; NaN and infinities (a diverged loss) become None."""
+    return round(value, digits) if value is not None and math.isfinite(value) else None
+
+
+def metric_series(job: Job, up_to_id: int | None = None, max_points: int = MAX_POINTS_PER_SERIES,
+                  digits: int = 6) -> dict[str, tuple[list[int], list[float | None]]]:
+    """A job's metrics as ``name -> (steps, values)`` in step order, values rounded to ``digits`` (NaN and
+    infinities: None). A series longer than ``max_points`` is thinned in the database to every n-th point (its
+    first and last kept), so a job with millions of points stays fast. The job page's charts and the compare
+    page (``strata.jobs.compare``) read it."""
+    points = job.metric_points.all()
+    if up_to_id is not None:
+        points = points.filter(id__lte=up_to_id)
+    counts = dict(points.values_list("name").annotate(n=Count("id")).order_by())
+    series: dict[str, tuple[list[int], list[float | None]]] = {}
+    small = [name for name, count in counts.items() if count <= max_points]
+    if small:
+        rows = points.filter(name__in=small).order_by("name", "step", "id").values_list("name", "step", "value")
+        for name, step, value in rows:
+            steps, values = series.setdefault(name, ([], []))
+            steps.append(step)
+            values.append(_finite(value, digits))
+    for name, count in counts.items():
+        if count <= max_points:
+            continue
+        stride = math.ceil(count / max_points)
+        numbered = (points.filter(name=name)
+                    .annotate(row=Window(RowNumber(), order_by=[F("step").asc(), F("id").asc()]))
+                    .annotate(phase=F("row") % stride)
+                    .filter(Q(phase=0) | Q(row=1) | Q(row=count))
+                    .order_by("step", "id")
+                    .values_list("step", "value"))
+        steps, values = series.setdefault(name, ([], []))
+        for step, value in numbered:
+            steps.append(step)
+            values.append(_finite(value, digits))
+    return dict(sorted(series.items()))

@@ -16,13 +16,13 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from components.runtime.contract.registry import subscribers as registry_subscribers
 from components.runtime.shared import protocol
 from components.runtime.shared.tokens import token_digest
 from strata.cluster.models import Device
-from strata.jobs import history
+from strata.jobs import history, log_search
 from strata.jobs.data import data_link
 from strata.jobs.events import emit
+from strata.jobs.events import subscribers as event_subscribers
 from strata.jobs.models import (
     TERMINAL_STATES,
     Allocation,
@@ -77,7 +77,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
     quota. Returns (job, created)."""
     from strata.celery import request_pass
     from strata.quotas.models import Quota
-    from strata.quotas.services import ClusterView, admit_pending, never_fits
+    from strata.quotas.services import ClusterView, admit_pending, member_never_fits, never_fits
 
     digest = request_digest({**data, "team": team.slug})
     if idempotency_key:
@@ -112,6 +112,8 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
         quota = Quota.objects.filter(team=team).first()
         if quota is not None and (reason := never_fits(quota, job, view)):
             raise QuotaRejected("resources", f"can never run under the team's quota: {reason}")
+        if reason := member_never_fits(job, view):
+            raise QuotaRejected("resources", f"can never run under your limits in the team: {reason}")
     try:
         with transaction.atomic():
             job.save()
@@ -119,7 +121,7 @@ def job_submit(*, user, team, data: dict, idempotency_key: str | None = None,
             job_event(job.pk, "state", "PENDING: submitted", state=S.PENDING)
             history.record("submit", job=job, kind=job.kind, team=team.slug, max_attempts=job.max_attempts,
                            parent=str(parent.pk) if parent is not None else None)
-            if registry_subscribers():
+            if event_subscribers("job.transitioned"):
                 from components.runtime.contract.events import JobTransitioned
 
                 emit(JobTransitioned(job_id=str(job.pk), team_id=team.pk, kind=job.kind, source=None,
@@ -325,9 +327,10 @@ def attempt_credential(attempt: Attempt, node, subject: str) -> dict:
     return sign(attempt.job_id, subject, f"attempt {attempt.pk} on node {node.name}")
 
 
-def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
+def job_cancel(job: Job, reason: str = "cancelled by user", *, request=None) -> Job:
     """Cancel a job and, in the same transaction, its child jobs that have not ended (recursively). A running
-    attempt keeps its devices until its node confirms the child process is gone."""
+    attempt keeps its devices until its node confirms the child process is gone. Cancelled by a ``request`` of
+    someone else than its owner, it leaves a ``job.cancel_other`` entry in the audit log."""
     from strata.celery import request_pass
 
     history.record("cancel", job=job, now=True, terminal=job.terminal, reason=reason[:200])
@@ -337,10 +340,12 @@ def job_cancel(job: Job, reason: str = "cancelled by user") -> Job:
         for child in Job.objects.filter(parent=job).exclude(state__in=TERMINAL_STATES):
             job_cancel(child, f"parent job {job.pk} was cancelled")
         try:
+            before = job.state
             transition(job, [S.PENDING, S.QUEUED, S.SCHEDULED, S.RUNNING, S.PREEMPTED], S.CANCELLED, reason)
         except InvalidTransition:
             job.refresh_from_db()
             return job
+        _audit_other("job.cancel_other", job, request, before={"state": before}, after={"state": job.state})
         # An attempt no node has claimed yet is released at once; a claimed one keeps its devices until
         # its node confirms the child process is gone.
         for attempt in Attempt.objects.filter(job=job, ended_at__isnull=True, started_at__isnull=True):
@@ -472,11 +477,27 @@ def children_end_with(job: Job) -> None:
         job_cancel(child, f"parent job {job.pk} ended {job.state}")
 
 
-def job_resubmit(job: Job, *, user) -> Job:
+def job_resubmit(job: Job, *, user, request=None) -> Job:
+    """Submit a copy of ``job`` as ``user``; by someone else than its owner, with a ``job.resubmit_other`` entry
+    in the audit log (in the submit's transaction)."""
     data = {field: getattr(job, field) for field in
             ("kind", "name", "spec", "resources", "priority", "max_attempts", "time_limit", "keep")}
-    new_job, _ = job_submit(user=user, team=job.team, data=data)
+    with transaction.atomic():
+        new_job, _ = job_submit(user=user, team=job.team, data=data)
+        _audit_other("job.resubmit_other", job, request, actor=user, after={"job": new_job.pk})
     return new_job
+
+
+def _audit_other(action: str, job: Job, request, *, actor=None, before=None, after=None) -> None:
+    """An audit log entry for ``action`` on ``job`` when the one acting (``actor``, else the request's user) is
+    not its owner: another person's job cancelled or resubmitted."""
+    from strata.audit.services import record
+
+    user = actor if actor is not None else getattr(request, "user", None)
+    if user is None or not user.is_authenticated or user.pk == job.owner_id:
+        return
+    record(action, request=request, actor=user, team=job.team, target=f"job {job.pk}",
+           before={"owner": job.owner.username, **(before or {})}, after=after)
 
 
 # --- the node-side attempt protocol ------------------------------------------------------------------------
@@ -584,8 +605,11 @@ def attempt_report(attempt: Attempt, *, logs=(), metrics=(), endpoint: str | Non
         lines = [LogLine(job_id=attempt.job_id, attempt=attempt, level=str(item.get("level", "info"))[:16],
                          message=_redacted(str(item.get("message", "")), redact)[:10000], time=item.get("time") or now)
                  for item in logs[: max(room, 0)]]
+        for line in lines:
+            line.rank = log_search.rank_of(line.message)
         LogLine.objects.bulk_create(lines)
-    if metrics and registry_subscribers():
+        log_search.note_dropped(attempt.job_id, list(logs[max(room, 0):]), now)
+    if metrics and event_subscribers("metrics.reported"):
         from components.runtime.contract.events import MetricsReported
 
         last = {}
@@ -637,7 +661,7 @@ def _release(attempt: Attempt, outcome: str, reason: str) -> bool:
         requeue_after_parent(attempt)
         job_event(attempt.job_id, "attempt", f"attempt {attempt.number} ended: {outcome} {reason}".strip(),
                   attempt=attempt, outcome=outcome)
-        if registry_subscribers():
+        if event_subscribers("attempt.ended"):
             from components.runtime.contract.events import AttemptEnded
 
             kind = Job.objects.filter(pk=attempt.job_id).values_list("kind", flat=True).first() or ""

@@ -78,12 +78,11 @@ def _stop_participants(job_id, target: str, now) -> None:
 
 def _announce(job, job_id, sources, target: str, reason: str) -> None:
     """The lifecycle event of a transition, delivered to plugins after commit (strata.jobs.events)."""
-    from components.runtime.contract import registry
+    from strata.jobs.events import emit, subscribers
 
-    if not registry.subscribers():
+    if not subscribers("job.transitioned"):
         return
     from components.runtime.contract.events import JobTransitioned
-    from strata.jobs.events import emit
 
     if isinstance(job, Job):
         team_id, kind, before = job.team_id, job.kind, job.state

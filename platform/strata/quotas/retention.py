@@ -43,6 +43,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from strata.jobs.keep import cluster_keep
+from strata.jobs.log_search import collect_lines
 from strata.jobs.models import TERMINAL_STATES, Artifact, CodeBundle, Job, MetricPoint
 from strata.jobs.services import job_event
 from strata.jobs.storage import get_storage
@@ -60,6 +61,7 @@ class Collected:
     artifacts: int = 0
     code: int = 0
     bytes: int = 0
+    log_lines: int = 0
     skipped: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -317,6 +319,8 @@ def retention_collect(now: datetime | None = None) -> Collected:
     for artifact, reason in _artifact_victims(jobs, artifacts, now, read, unknown_teams):
         _delete(artifact, reason, started, collected)
     _unused_code(now, collected)
-    if collected.checkpoints or collected.artifacts or collected.code:
-        log.info("retention: deleted %s", collected.as_dict())
+    # Log lines of ended jobs past STRATA_RETENTION_LOG_DAYS; each job records how many went (its logs say so).
+    collected.log_lines = collect_lines(now, settings.STRATA_RETENTION_LOG_DAYS)
+    if collected.checkpoints or collected.artifacts or collected.code or collected.log_lines:
+        log.info("retention: deleted %s, %s log lines", collected.as_dict(), collected.log_lines)
     return collected

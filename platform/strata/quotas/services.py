@@ -143,6 +143,73 @@ def _gpu_hours_problem(quota: Quota, window_gpu_seconds: float | None) -> str | 
     return None
 
 
+@dataclass
+class MemberLimits:
+    """One user's own limits inside a team (``Membership.max_concurrent_jobs``, ``max_gpus``; null: none) and
+    what their admitted jobs of the team hold against them."""
+
+    username: str
+    max_concurrent_jobs: int | None
+    max_gpus: float | None
+    jobs: int = 0
+    gpus: float = 0.0
+
+
+def member_limits(team_id: int, view: ClusterView | None = None) -> dict[int, MemberLimits]:
+    """The team's members that have a per-user limit, by user id, with their admitted jobs' load (counted as
+    :func:`team_load` counts the team's: a placed job the share its live attempt holds, a waiting one what it
+    asks for; nested children inside their parent's)."""
+    from strata.accounts.models import Membership
+
+    limited = {user_id: MemberLimits(username, jobs, gpus) for user_id, username, jobs, gpus in
+               Membership.objects.filter(team_id=team_id).exclude(max_concurrent_jobs=None, max_gpus=None)
+               .values_list("user_id", "user__username", "max_concurrent_jobs", "max_gpus")}
+    if not limited:
+        return limited
+    view = view or ClusterView()
+    held: dict = defaultdict(float)
+    for job_id, share in Attempt.objects.filter(job__team_id=team_id, job__owner_id__in=limited,
+                                                ended_at__isnull=True).values_list("job_id", "gpu_share"):
+        held[job_id] += share
+    for job in Job.objects.filter(team_id=team_id, owner_id__in=limited, state__in=ADMITTED_STATES,
+                                  nested=False).only("resources", "owner_id"):
+        entry = limited[job.owner_id]
+        entry.jobs += 1
+        entry.gpus += held[job.pk] if job.pk in held else view.gpus(job.resources)
+    return limited
+
+
+def member_blocking_limit(limits: MemberLimits | None, gpus: float) -> str | None:
+    """The first of a user's own limits that admitting a job of theirs holding ``gpus`` would break; None when
+    it fits (or the user has none)."""
+    if limits is None:
+        return None
+    if limits.max_concurrent_jobs is not None and limits.jobs + 1 > limits.max_concurrent_jobs:
+        return f"user {limits.username} at max_concurrent_jobs ({limits.jobs}/{limits.max_concurrent_jobs})"
+    if limits.max_gpus is not None and gpus > 0 and limits.gpus + gpus > limits.max_gpus + 1e-9:
+        return (f"user {limits.username} at max_gpus ({limits.gpus:g} held + {gpus:g} requested > "
+                f"{limits.max_gpus:g})")
+    return None
+
+
+def member_never_fits(job: Job, view: ClusterView | None = None) -> str | None:
+    """A reason why ``job`` can never be admitted under its owner's own limits in its team (checked at submit),
+    or None."""
+    from strata.accounts.models import Membership
+
+    row = Membership.objects.filter(team_id=job.team_id, user_id=job.owner_id).values_list(
+        "user__username", "max_concurrent_jobs", "max_gpus").first()
+    if row is None:
+        return None
+    username, jobs, max_gpus = row
+    if jobs == 0:
+        return f"user {username} may run no jobs in this team (max_concurrent_jobs=0)"
+    gpus = (view or ClusterView()).gpus(job.resources)
+    if max_gpus is not None and gpus > max_gpus + 1e-9:
+        return f"user {username} may hold at most {max_gpus:g} GPUs in this team (max_gpus), and it asks for {gpus:g}"
+    return None
+
+
 def participant_refusal(team_id: int, gpus: float) -> str | None:
     """Why a participant bringing ``gpus`` GPUs cannot join a job of the team now: the team's load (its admitted
     jobs and active participants) plus ``gpus`` would break ``max_gpus``, or its GPU-hours window is used up.
@@ -196,18 +263,48 @@ def admit_pending(team_id: int) -> list[Job]:
         window = None
         if quota.gpu_hours is not None:
             window = gpu_seconds(team_id, since=timezone.now() - timedelta(hours=quota.window_hours))
+        members = member_limits(team_id, view)
+        reached: dict[str, tuple[str, list[str]]] = {}  # limit -> (reason, the jobs that started waiting on it)
         for job in pending:
             if problem := view.problem(job.resources):
                 reason = f"no node could ever run it: {problem}"
             else:
-                reason = blocking_limit(quota, load, job, window, view)
+                reason = (member_blocking_limit(members.get(job.owner_id), view.gpus(job.resources))
+                          or blocking_limit(quota, load, job, window, view))
             if reason is None:
                 transition(job, JobState.PENDING, JobState.QUEUED, "admitted under quota")
                 load.add(job, view.gpus(job.resources))
+                if (member := members.get(job.owner_id)) is not None:
+                    member.jobs += 1
+                    member.gpus += view.gpus(job.resources)
                 admitted.append(job)
             elif job.reason != f"waiting: {reason}":
+                limit = quota_limit(reason)
+                if limit is not None and quota_limit(job.reason.removeprefix("waiting: ")) != limit:
+                    reached.setdefault(limit, (reason, []))[1].append(str(job.pk))
                 Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(reason=f"waiting: {reason}")
+        if reached:
+            _announce_reached(team_id, reached)
     return admitted
+
+
+def quota_limit(reason: str) -> str | None:
+    """The team quota field a waiting reason of :func:`blocking_limit` names (max_gpus, gpu_hours...), or None for
+    any other reason (no node could ever run the job, a user's own limit, none yet)."""
+    if reason.startswith("team at "):
+        return reason.removeprefix("team at ").split(" ", 1)[0]
+    if reason.startswith("team used ") and "GPU-hours" in reason:
+        return "gpu_hours"
+    return None
+
+
+def _announce_reached(team_id: int, reached: dict[str, tuple[str, list[str]]]) -> None:
+    """One ``quota.reached`` lifecycle event per limit that newly holds back jobs of the team, after commit."""
+    from components.runtime.contract.events import QuotaReached
+    from strata.jobs.events import emit_many
+
+    emit_many([QuotaReached(team_id=team_id, limit=limit, reason=reason, job_ids=tuple(jobs))
+               for limit, (reason, jobs) in reached.items()])
 
 
 def teams_with_pending() -> list[int]:
@@ -408,6 +505,19 @@ def quota_clean(changes: dict) -> dict:
     return cleaned
 
 
+def _audit_quota(quota: Quota, before: dict, *, request, actor) -> None:
+    from strata.audit.services import record
+
+    limits = [name for name in before if name != ROOTS_FIELD]
+    target = f"quota {quota.team.slug}"
+    if limits:
+        record("quota.change", request=request, actor=actor, team=quota.team, target=target,
+               before={name: before[name] for name in limits}, after={name: getattr(quota, name) for name in limits})
+    if ROOTS_FIELD in before:
+        record("data_roots.grant", request=request, actor=actor, team=quota.team, target=target,
+               before={ROOTS_FIELD: before[ROOTS_FIELD]}, after={ROOTS_FIELD: getattr(quota, ROOTS_FIELD)})
+
+
 @dataclass
 class QuotaChange:
     quota: Quota
@@ -415,19 +525,23 @@ class QuotaChange:
     admitted: list[Job]
 
 
-def quota_update(team_id: int, changes: dict) -> QuotaChange:
+def quota_update(team_id: int, changes: dict, *, request=None, actor=None) -> QuotaChange:
     """Validate and apply ``changes`` to the team's quota, admit the PENDING jobs the new limits allow, and
-    request a scheduling pass on commit so they are placed at once. Raises QuotaInvalid (nothing changed)."""
+    request a scheduling pass on commit so they are placed at once. Raises QuotaInvalid (nothing changed).
+    The audit log gets a ``quota.change`` entry for changed limits and a ``data_roots.grant`` one for changed
+    data roots (old and new values of the changed fields only)."""
     from strata.celery import request_pass
 
     cleaned = quota_clean(changes)
     with transaction.atomic():
         quota = Quota.objects.select_for_update().filter(team_id=team_id).first() or Quota.objects.create(team_id=team_id)
         changed = [name for name, value in cleaned.items() if getattr(quota, name) != value]
-        for name in changed:
-            setattr(quota, name, cleaned[name])
         if changed:
+            before = {name: getattr(quota, name) for name in changed}
+            for name in changed:
+                setattr(quota, name, cleaned[name])
             quota.save(update_fields=changed)
+            _audit_quota(quota, before, request=request, actor=actor)
     admitted = admit_pending(team_id)
     # Also when nothing was admitted: a new priority or weight reorders the queue.
     transaction.on_commit(request_pass)

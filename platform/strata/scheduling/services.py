@@ -565,14 +565,29 @@ def _placed_text(taken: list, nested: bool, names: dict) -> str:
     return f"on devices {where} ({held:g} GPU{f', {cpus:g} CPU' if cpus else ''}{inside})"
 
 
+def _announce_lost(node: Node, reason: str) -> None:
+    """The ``node.lost`` lifecycle event of a node the reaper took DOWN, with the jobs (and their teams) whose
+    attempts ran there, delivered after commit."""
+    from strata.jobs.events import emit, subscribers
+
+    if not subscribers("node.lost"):
+        return
+    from components.runtime.contract.events import NodeLost
+
+    rows = (Attempt.objects.filter(ended_at__isnull=True, allocations__device__node=node)
+            .values_list("job_id", "job__team_id").distinct())
+    jobs = sorted({str(job_id) for job_id, _ in rows})
+    teams = sorted({team_id for _, team_id in rows if team_id is not None})
+    emit(NodeLost(node_id=str(node.pk), node=node.name, reason=reason, job_ids=tuple(jobs), team_ids=tuple(teams)))
+
+
 def _announce_scheduled(job_ids: list) -> None:
     """One lifecycle event per job the bulk UPDATE moved QUEUED -> SCHEDULED, delivered after commit."""
-    from components.runtime.contract import registry
+    from strata.jobs.events import emit_many, subscribers
 
-    if not registry.subscribers():
+    if not subscribers("job.transitioned"):
         return
     from components.runtime.contract.events import JobTransitioned
-    from strata.jobs.events import emit_many
 
     rows = Job.objects.filter(pk__in=job_ids).values_list("id", "team_id", "kind")
     emit_many([JobTransitioned(job_id=str(job_id), team_id=team_id, kind=kind, source=S.QUEUED,
@@ -667,6 +682,7 @@ def reap(now=None) -> dict:
         if Node.objects.filter(pk=node.pk, state__in=LIVE_STATES, lease_expires_at__lte=now).update(
                 state=Node.State.DOWN):
             log.warning("node %s missed its lease; requeueing its attempts", node.name)
+            _announce_lost(node, "node lease expired")
         requeued += release_node_attempts(node, "node lease expired")
     overdue = 0
     grace = timedelta(seconds=60)

@@ -23,8 +23,8 @@ class SimulatedChildren(Children):
     def submit(self, job, idempotency_key=None, *, nested=False, checkpoint_from=None):
         return self.ctx.submit_child(job, idempotency_key, nested=nested, checkpoint_from=checkpoint_from)
 
-    def cancel(self, job_id):
-        return self.ctx.cancel_child(job_id)
+    def cancel(self, job_id, reason=""):
+        return self.ctx.cancel_child(job_id, reason)
 
     def hold(self, job_id, reason=""):
         return self.ctx.hold_child(job_id, reason)
@@ -79,8 +79,8 @@ class SimulatedCluster(LocalContext):
         return {"id": kid["id"], "state": kid["state"], "reason": kid["reason"], "held": kid["held"],
                 "resources": kid["resources"], "nested": True}
 
-    def cancel_child(self, job_id):
-        self.kids[job_id]["state"] = "CANCELLED"
+    def cancel_child(self, job_id, reason=""):
+        self.kids[job_id]["state"], self.kids[job_id]["reason"] = "CANCELLED", reason
         return self._summary(self.kids[job_id])
 
     def hold_child(self, job_id, reason=""):
@@ -158,6 +158,11 @@ def test_an_asha_sweep_ends_every_trial_and_names_the_best(tmp_path):
     assert statuses <= {"completed", "stopped"} and "completed" in statuses and "stopped" in statuses
     stopped = [t for t in engine.trials.values() if t.status == "stopped"]
     assert all(ctx.kids[t.job]["state"] == "CANCELLED" and t.iterations < 9 for t in stopped)
+    # Each stopped trial's job says who stopped it, when and why (not "cancelled by its parent <id>").
+    for trial in stopped:
+        reason = ctx.kids[trial.job]["reason"]
+        assert reason.startswith(f"stopped early by ASHA at iteration {trial.iterations}: rung "), reason
+        assert "not in the top 1/3" in reason
     completed = [t for t in engine.trials.values() if t.status == "completed"]
     assert all(t.iterations == 9 and ctx.kids[t.job]["state"] == "SUCCEEDED" for t in completed)
     best = max((t for t in engine.trials.values()), key=lambda t: t.best("max"))
@@ -227,6 +232,8 @@ def test_successive_halving_holds_rungs_and_promotes_the_best(tmp_path):
     assert len(completed) == 1 and len(stopped) == 8
     # Stopped at the rungs (1 then 3 iterations), never in between.
     assert sorted(t.iterations for t in stopped) == [1] * 6 + [3] * 2  # 9 -> 3 -> 1, at rungs 1 and 3
+    assert all(ctx.kids[t.job]["reason"].startswith(f"stopped early by successive halving at iteration "
+                                                    f"{t.iterations}: ") for t in stopped)
     assert completed[0].iterations == 9
 
 

@@ -80,6 +80,8 @@ def test_a_sweep_on_a_warm_runner_records_each_trial_as_a_job_of_its_own(tmp_pat
             assert state == "CANCELLED" and row["status"] == "stopped" and "outside the sweep" in row["reason"]
             continue
         assert {"completed": "SUCCEEDED", "stopped": "CANCELLED"}[row["status"]] == state, (row, state)
+        if state == "CANCELLED":  # the job says who stopped it and when, not "cancelled by its parent <id>"
+            assert entry["summary"]["reason"].startswith(f"stopped early by ASHA at iteration {row['iterations']}")
         names = {point["name"] for point in entry["points"]}
         assert "test_accuracy" in names and "loss" in names
         steps = sorted(point["step"] for point in entry["points"] if point["name"] == "test_accuracy")

@@ -30,12 +30,12 @@ def beta(make_team):
 
 @pytest.fixture
 def alice(make_user, make_token, api, alpha):
-    return api(make_token(make_user("alice", alpha), alpha))
+    return api(make_token(make_user("alice", alpha, "team-admin"), alpha))  # secrets: team-admin (roles)
 
 
 @pytest.fixture
 def bob(make_user, make_token, api, beta):
-    return api(make_token(make_user("bob", beta), beta))
+    return api(make_token(make_user("bob", beta, "team-admin"), beta))
 
 
 def _raw_column(secret_id: int) -> str:
@@ -140,10 +140,10 @@ def test_another_teams_secret_is_a_404_and_never_listed(alice, bob, alpha, make_
 
 def test_a_multi_team_user_token_is_scoped_to_its_team_and_a_session_picks_one(make_user, make_token, api, alpha,
                                                                                beta):
-    carol = make_user("carol", alpha)
+    carol = make_user("carol", alpha, "team-admin")
     from strata.accounts.services import membership_set
 
-    membership_set(carol, beta)
+    membership_set(carol, beta, "team-admin")
     token_alpha = api(make_token(carol, alpha))
     assert token_alpha.post(PREFIX, {"name": "SHARED", "value": "alpha-v"}, format="json").json()["team"] == "alpha"
     assert token_alpha.post(PREFIX, {"name": "SHARED", "value": "x" * 5, "team": "beta"},

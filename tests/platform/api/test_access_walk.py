@@ -31,6 +31,7 @@ from support import api_routes, fill_route
 
 from components.runtime.contract import registry
 from strata.accounts.models import ApiToken, Secret, token_digest
+from strata.notify.models import Webhook
 from strata.jobs.models import (
     Artifact,
     Attempt,
@@ -63,16 +64,25 @@ JOB_ROUTES = {"job-detail", "job-artifacts", "job-cancel", "job-download", "job-
               "job-evict-participant"}
 # Lists (the caller's own objects; alpha's must not show) and cluster-wide objects with no team data.
 LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list", "token-list", "pool-list",
-               "collection", "code-list", "data-list", "upload-list", "secret-list"}
+               "collection", "code-list", "data-list", "upload-list", "secret-list", "logs-search"}
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
 TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
                 "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-parts", "upload-complete",
-                "secret-detail"}
+                "secret-detail", "team-members", "team-member"}
+# The team's notification targets (strata.notify): every read is for team-admins too (a webhook URL may be a
+# credential: Slack's), so alpha's owner reads them as the cluster admin of alpha.
+NOTIFY_OBJECTS = {"webhook-detail", "webhook-test", "webhook-deliveries", "email-subscription-detail",
+                  "email-subscription-test", "email-subscription-deliveries"}
+NOTIFY_LISTS = {"webhook-list", "email-subscription-list"}
 ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing it is for cluster admins
+# Jobs named in the query (?jobs=a,b: every job of alpha's): a foreign caller gets a 404 that names the ids it sent.
+COMPARE_ROUTES = {"compare"}
+# The audit log: team-admins and cluster admins only; alice and bob are members (a 403).
+AUDIT_ROUTES = {"audit", "audit-export"}
 SECRET_NAME = "ALPHA_SECRET_NAME"
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \
-    | ADMIN_ONLY
+    | ADMIN_ONLY | COMPARE_ROUTES | AUDIT_ROUTES | NOTIFY_OBJECTS | NOTIFY_LISTS
 
 # A valid spec of every registered kind (the walk submits one job of each); "{train}" is a SUCCEEDED train job.
 KIND_SUBMITS = {
@@ -185,9 +195,16 @@ def world(make_team, make_user, make_token, make_node, node_token, run_pass, api
                       format="json")
     assert mounting.status_code == 201, mounting.content
     # A team secret of alpha's (its name and value are alpha's; no answer, not even alpha's, holds the value).
-    assert a.post(f"{PREFIX}secrets/", {"name": SECRET_NAME, "value": "alpha-secret-value"},
-                  format="json").status_code == 201
+    # (Set by a team-admin: alice is a member, who reads secret names but sets none.)
+    from strata.accounts.team_secrets import secret_set
+
+    secret_set(alpha, SECRET_NAME, "alpha-secret-value", user=admin)
+    from strata.notify.services import email_create, webhook_create
+
+    hook, _ = webhook_create(alpha, url="https://hooks.example.org/alpha-secret-hook", user=admin)
+    email = email_create(alpha, address="alpha-secret@example.org", user=admin)
     return {
+        "webhook": hook.pk, "email": email.pk,
         "code": uploaded.json()["digest"], "data_digest": digest, "upload": pending.json()["id"],
         "alpha": alpha, "beta": beta, "alice": alice, "bob": bob, "admin": admin, "node": node, "agent": agent,
         "a": a, "jobs": jobs, "artifact": artifact, "attempt": attempt, "job_tokens": job_tokens,
@@ -237,7 +254,7 @@ def _requests(world):
     base = {"team": world["alpha"].slug, "slug": world["alpha"].slug, "attempt_id": str(world["attempt"].pk),
             "child_id": str(jobs["train"].pk), "name": "alpha-secret.bin", "participant_id": str(any_participant.pk),
             "pk": str(jobs["train"].pk), "artifact_id": str(world["artifact"].pk), "token_id": str(any_token.pk),
-            "digest": world["code"]}
+            "digest": world["code"], "username": "alice"}
     for name, text, methods in API_ROUTES:
         fills = []
         if name in JOB_ROUTES:
@@ -267,10 +284,14 @@ def _requests(world):
             fills = [{**base, "pk": str(world["node"].devices.first().pk)}]
         elif name == "pool-detail":
             fills = [{**base, "name": "default"}]
+        elif name in NOTIFY_OBJECTS:
+            fills = [{**base, "pk": str(world["webhook" if name.startswith("webhook") else "email"])}]
         else:
             fills = [base]
         for values in fills:
             url = _fill(text, values)
+            if name in COMPARE_ROUTES:
+                url += "?jobs=" + ",".join(str(job.pk) for job in jobs.values())
             for method in methods:
                 yield name, method, url
 
@@ -292,13 +313,19 @@ def _foreign_expected(name: str, method: str) -> set[int]:
         return {403}
     if name in PARTICIPANT_ROUTES:
         return {401}
-    if name in JOB_ROUTES:
+    if name in JOB_ROUTES | COMPARE_ROUTES:
         return {404}
     if name in TEAM_OBJECTS:
         # A quota is changed by cluster admins only: refused before the lookup (no object is named).
         return {403} if name == "quota-detail" and method in {"put", "patch"} else {404}
     if name in ADMIN_ONLY:
         return {200} if method == "get" else {403}
+    if name in NOTIFY_OBJECTS:
+        return {404}
+    if name in NOTIFY_LISTS:
+        return {200} if method == "get" else {403}  # bob is a member of beta: its targets need team-admin
+    if name in AUDIT_ROUTES:
+        return {403}
     if name in {"job-list", "collection", "code-list", "upload-list", "secret-list"} and method == "post":
         return {400}
     if name == "token-list" and method == "post":
@@ -320,6 +347,7 @@ def _snapshot(world) -> dict:
         "uploads": sorted((str(pk), str(received)) for pk, received in DataUpload.objects.values_list("pk",
                                                                                                    "received")),
         "secrets": sorted(Secret.objects.values_list("team_id", "name", "ciphertext")),
+        "webhooks": sorted(Webhook.objects.values_list("id", "url", "enabled")),
     }
 
 
@@ -343,25 +371,33 @@ def test_every_api_route_and_verb_shows_a_foreign_team_nothing(world, api, make_
             seen.add((name, method))
             assert response.status_code in _foreign_expected(name, method), (label, name, method, url,
                                                                           response.status_code, _body(response)[:300])
-            leaked = [s for s in secrets if s in _body(response)]
+            leaked = [s for s in secrets if s in _body(response) and not _named_by_caller(name, url, s)]
             assert not leaked, (label, name, method, url, response.status_code, leaked)
     assert _snapshot(world) == before  # nothing of alpha's changed: no cancel, resubmit, revoke, evict, delete
     assert {(name, method) for name, method, _ in _requests(world) if name not in DOC_ROUTES} == seen
 
 
+def _named_by_caller(name: str, url: str, secret: str) -> bool:
+    """A compare 404 names the job ids the caller put in its own query: what it already knows, never more."""
+    return name in COMPARE_ROUTES and "?jobs=" in url and secret in url.split("?jobs=", 1)[1].split(",")
+
+
 def _owner_reaches_every_object(world):
     """The walk's URLs are right: alpha's own token reads every one of them (so the 404s mean 'not yours')."""
     a = world["a"]
+    team_admin = world["api"](world["make_token"](world["admin"], world["alpha"]))
     for name, method, url in _requests(world):
         if method != "get" or name in NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES:
             continue
-        response = a.get(url)
+        response = (team_admin if name in NOTIFY_OBJECTS else a).get(url)
         if name == "job-download" and not Artifact.objects.filter(pk=url.split("/")[-3], job_id=url.split("/")[-5]):
             assert response.status_code == 404, url  # a job's URL with another job's artifact
         elif name == "job-route":
             # A plugin's route answers for any job it can read; a kind it has nothing about may say so.
             assert response.status_code in {200, 404}, (url, response.status_code, _body(response)[:300])
             assert response.status_code == 200 or "job route" not in _body(response), url
+        elif name in AUDIT_ROUTES:
+            assert response.status_code == 403, (name, url, response.status_code)
         else:
             assert response.status_code == 200, (name, url, response.status_code, _body(response)[:300])
 
@@ -437,7 +473,11 @@ DASHBOARD = {
     "job-resubmit": ("login", "job"),
     "cluster": ("login", None), "cluster-charts": ("live", None), "cluster-tables": ("live", None),
     "cluster-panels": ("live", None), "usage": ("login", "team"), "quota-editor": ("admin", None),
-    "pool-editor": ("admin", None), "team-secrets": ("login", "team"),
+    "pool-editor": ("admin", None), "team-secrets": ("login", "team"), "team-members": ("login", "team"),
+    "cli-login": ("login", None),
+    "compare": ("login", "jobs"),
+    "log-search": ("login", None),
+    "audit": ("admin", None),
 }
 
 
@@ -452,6 +492,8 @@ def _dashboard_requests(world):
             urls = [re.sub(r"<uuid:job_id>", str(job.pk), text) for job in world["jobs"].values()]
         elif obj == "team":
             urls = [f"{text}?team={world['alpha'].slug}"]
+        elif obj == "jobs":
+            urls = [f"{text}?jobs=" + ",".join(str(job.pk) for job in world["jobs"].values())]
         else:
             urls = [text]
         data = {"team": world["alpha"].slug, "kind": "train", "name": "beta-made", "spec.workload": "mlp-digits",
@@ -501,7 +543,8 @@ def _dashboard_foreign(world):
         elif access != "public":
             assert status in {200, 302, 405}, (name, method, status)  # his own pages (a form with errors: 200)
         # A form answers with what was typed into it (the team slug): never more of alpha's.
-        shown = [s for s in secrets if s in _body(response) and not (method == "post" and s == world["alpha"].slug)]
+        shown = [s for s in secrets if s in _body(response) and not (method == "post" and s == world["alpha"].slug)
+                 and not _named_by_caller(name, url, s)]
         assert not shown, (name, method, url, status)
     assert _snapshot(world) == before
     assert not Job.objects.filter(name="beta-made").exists()

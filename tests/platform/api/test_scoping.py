@@ -34,7 +34,8 @@ def test_route_table_is_what_this_walk_expects():
         "team-detail", "quota-list", "quota-detail", "quota-usage", "token-list", "token-detail", "pool-list",
         "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant",
         "code-list", "code-detail", "code-download", "data-list", "data-detail", "upload-list", "upload-detail",
-        "upload-chunk", "upload-parts", "upload-complete", "secret-list", "secret-detail"}
+        "upload-chunk", "upload-parts", "upload-complete", "secret-list", "secret-detail",
+        "team-members", "team-member", "compare", "logs-search", "audit", "audit-export"}
 
 
 @pytest.fixture
@@ -73,7 +74,8 @@ def world(make_team, make_user, make_token, make_node, submit, node_token, run_p
         "values": {"pk": str(job.pk), "artifact_id": str(artifact.pk), "team": team_a.slug, "slug": team_a.slug,
                    "attempt_id": str(attempt.pk), "child_id": str(job.pk), "name": "alpha-secret.bin",
                    "route": "trials", "token_id": str(job.pk), "collection": "datasets",
-                   "participant_id": str(participant.pk), "digest": "0" * 64, "index": "0"},
+                   "participant_id": str(participant.pk), "digest": "0" * 64, "index": "0",
+                   "username": "alice"},
     }
 
 

@@ -73,7 +73,7 @@ def test_no_secret_reaches_logs_events_or_answers(everything, make_team, make_us
     settings.STRATA_HISTORY_LOG = str(tmp_path / "history.jsonl")
     seen = Seen()
     alpha, beta = make_team("alpha", max_gpus=16.0), make_team("beta")
-    alice, bob = make_user("alice", alpha), make_user("bob", beta)
+    alice, bob = make_user("alice", alpha, "team-admin"), make_user("bob", beta)
     node = make_node("n1", gpus=4)
     raw = make_token(alice, alpha)
     a, b, agent = api(raw), api(make_token(bob, beta)), api(node_token)

@@ -52,7 +52,7 @@ class Adapter:
 @pytest.fixture
 def cli(make_team, make_user, make_token, api, monkeypatch):
     team = make_team("alpha")
-    client = Adapter(api(make_token(make_user("alice", team), team)))
+    client = Adapter(api(make_token(make_user("alice", team, "team-admin"), team)))
     monkeypatch.setattr("strata.cli.client_commands.connect", lambda args: client)
 
     def run(*argv, stdin: bytes = b""):

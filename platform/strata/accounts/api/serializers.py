@@ -15,10 +15,13 @@ class TeamSerializer(serializers.ModelSerializer):
 class TokenSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
                                         help_text="The team a user token is scoped to; null for node tokens.")
+    user = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                        help_text="Whose token it is (a team-admin also sees their members').")
 
     class Meta:
         model = ApiToken
-        fields = ["id", "kind", "name", "prefix", "team", "created_at", "expires_at", "revoked_at", "last_used_at"]
+        fields = ["id", "kind", "name", "prefix", "team", "user", "created_at", "expires_at", "revoked_at",
+                  "last_used_at"]
         read_only_fields = fields
 
 
@@ -79,3 +82,28 @@ class SecretSetSerializer(serializers.Serializer):
         if problem := value_problem(value):
             raise serializers.ValidationError(problem)
         return value
+
+
+class MemberSerializer(serializers.Serializer):
+    """A member of a team: their role and their own limits inside the team's quota (null: none)."""
+
+    username = serializers.CharField(read_only=True)
+    team = serializers.CharField(read_only=True)
+    role = serializers.ChoiceField(choices=["viewer", "member", "team-admin"], read_only=True)
+    max_concurrent_jobs = serializers.IntegerField(read_only=True, allow_null=True,
+                                                   help_text="The user's admitted jobs in the team at once.")
+    max_gpus = serializers.FloatField(read_only=True, allow_null=True,
+                                      help_text="GPUs the user's jobs in the team hold at once.")
+
+
+class MemberAddSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=["viewer", "member", "team-admin"], default="member")
+
+
+class MemberChangeSerializer(serializers.Serializer):
+    """Any of: a new role; per-user limits (null clears one; each at most the team's quota)."""
+
+    role = serializers.ChoiceField(choices=["viewer", "member", "team-admin"], required=False)
+    max_concurrent_jobs = serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    max_gpus = serializers.FloatField(min_value=0, allow_null=True, required=False)

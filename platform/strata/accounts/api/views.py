@@ -7,7 +7,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
-from strata.accounts import services, team_secrets
+from strata.accounts import roles, services, team_secrets
 from strata.accounts.api.serializers import (
     SecretSerializer,
     SecretSetSerializer,
@@ -42,7 +42,9 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
 
     A request with a bearer token sees and manages only its user's tokens of that token's team, and can create
     only user tokens of that team that expire no later than itself (revoked with it). Node tokens are listed,
-    created and revoked only by cluster admins from a browser session.
+    created and revoked only by cluster admins from a browser session. Every role may hold tokens (a token does
+    no more than its user's role allows); a team-admin also lists and revokes the user tokens of their team's
+    members (a token: of its own team), a cluster admin those of every team.
     """
 
     permission_classes = [IsUser]
@@ -51,11 +53,14 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
     def get_queryset(self):
         tokens = ApiToken.objects.select_related("team").order_by("-created_at", "id")
         current = request_token(self.request)
+        # The user tokens of the teams where the caller is a team-admin (a cluster admin: every team it sees).
+        managed = Q(kind=ApiToken.Kind.USER, team_id__in=roles.team_ids_with(self.request, roles.TEAM_ADMIN))
         if current is not None:
-            return tokens.filter(user=self.request.user, kind=ApiToken.Kind.USER, team_id=current.team_id)
+            return tokens.filter(Q(user=self.request.user, kind=ApiToken.Kind.USER, team_id=current.team_id)
+                                 | managed)
         if self.request.user.is_staff:
-            return tokens.filter(Q(user=self.request.user) | Q(kind=ApiToken.Kind.NODE))
-        return tokens.filter(user=self.request.user, kind=ApiToken.Kind.USER)
+            return tokens.filter(Q(user=self.request.user) | Q(kind=ApiToken.Kind.NODE) | managed)
+        return tokens.filter(Q(user=self.request.user, kind=ApiToken.Kind.USER) | managed)
 
     @extend_schema(request=TokenCreateSerializer, responses={201: TokenCreatedSerializer})
     def create(self, request, *args, **kwargs):
@@ -74,13 +79,13 @@ class TokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Destro
                 raise serializers.ValidationError({"team": ["a team you belong to is required"]})
         try:
             token, raw = services.token_create(request.user, team=team, kind=data["kind"], name=data["name"],
-                                               ttl_days=data.get("ttl_days"), parent=current)
+                                               ttl_days=data.get("ttl_days"), parent=current, request=request)
         except services.TokenRefused as error:
             raise serializers.ValidationError({error.field: [error.message]}) from None
         return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
-        services.token_revoke(instance)
+        services.token_revoke(instance, request=self.request)
 
 
 SECRET_TEAM = OpenApiParameter("team", str, description="The team (slug); default: the token's team or your only "
@@ -95,7 +100,8 @@ class SecretViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
     ``spec.environment.secrets`` as environment variables.
 
     Scoped like tokens: a user token manages its own team's secrets only, a browser session those of the user's
-    teams (a cluster admin's session too: no other team's); another team's secret is a 404."""
+    teams (a cluster admin's session too: no other team's); another team's secret is a 404. Every role of the
+    team lists the names; setting and deleting one needs the team-admin role (a JSON 403 otherwise)."""
 
     permission_classes = [IsUser]
     serializer_class = SecretSerializer
@@ -130,10 +136,13 @@ class SecretViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
             team = member_team(request, slug if isinstance(slug, str) else None)
         except TeamChoiceError as error:
             errors["team"] = [str(error)]
+        else:
+            roles.require(request, team, roles.TEAM_ADMIN, "set its secrets")
         if not errors:
             try:
                 secret, created = team_secrets.secret_set(team, serializer.validated_data["name"],
-                                                          serializer.validated_data["value"], user=request.user)
+                                                          serializer.validated_data["value"], user=request.user,
+                                                          request=request)
             except team_secrets.SecretRejected as error:
                 errors = {field: [message] for field, message in error.errors.items()}
         if errors:
@@ -141,4 +150,5 @@ class SecretViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Des
         return Response(SecretSerializer(secret).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     def perform_destroy(self, instance):
-        team_secrets.secret_delete(instance)
+        roles.require(self.request, instance.team, roles.TEAM_ADMIN, "delete its secrets")
+        team_secrets.secret_delete(instance, request=self.request)

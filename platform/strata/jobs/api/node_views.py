@@ -374,11 +374,14 @@ def _child(request, attempt_id, child_id, serializer=s.AttemptCallSerializer):
 
 
 class AttemptChildCancelView(AttemptAPIView):
-    @extend_schema(request=s.AttemptCallSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
-                                                                409: STALE_ATTEMPT})
+    """Cancel a child job; ``reason`` (optional) is what its page shows, e.g. why its parent stopped it."""
+
+    @extend_schema(request=ChildHoldSerializer, responses={200: OpenApiTypes.OBJECT, 404: NO_FILE,
+                                                           409: STALE_ATTEMPT})
     def post(self, request, attempt_id, child_id):
-        attempt, child, _ = _child(request, attempt_id, child_id)
-        return Response(_child_summary(job_services.job_cancel(child, f"cancelled by its parent {attempt.job_id}")))
+        attempt, child, data = _child(request, attempt_id, child_id, ChildHoldSerializer)
+        reason = data["reason"] or f"cancelled by its parent {attempt.job_id}"
+        return Response(_child_summary(job_services.job_cancel(child, reason)))
 
 
 class _ChildHoldView(AttemptAPIView):

@@ -24,7 +24,7 @@ from strata.accounts.selectors import visible_team_ids
 from strata.api.error_answers import error_response
 from strata.api.permissions import IsUser
 from strata.jobs.models import PluginRecord
-from strata.jobs.selectors import SubmitTeamError, submit_team
+from strata.jobs.selectors import SubmitTeamError, require_submitter, submit_team
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class CollectionView(APIView):
         if not isinstance(body, dict):
             raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object"]})
         body = dict(body)
+        require_submitter(request, body.get("team"))
         errors: dict[str, list[str]] = {}
         team = None
         try:
@@ -198,6 +199,9 @@ class CollectionItemView(APIView):
         record = self._record(request, collection, name)
         if record is None:
             raise Http404(f"no such entry in {collection} (built in or your team's)")
+        from strata.accounts import roles
+
+        roles.require_manage(request, record.team, record.created_by_id, "delete this record")
         record.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 

@@ -275,14 +275,27 @@ class JobSerializer(serializers.ModelSerializer):
     code = serializers.SerializerMethodField(help_text="The code bundle the job runs: digest, size (archive), "
                                                        "expanded_size and file_count; null for built-in code.")
     keep = serializers.JSONField(read_only=True, help_text=KEEP_HELP)
+    logs_trimmed = serializers.SerializerMethodField(help_text=(
+        "Log lines not kept (strata.jobs.log_search): trimmed (removed by the retention policy, every line before "
+        "trimmed_before), dropped (past the line cap, from dropped_after on) and a one-line notice; null if none."))
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "code", "keep", "created_at", "updated_at", "queued_at", "started_at",
-                  "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts"]
+                  "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts",
+                  "logs_trimmed"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "trimmed": {"type": "integer"}, "trimmed_before": {"type": "string", "format": "date-time", "nullable": True},
+        "dropped": {"type": "integer"}, "dropped_after": {"type": "string", "format": "date-time", "nullable": True},
+        "notice": {"type": "string"}}})
+    def get_logs_trimmed(self, job):
+        from strata.jobs.log_search import trimmed_notice
+
+        return trimmed_notice(job)
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "digest": {"type": "string"}, "size": {"type": "integer"}, "expanded_size": {"type": "integer"},
@@ -451,7 +464,7 @@ class LogLineSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = LogLine
-        fields = ["id", "time", "level", "message", "attempt"]
+        fields = ["id", "time", "level", "message", "attempt", "rank"]
         read_only_fields = fields
 
 

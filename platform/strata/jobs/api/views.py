@@ -19,6 +19,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from strata.accounts import roles
 from strata.accounts.authentication import bearer_value
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
@@ -28,6 +29,7 @@ from strata.api.throttles import SubmitThrottle
 from strata.cluster.api.views import NodeAPIView
 from strata.jobs import data as data_sets
 from strata.jobs import participants, services, transfers
+from strata.jobs.api import log_views
 from strata.jobs.api.node_serializers import StoredArtifactSerializer
 from strata.jobs.api.node_views import (
     ARTIFACT_NAME,
@@ -74,6 +76,7 @@ from strata.jobs.selectors import (
     jobs_filtered,
     jobs_visible,
     jobs_with_attempts,
+    require_submitter,
     submit_team,
 )
 from strata.jobs.storage import get_storage
@@ -139,6 +142,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     )
     @SUBMIT_SECONDS.time()  # strata_job_submit_seconds (strata.telemetry.metrics)
     def create(self, request, *args, **kwargs):
+        require_submitter(request, request.data.get("team") if isinstance(request.data, dict) else None)
         serializer = JobSubmitSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
@@ -156,16 +160,25 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         except SubmitTeamError as error:
             raise serializers.ValidationError({"team": [str(error)]}) from None
 
+    def _managed(self, action: str):
+        """The job the URL names (another team's: a 404) if the caller may change it: its owner with the member
+        role, anyone with team-admin (strata.accounts.roles); else a JSON 403 naming the role needed."""
+        job = self.get_object()
+        roles.require_manage(self.request, job.team, job.owner_id, f"{action}: it is {job.owner.username}'s job"
+                             if job.owner_id != self.request.user.pk else action)
+        return job
+
     @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        job = services.job_cancel(self.get_object(), reason=f"cancelled by {request.user.username}")
+        job = self._managed("cancel it")
+        job = services.job_cancel(job, reason=f"cancelled by {request.user.username}", request=request)
         return Response(JobSerializer(jobs_with_attempts(self.get_queryset()).get(pk=job.pk)).data)
 
     @extend_schema(request=None, responses={201: JobSerializer})
     @action(detail=True, methods=["post"])
     def resubmit(self, request, pk=None):
-        new_job = services.job_resubmit(self.get_object(), user=request.user)
+        new_job = services.job_resubmit(self._managed("resubmit it"), user=request.user, request=request)
         return Response(JobSerializer(jobs_with_attempts(self.get_queryset()).get(pk=new_job.pk)).data,
                         status=status.HTTP_201_CREATED)
 
@@ -178,12 +191,13 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(JobEventSerializer(items, many=True).data)
 
     @extend_schema(responses=LogLineSerializer(many=True),
-                   parameters=[OpenApiParameter("after", int, description="Only ids greater than this")])
+                   parameters=[OpenApiParameter("after", int, description="Only ids greater than this"),
+                               *log_views.FILTERS])
     @action(detail=True, methods=["get"], pagination_class=None)  # a plain list, not paginated
     def logs(self, request, pk=None):
-        job = self.get_object()
-        items = job.log_lines.filter(id__gt=_after(request)).order_by("id")[:MAX_STREAM_ITEMS]
-        return Response(LogLineSerializer(items, many=True).data)
+        # Filtered (q, grep, since, until, rank): each line also says where it matched (strata.jobs.log_search).
+        return log_views.job_logs(request, self.get_object(), after=_after(request), limit=MAX_STREAM_ITEMS,
+                                  plain=LogLineSerializer)
 
     @extend_schema(responses=MetricPointSerializer(many=True),
                    parameters=[OpenApiParameter("name", str), OpenApiParameter("after", int)])
@@ -205,6 +219,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job = self.get_object()
         if request.method == "GET":
             return Response(JobTokenSerializer(job.tokens.select_related("created_by"), many=True).data)
+        job = self._managed("create its access tokens")
         serializer = JobTokenCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         token, raw = services.job_token_create(job, user=request.user, **serializer.validated_data)
@@ -217,7 +232,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def revoke_token(self, request, pk=None, token_id=None):
         """Revoke one of the job's access tokens (idempotent): the job's attempts stop accepting it within a
         few seconds."""
-        job = self.get_object()
+        job = self._managed("revoke its access tokens")
         token = get_object_or_404(job.tokens, pk=token_id)
         return Response(JobTokenSerializer(services.job_token_revoke(token, user=request.user)).data)
 
@@ -233,7 +248,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def evict_participant(self, request, pk=None, participant_id=None):
         """Evict a participant (idempotent): its next heartbeat answers stop, and its GPUs stop counting against
         the team's quota at once."""
-        job = self.get_object()
+        job = self._managed("evict its participants")
         participant = get_object_or_404(job.participants, pk=participant_id)
         participant = participants.participant_evict(participant, request.user.username)
         return Response(ParticipantSerializer(participants.participant_entry(participant)).data)
@@ -450,6 +465,7 @@ class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
     def create(self, request, *args, **kwargs):
         """Upload a tar, tar.gz or zip of a project directory (the raw body, or a multipart field ``file``).
         ``strata submit --code DIR`` packs the directory (honouring .gitignore and .strataignore) and uploads it."""
+        require_submitter(request, request.query_params.get("team") or request.POST.get("team") or None)
         try:
             team = submit_team(request, request.query_params.get("team") or request.POST.get("team") or None)
         except SubmitTeamError as error:
@@ -473,6 +489,7 @@ class CodeBundleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins
     @extend_schema(responses={204: None, 409: error_response(409, "Jobs still use the bundle.")})
     def destroy(self, request, *args, **kwargs):
         bundle = self.get_object()
+        roles.require_manage(request, bundle.team, bundle.owner_id, "delete this code bundle")
         try:
             code_delete(bundle)
         except CodeRejected as error:
@@ -540,8 +557,10 @@ class DataSetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamScope
     @extend_schema(parameters=[TEAM_PARAMETER],
                    responses={204: None, 409: error_response(409, "Unfinished jobs mount the data set.")})
     def destroy(self, request, *args, **kwargs):
+        data_set = self.get_object()
+        roles.require_manage(request, data_set.team, data_set.owner_id, "delete this data set")
         try:
-            data_sets.data_delete(self.get_object())
+            data_sets.data_delete(data_set)
         except data_sets.DataRejected as error:
             return _rejected(error)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -563,6 +582,12 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
             raise Http404("no such upload") from None
         return get_object_or_404(self.get_queryset(), pk=pk)
 
+    def _managed(self, action: str):
+        """The upload (another team's: a 404) if the caller may write it: its owner (member) or a team-admin."""
+        upload = self.get_object()
+        roles.require_manage(self.request, upload.team, upload.owner_id, action)
+        return upload
+
     def get_parsers(self):
         if self.request is not None and self.request.method == "PUT":
             return [RawArchiveParser()]  # the raw body: one chunk
@@ -576,6 +601,7 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
                                                        "open uploads as STRATA_MAX_OPEN_UPLOADS allows (named).")})
     def create(self, request, *args, **kwargs):
         body = request.data if isinstance(request.data, dict) else None
+        require_submitter(request, (body or {}).get("team") or request.query_params.get("team") or None)
         try:
             fields = data_sets.upload_fields(body)
         except data_sets.DataRejected as error:
@@ -604,7 +630,7 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
     @extend_schema(responses={204: None})
     def destroy(self, request, *args, **kwargs):
         """Abandon the upload: its chunks are dropped."""
-        data_sets.upload_abort(self.get_object())
+        data_sets.upload_abort(self._managed("abandon this upload"))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY},
@@ -622,7 +648,7 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
     @action(detail=True, methods=["put"], url_path=r"chunks/(?P<index>[0-9]{1,9})")
     def chunk(self, request, pk=None, index=None):
         """Store one chunk: its bytes are the body, its SHA-256 the ``Content-SHA256`` header."""
-        upload = self.get_object()
+        upload = self._managed("send chunks of this upload")
         source = request.stream or io.BytesIO()
         try:
             upload = data_sets.chunk_store(upload, int(index), source, request.headers.get("Content-SHA256"))
@@ -641,7 +667,7 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
         """A direct upload (``direct: true``): a presigned PUT URL per chunk asked for, each signed with the
         chunk's ``Content-MD5`` (send the chunk with that header; the store refuses other bytes), and the chunks
         the store already holds (``upload.missing``: a client resumes with those)."""
-        upload = self.get_object()
+        upload = self._managed("send chunks of this upload")
         body = request.data if isinstance(request.data, dict) else None
         if body is None:
             raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object"]})
@@ -662,7 +688,7 @@ class DataUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TeamSc
     def complete(self, request, pk=None):
         """Assemble the chunks, verify the whole and create the data set."""
         try:
-            data_set = data_sets.upload_complete(self.get_object())
+            data_set = data_sets.upload_complete(self._managed("complete this upload"))
         except data_sets.DataRejected as error:
             return _rejected(error)
         return Response(DataSetDetailSerializer(data_set).data, status=status.HTTP_201_CREATED)

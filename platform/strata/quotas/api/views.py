@@ -27,7 +27,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
 
     def perform_update(self, serializer):
         # The shared service: validates, saves, admits the PENDING jobs a raised limit allows, requests a pass.
-        change = quota_update(serializer.instance.team_id, serializer.validated_data)
+        change = quota_update(serializer.instance.team_id, serializer.validated_data, request=self.request)
         serializer.instance = change.quota
 
     @extend_schema(responses=QuotaUsageSerializer)
