@@ -16,8 +16,14 @@ from django.urls import path, reverse
 
 from dashboard.views.common import login_required, page_context
 from strata.accounts.models import Team
-from strata.audit.selectors import FILTERS, REFUSED, AuditFilterInvalid, entries_filtered, entries_readable, \
-    readable_team_ids
+from strata.audit.selectors import (
+    FILTERS,
+    REFUSED,
+    AuditFilterInvalid,
+    entries_filtered,
+    entries_readable,
+    readable_team_ids,
+)
 
 PAGE_SIZE = 100
 

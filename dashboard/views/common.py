@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404
 
 from strata.accounts.models import Team
 from strata.accounts.selectors import visible_team_ids
+from strata.audit.selectors import may_read as audit_may_read
 from strata.jobs.models import Job
 from strata.jobs.selectors import jobs_visible
 
@@ -60,8 +61,10 @@ def json_reply(data, status: int = 200) -> JsonResponse:
 
 
 def page_context(request, section: str, **extra) -> dict:
-    """The template context every page starts from: the active nav section and the viewer's teams."""
-    return {"section": section, "teams": visible_teams(request), **extra}
+    """The template context every page starts from: the active nav section and the viewer's teams (and whether to
+    link the audit log: asked only when the template shows the link)."""
+    return {"section": section, "teams": visible_teams(request), "audit_link": lambda: audit_may_read(request),
+            **extra}
 
 
 def figure_json(figure: dict) -> str:

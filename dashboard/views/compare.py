@@ -82,7 +82,10 @@ def compare_figures(data: dict[str, Any]) -> list[dict[str, Any]]:
         for index, job in enumerate(data["jobs"]):
             series = job["series"].get(name)
             if series:
-                traces.append(figures.line(_label(job), series["steps"], series["values"], index=index))
+                # A job that reported the metric once (a final test score) has no line to draw: a marker shows it.
+                once = sum(value is not None for value in series["values"]) < 2
+                traces.append(figures.line(_label(job), series["steps"], series["values"], index=index,
+                                           **({"mode": "lines+markers"} if once else {})))
         layout = job_figures.chart_layout(job_figures.chart_for(name))
         layout["yaxis"] = {**layout["yaxis"], "title": {"text": name}}
         charts.append({"name": name, "dom_id": f"compare-{number}",

@@ -54,9 +54,9 @@ def log_search_page(request):
         query = None
     if query is not None and (query.filtering or values["job"]) and not context["errors"]:
         lines = LogLine.objects.filter(job__in=jobs.order_by().values("pk")).annotate(job_name=F("job__name"))
-        lines = log_search.ranked(log_search.filtered(lines, query), query)
+        lines = log_search.ranked(lines, query)
         try:
-            with log_search.refusals(lines.db):
+            with log_search.refusals(lines.db, query):
                 page = Paginator(lines, PAGE_SIZE).get_page(request.GET.get("page"))
                 found = list(page.object_list)
         except log_search.QueryInvalid as error:

@@ -45,6 +45,13 @@ def _limit(value: str, whole: bool):
 
 def _page(request, team, teams, *, status: int = 200, errors=None):
     rows = list(members.members_of(team)) if team is not None else []
+    if team is not None:  # what each member's admitted jobs hold now (against their own limits)
+        from strata.quotas.services import member_limits
+
+        held = member_limits(team.pk, everyone=True)
+        for row in rows:
+            load = held.get(row.user_id)
+            row.held_jobs, row.held_gpus = (load.jobs, load.gpus) if load else (0, 0.0)
     manage = team is not None and roles.has_role(request, team, roles.TEAM_ADMIN)
     context = page_context(request, "members", team=team, member_teams=teams, members=rows, manage=manage,
                            role_choices=Membership.Role.values, errors=errors or {},

@@ -51,6 +51,11 @@ def _configure() -> None:
                 "schedule": UPLOAD_EXPIRY_SECONDS,
                 "options": {"queue": "control", "expires": UPLOAD_EXPIRY_SECONDS},
             },
+            "notify-sweep": {  # deliveries whose message was lost, queued again (strata.notify.services.sweep)
+                "task": "strata.notify.sweep",
+                "schedule": 60.0,
+                "options": {"queue": "notify", "expires": 60},
+            },
             "storage-retention": {  # checkpoints, artifacts and unused code bundles no keep policy keeps
                 "task": RETENTION_TASK,
                 "schedule": settings.STRATA_RETENTION_INTERVAL_SECONDS,

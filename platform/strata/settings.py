@@ -378,8 +378,9 @@ LOGGING = {
 STRATA_SCHEDULE_INLINE = env_bool("STRATA_SCHEDULE_INLINE", False)
 STRATA_TELEMETRY_RETENTION_DAYS = env_int("STRATA_TELEMETRY_RETENTION_DAYS", 35, minimum=1)  # hour rollups
 STRATA_TELEMETRY_RAW_DAYS = env_int("STRATA_TELEMETRY_RAW_DAYS", 2, minimum=1)  # raw heartbeat samples
-# Audit log entries (strata.audit) older than this many days are deleted by the scheduler leader; empty: kept forever.
-STRATA_AUDIT_RETENTION_DAYS = env_float_or_none("STRATA_AUDIT_RETENTION_DAYS", 365.0, minimum=1)
+# Audit log entries (strata.audit) older than this many days are deleted by the scheduler leader's beat, hourly;
+# 0: kept forever.
+STRATA_AUDIT_RETENTION_DAYS = env_int("STRATA_AUDIT_RETENTION_DAYS", 365, minimum=0)
 
 # --- metrics (docs/operations/metrics.md) -------------------------------------------------------------------
 # Set: /metrics asks for "Authorization: Bearer <token>"; unset: it is open (aggregate counts only).
@@ -418,8 +419,8 @@ DEFAULT_FROM_EMAIL = env_str("STRATA_EMAIL_FROM", "strata@localhost")  # the sen
 STRATA_MLFLOW_SYNC_SECONDS = env_float("STRATA_MLFLOW_SYNC_SECONDS", 15.0, minimum=1)
 # An artifact or checkpoint larger than this is not copied to the run (a tag names it); 0: none is copied.
 STRATA_MLFLOW_MAX_ARTIFACT_BYTES = env_int("STRATA_MLFLOW_MAX_ARTIFACT_BYTES", 2 * 2**30, minimum=0)
-# One call to a tracking server gives up on connecting after this many seconds (an artifact's upload on its reads
-# after STRATA_MLFLOW_TIMEOUT_S * 10).
+# A call to a tracking server gives up on connecting after this many seconds, on its answer after 4 times as many (an
+# artifact's upload: 10 times, at least 60 s).
 STRATA_MLFLOW_TIMEOUT_S = env_float("STRATA_MLFLOW_TIMEOUT_S", 5.0, minimum=0.1)
 # A team whose server failed is retried after the sync interval, doubling each failed round up to this many seconds.
 STRATA_MLFLOW_BACKOFF_MAX_S = env_float("STRATA_MLFLOW_BACKOFF_MAX_S", 600.0, minimum=1)

@@ -84,6 +84,7 @@ def test_the_page_overlays_the_metrics_and_tables_the_runs_and_the_diff(world):
     assert loss["data"][0]["line"]["color"] != loss["data"][1]["line"]["color"]
     accuracy = embedded(html, "fig-compare-1")
     assert [trace["name"] for trace in accuracy["data"]] == [f"slow ({str(slow.pk)[:8]})"]
+    assert loss["data"][0]["mode"] == "lines" and accuracy["data"][0]["mode"] == "lines+markers"  # one point: a marker
     assert accuracy["data"][0]["line"]["color"] == loss["data"][1]["line"]["color"]  # a job keeps its colour
     assert 'id="chart-compare-0" class="chart" data-figure="fig-compare-0"' in html
     assert "/assets/plotly.min.js" in html

@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
-ROLES = {"strata-server.service": "server", "strata-scheduler.service": "scheduler", "strata-node.service": "node"}
+ROLES = {"strata-server.service": "server", "strata-scheduler.service": "scheduler", "strata-node.service": "node",
+         "strata-notifier.service": "notifier"}
 INSTALLED_STRATA = "/opt/strata/.venv/bin/strata"
 
 

@@ -1,6 +1,7 @@
 """The password backend: Django's ModelBackend behind the login guard (``strata.accounts.login_guard``).
 
-It is the only entry of ``AUTHENTICATION_BACKENDS``, so every password login (the web UI's ``/login/``, the
+It is the first entry of ``AUTHENTICATION_BACKENDS`` (the other, single sign-on's ``accounts.oidc.OidcBackend``,
+answers only its own callback, never a password), so every password login (the web UI's ``/login/``, the
 Django admin's, DRF's ``/api-auth/login/``, any ``authenticate()`` call) is guarded here, before the password
 is checked. With ``STRATA_PASSWORD_LOGIN`` off it refuses every password (single sign-on only).
 

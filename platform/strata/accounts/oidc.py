@@ -330,6 +330,11 @@ class OidcBackend(OIDCAuthenticationBackend):
                                       "or sub claim")
         return True
 
+    def get_user(self, user_id):
+        """The session's user, None once deactivated (as Django's ModelBackend: a session does not outlive it)."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
     def describe_user_by_claims(self, claims):
         return f"user {username_from(claims)!r}"
 
@@ -359,17 +364,19 @@ class OidcBackend(OIDCAuthenticationBackend):
 # --- the views: /oidc/authenticate/ and /oidc/callback/ ----------------------------------------------------------
 
 
-def _audit(action: str, request, user=None, target: str = "") -> None:
-    """The audit log's record of a single sign-on login (password logins are recorded by their backend)."""
+def _audit(action: str, request, user=None, reason: str = "") -> None:
+    """The audit log's entry for a single sign-on login (password logins get theirs from their backend)."""
+    target = f"user {user.get_username()}" if user is not None else "single sign-on"
+    after = {"method": "sso", "provider": provider_name(), **({"reason": reason} if reason else {})}
     try:
-        record(action, request=request, actor=user, target=target)
+        record(action, request=request, actor=user, target=target, after=after)
     except Exception:  # the audit trail never blocks a login
         log.exception("audit record %s failed", action)
 
 
 def _failure(request, reason: str):
     messages.error(request, f"Sign-in with {provider_name()} failed: {reason}")
-    _audit("login.failure", request, None, target=f"sso: {reason}"[:200])
+    _audit("login.failure", request, None, reason=reason[:500])
     return HttpResponseRedirect(settings.LOGIN_URL)
 
 
@@ -420,7 +427,7 @@ class SsoCallback(OIDCAuthenticationCallbackView):
 
     def login_success(self):
         response = super().login_success()
-        _audit("login.success", self.request, self.user, target="sso")
+        _audit("login.success", self.request, self.user)
         return response
 
     def login_failure(self):

@@ -80,6 +80,9 @@ class AuditLogView(generics.ListAPIView):
 
 
 class AuditExportView(AuditLogView):
+    """Every audit log entry the filters match, newest first, as CSV (streamed; ``time, actor, team, action,
+    target, before, after, address, user_agent``; before and after as JSON)."""
+
     export = True
 
     @extend_schema(operation_id="audit_export_csv", parameters=PARAMETERS,

@@ -15,10 +15,10 @@ BATCH = 5000  # rows per transaction, so a first run over a long history holds n
 
 
 def audit_prune(*, now: datetime | None = None, days: float | None = None) -> int:
-    """Delete the entries older than ``days`` (default ``STRATA_AUDIT_RETENTION_DAYS``; None there: keep all);
-    returns how many went."""
+    """Delete the entries older than ``days`` (default ``STRATA_AUDIT_RETENTION_DAYS``; 0 or None: keep every
+    entry); returns how many went."""
     days = settings.STRATA_AUDIT_RETENTION_DAYS if days is None else days
-    if days is None:
+    if not days:
         return 0
     cutoff = (now or timezone.now()) - timedelta(days=days)
     deleted = 0

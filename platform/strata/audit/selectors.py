@@ -45,6 +45,12 @@ def readable_team_ids(request) -> list[int] | None:
     return roles.team_ids_with(request, roles.TEAM_ADMIN)
 
 
+def may_read(request) -> bool:
+    """Whether the caller reads any entry (a cluster admin, or a team-admin somewhere)."""
+    ids = readable_team_ids(request)
+    return ids is None or bool(ids)
+
+
 def entries_readable(request) -> QuerySet[AuditEntry] | None:
     """The entries the caller may read, newest first; None if they may read none."""
     ids = readable_team_ids(request)

@@ -43,6 +43,7 @@ from strata.jobs.models import TERMINAL_STATES, Job, LogLine
 FTS_CONFIG = "simple"
 MAX_TEXT = 500  # characters of q or grep
 MAX_SPANS = 50
+SEARCH_TIMEOUT_MS = 10_000  # PostgreSQL: a search that runs longer is stopped (refusals())
 SNIPPET_WIDTH = 200
 RANK_PREFIX = re.compile(r"\[rank (\d{1,6})\] ")
 WORD = re.compile(r"\w+")
@@ -374,22 +375,41 @@ def filtered(lines: QuerySet[LogLine], query: LogQuery) -> QuerySet[LogLine]:
     return lines
 
 
-def ranked(lines: QuerySet[LogLine], query: LogQuery) -> QuerySet[LogLine]:
-    """The search page's order: by relevance with ``q`` (then newest first), else newest first."""
-    return lines.order_by("-score", "-time", "-id") if query.q else lines.order_by("-time", "-id")
+def ranked(scope: QuerySet[LogLine], query: LogQuery) -> QuerySet[LogLine]:
+    """The lines of ``scope`` that ``query`` finds, in the search page's order: by relevance with ``q`` (then
+    newest first), else newest first."""
+    found = filtered(scope, query)
+    return found.order_by("-score", "-time", "-id") if query.q else found.order_by("-time", "-id")
 
 
 @contextmanager
-def refusals(using: str) -> Iterator[None]:
+def refusals(using: str, query: LogQuery | None = None) -> Iterator[None]:
     """Evaluate a search inside: in a savepoint, so that a regular expression PostgreSQL refuses (its dialect is
-    not Python's) raises QueryInvalid and the request's transaction goes on."""
+    not Python's) raises QueryInvalid and the request's transaction goes on. On PostgreSQL a search is stopped
+    after SEARCH_TIMEOUT_MS (QueryInvalid: ranking recomputes each match's vector, so a word in half a million
+    lines takes seconds; measured in docs/architecture.md, Log search)."""
+    connection = connections[using]
+    postgres = connection.vendor == "postgresql"
     try:
         with transaction.atomic(using=using):
+            if postgres:
+                with connection.cursor() as cursor:
+                    cursor.execute("SHOW statement_timeout")
+                    before = cursor.fetchone()[0]
+                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(SEARCH_TIMEOUT_MS)])
             yield
+            if postgres:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
     except DatabaseError as error:
-        if "regular expression" in str(error):
-            first = str(error).splitlines()[0]
-            raise QueryInvalid({"grep": f"the database refused the regular expression: {first}"}) from None
+        text = str(error)
+        if "regular expression" in text:
+            raise QueryInvalid({"grep": f"the database refused the regular expression: {text.splitlines()[0]}"}
+                               ) from None
+        if "statement timeout" in text:
+            name = "q" if query is not None and query.q else "grep"
+            raise QueryInvalid({name: f"matches too many lines to answer within {SEARCH_TIMEOUT_MS // 1000} s: "
+                                      "add a rarer word, a time range (since), a rank or one job"}) from None
         raise
 
 

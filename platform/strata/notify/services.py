@@ -38,6 +38,9 @@ from strata.notify.models import EVENTS, TEST_EVENT, Delivery, EmailSubscription
 log = logging.getLogger(__name__)
 
 DELIVER_TASK = "strata.notify.deliver"  # strata.notify.tasks registers it
+SWEEP_TASK = "strata.notify.sweep"  # likewise: the beat's, every SWEEP_INTERVAL_S on the notify queue
+SWEEP_INTERVAL_S = 60.0
+SWEEP_GRACE_S = 300.0  # a try this long overdue lost its message (a broker outage, a worker killed mid-try)
 QUEUE = "notify"
 SUBSCRIBED_EVENTS = (JobTransitioned.name, QuotaReached.name, NodeLost.name)  # the lifecycle events heard
 JOB_ENDS = {"SUCCEEDED": "job.succeeded", "FAILED": "job.failed", "PREEMPTED": "job.preempted"}
@@ -90,33 +93,51 @@ def _url(path: str) -> str:
     return str(settings.STRATA_PUBLIC_URL).rstrip("/") + path
 
 
+def _subject(event: Event) -> tuple[str, tuple[int, ...]] | None:
+    """(notification name, team ids) of an event, cheaply (no query); None when it makes no notification."""
+    if isinstance(event, JobTransitioned):
+        name = JOB_ENDS.get(event.target)
+        return (name, (event.team_id,)) if name is not None and event.team_id is not None else None
+    if isinstance(event, QuotaReached):
+        return "quota.reached", (event.team_id,)
+    if isinstance(event, NodeLost):
+        return ("node.lost", tuple(event.team_ids)) if event.team_ids else None
+    return None
+
+
+def targets(name: str, team_ids) -> list[Webhook | EmailSubscription]:
+    """The enabled targets of the teams that subscribe to notification ``name``."""
+    hooks = [hook for hook in Webhook.objects.filter(team_id__in=team_ids, enabled=True) if name in (hook.events or [])]
+    emails = [entry for entry in EmailSubscription.objects.filter(team_id__in=team_ids, enabled=True)
+              if name in (entry.events or [])]
+    return [*hooks, *emails]
+
+
 def on_event(event: Event) -> None:
     """The core subscriber: queue a delivery to every enabled target of the teams the event concerns that
-    subscribes to it. Never raises into the caller's transition (``strata.jobs.events`` logs a failure)."""
-    notification = notification_of(event)
-    if notification is None or not notification.team_ids:
+    subscribes to it (two queries for an event no target wants). Never raises into the caller's transition
+    (``strata.jobs.events`` logs a failure)."""
+    subject = _subject(event)
+    if subject is None or not targets(*subject):
         return
-    notify(notification)
+    notification = notification_of(event)
+    if notification is not None:
+        notify(notification)
 
 
 def notify(notification: Notification) -> list[Delivery]:
     """Write one pending delivery per subscribed target and send each to the notify queue after commit."""
-    hooks = [hook for hook in Webhook.objects.filter(team_id__in=notification.team_ids, enabled=True)
-             if notification.name in (hook.events or [])]
-    emails = [entry for entry in EmailSubscription.objects.filter(team_id__in=notification.team_ids, enabled=True)
-              if notification.name in (entry.events or [])]
-    if not hooks and not emails:
+    chosen = targets(notification.name, notification.team_ids)
+    if not chosen:
         return []
     slugs = dict(Team.objects.filter(pk__in=notification.team_ids).values_list("pk", "slug"))
     now = timezone.now()
-    rows = [Delivery(team_id=target.team_id, webhook=target if isinstance(target, Webhook) else None,
-                     email=target if isinstance(target, EmailSubscription) else None, event=notification.name,
-                     payload=_payload(notification, slugs.get(target.team_id, ""), now), created_at=now,
-                     updated_at=now, next_attempt_at=now)
-            for target in [*hooks, *emails]]
-    Delivery.objects.bulk_create(rows)
-    ids = [row.pk for row in rows if row.pk is not None] or list(
-        Delivery.objects.filter(created_at=now, event=notification.name).values_list("pk", flat=True))
+    rows = [Delivery.objects.create(
+        team_id=target.team_id, webhook=target if isinstance(target, Webhook) else None,
+        email=target if isinstance(target, EmailSubscription) else None, event=notification.name,
+        payload=_payload(notification, slugs.get(target.team_id, ""), now), created_at=now, updated_at=now,
+        next_attempt_at=now) for target in chosen]
+    ids = [row.pk for row in rows]
     transaction.on_commit(lambda: [send(delivery_id) for delivery_id in ids])
     return rows
 
@@ -136,6 +157,25 @@ def send(delivery_id: int, countdown: float = 0.0) -> None:
         log.exception("could not queue notification delivery %s", delivery_id)
         Delivery.objects.filter(pk=delivery_id).update(error="could not reach the broker to queue it",
                                                         updated_at=timezone.now())
+
+
+def sweep(now=None, limit: int = 500) -> int:
+    """Queue again the deliveries whose try is more than SWEEP_GRACE_S overdue: their message was lost (the
+    broker was unreachable when it was sent, or a worker died during the try). Each row is claimed by a
+    conditional UPDATE of its due time, so beats of several scheduler replicas queue it once. Returns how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=SWEEP_GRACE_S)
+    stale = list(Delivery.objects.filter(status__in=[Delivery.Status.PENDING, Delivery.Status.RETRYING],
+                                         next_attempt_at__lt=cutoff)
+                 .order_by("next_attempt_at").values_list("pk", "next_attempt_at")[:limit])
+    queued = 0
+    for pk, due in stale:
+        if Delivery.objects.filter(pk=pk, next_attempt_at=due).update(next_attempt_at=now, updated_at=now):
+            send(pk)
+            queued += 1
+    if queued:
+        log.warning("queued %d notification deliveries again: their messages were lost", queued)
+    return queued
 
 
 # -- the message ------------------------------------------------------------------------------------------------
@@ -391,9 +431,7 @@ def send_test(target: Webhook | EmailSubscription) -> Delivery:
 
 
 def audit(action: str, *, request=None, team=None, target: str = "", before=None, after=None) -> None:
-    """Record a webhook change in the audit log (strata.audit), when that app is installed."""
-    try:
-        from strata.audit.services import record
-    except ImportError:  # pragma: no cover - the audit app ships with the platform
-        return
+    """Record a webhook change in the audit log (strata.audit); call it inside the change's transaction."""
+    from strata.audit.services import record
+
     record(action, request=request, team=team, target=target, before=before, after=after)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from strata.notify.services import DELIVER_TASK
+from strata.notify.services import DELIVER_TASK, SWEEP_TASK
 
 
 @shared_task(name=DELIVER_TASK, ignore_result=True)
@@ -15,3 +15,10 @@ def deliver_task(delivery_id: int) -> None:
     delay = attempt(delivery_id)
     if delay is not None:
         send(delivery_id, countdown=delay)
+
+
+@shared_task(name=SWEEP_TASK, ignore_result=True)
+def sweep_task() -> int:
+    from strata.notify.services import sweep
+
+    return sweep()

@@ -155,15 +155,18 @@ class MemberLimits:
     gpus: float = 0.0
 
 
-def member_limits(team_id: int, view: ClusterView | None = None) -> dict[int, MemberLimits]:
-    """The team's members that have a per-user limit, by user id, with their admitted jobs' load (counted as
-    :func:`team_load` counts the team's: a placed job the share its live attempt holds, a waiting one what it
-    asks for; nested children inside their parent's)."""
+def member_limits(team_id: int, view: ClusterView | None = None, *, everyone: bool = False
+                  ) -> dict[int, MemberLimits]:
+    """The team's members that have a per-user limit (``everyone``: all its members), by user id, with their
+    admitted jobs' load (counted as :func:`team_load` counts the team's: a placed job the share its live attempt
+    holds, a waiting one what it asks for; nested children inside their parent's)."""
     from strata.accounts.models import Membership
 
+    members = Membership.objects.filter(team_id=team_id)
+    if not everyone:
+        members = members.exclude(max_concurrent_jobs=None, max_gpus=None)
     limited = {user_id: MemberLimits(username, jobs, gpus) for user_id, username, jobs, gpus in
-               Membership.objects.filter(team_id=team_id).exclude(max_concurrent_jobs=None, max_gpus=None)
-               .values_list("user_id", "user__username", "max_concurrent_jobs", "max_gpus")}
+               members.values_list("user_id", "user__username", "max_concurrent_jobs", "max_gpus")}
     if not limited:
         return limited
     view = view or ClusterView()

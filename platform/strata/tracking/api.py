@@ -8,7 +8,6 @@ A team the caller cannot see is a 404, a lower role than team-admin a 403. The t
 from __future__ import annotations
 
 from django.http import Http404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -17,12 +16,14 @@ from rest_framework.views import APIView
 from strata.accounts import roles
 from strata.accounts.models import Team
 from strata.accounts.selectors import TeamChoiceError, member_team, visible_team_ids
+from strata.api.error_answers import error_response
 from strata.api.permissions import IsUser
 from strata.tracking import services
 from strata.tracking.models import TrackingServer
 
 TEAM = OpenApiParameter("team", str, description="The team (slug); default: the token's team or your only team.")
 FIELDS = {"url", "experiment", "token", "team"}
+NO_TEAM = error_response(404, "No such team (or another team's).")
 
 TrackingAnswer = inline_serializer("TrackingServer", {
     "team": serializers.CharField(), "configured": serializers.BooleanField(),
@@ -86,7 +87,7 @@ class TrackingView(APIView):
         roles.require(request, team, roles.TEAM_ADMIN, action="configure the team's MLflow tracking server")
         return team
 
-    @extend_schema(parameters=[TEAM], responses={200: TrackingAnswer})
+    @extend_schema(parameters=[TEAM], responses={200: TrackingAnswer, 404: NO_TEAM})
     def get(self, request):
         team = self.team(request, request.query_params.get("team"))
         return Response(answer(team, TrackingServer.objects.filter(team=team).select_related("team", "updated_by")
@@ -94,7 +95,8 @@ class TrackingView(APIView):
 
     @extend_schema(parameters=[TEAM], request=TrackingSet,
                    responses={201: OpenApiResponse(TrackingAnswer, description="The team's new tracking server."),
-                              200: OpenApiResponse(TrackingAnswer, description="The server was replaced.")})
+                              200: OpenApiResponse(TrackingAnswer, description="The server was replaced."),
+                              404: NO_TEAM})
     def put(self, request):
         body = request.data if isinstance(request.data, dict) else None
         if body is None:
@@ -115,7 +117,9 @@ class TrackingView(APIView):
         audit(request, team, before, audit_state(server))
         return Response(answer(team, server), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
-    @extend_schema(parameters=[TEAM], responses={204: OpenApiResponse(OpenApiTypes.NONE)})
+    @extend_schema(parameters=[TEAM], responses={204: None,
+                                                 404: error_response(404, "No such team, or it has no tracking "
+                                                                          "server.")})
     def delete(self, request):
         team = self.team(request, request.query_params.get("team"))
         before = audit_state(TrackingServer.objects.filter(team=team).first())

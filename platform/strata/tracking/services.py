@@ -328,14 +328,23 @@ def mirror_team(server: TrackingServer, *, budget_s: float | None = None) -> int
     started = time.monotonic()
     touched = 0
     client = None
+    problems: list[str] = []
     try:
         client = MlflowRest(server.url, server_token(server), timeout=settings.STRATA_MLFLOW_TIMEOUT_S)
         if not server.experiment_id:  # the first round after a change checks the server, jobs or none
             server.experiment_id = client.experiment_id(server.experiment)
             TrackingServer.objects.filter(pk=server.pk).update(experiment_id=server.experiment_id)
         for job in jobs_to_mirror(server):
-            if mirror_job(client, server, job) is not None:
-                touched += 1
+            try:
+                if mirror_job(client, server, job) is not None:
+                    touched += 1
+            except MlflowError as error:
+                if error.status != 400:
+                    raise
+                # the server refused something of this job's only: the others go on; it is retried next round
+                problems.append(f"job {job.pk}: {error}")
+                JobMirror.objects.filter(job=job).update(error=str(error)[:MAX_ERROR_CHARS], updated_at=timezone.now())
+                log.warning("mirroring job %s of team %s: %s", job.pk, server.team_id, error)
             if budget_s is not None and time.monotonic() - started > budget_s:
                 break  # the rest next round
     except (MlflowError, OSError, team_secrets.SecretUnreadable) as error:
@@ -349,8 +358,10 @@ def mirror_team(server: TrackingServer, *, budget_s: float | None = None) -> int
     finally:
         if client is not None:
             client.close()
-    TrackingServer.objects.filter(pk=server.pk).update(error="", error_at=None, failures=0, retry_at=None,
-                                                       synced_at=timezone.now())
+    now = timezone.now()
+    refused = f"{len(problems)} job(s) refused by the server; {problems[0]}"[:MAX_ERROR_CHARS] if problems else ""
+    TrackingServer.objects.filter(pk=server.pk).update(error=refused, error_at=now if problems else None, failures=0,
+                                                       retry_at=None, synced_at=now)
     return touched
 
 

@@ -103,7 +103,21 @@ def test_first_login_creates_the_user_with_the_teams_and_the_admin_flag_of_the_c
     assert page.status_code == 200
     assert re.search(r'id="whoami">alice \(admin\)<', page.content.decode())
     entry = AuditEntry.objects.filter(action="login.success").latest("time")
-    assert entry.actor == alice and entry.target == "sso"
+    assert (entry.actor, entry.target, entry.after) == (alice, "user alice", {"method": "sso", "provider": "Test IdP"})
+
+
+def test_a_deactivated_user_loses_the_session_and_cannot_sign_in_again(sso):
+    client = Client()
+    sso_login(client, "alice")
+    assert client.get("/jobs/").status_code == 200
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.filter(username="alice").update(is_active=False)
+    assert client.get("/jobs/")["Location"].startswith("/login/")
+    again = Client()
+    answer = sso_login(again, "alice")
+    assert answer["Location"] == "/login/" and "_auth_user_id" not in again.session
+    assert "this user is deactivated" in again.get("/login/").content.decode()
 
 
 def test_every_login_makes_the_teams_and_the_admin_flag_what_the_claim_says(sso, provider):
@@ -178,7 +192,9 @@ def test_a_forged_or_replayed_answer_logs_nobody_in(sso):
     client.logout()
     assert client.get("/oidc/callback/", back)["Location"] == "/login/"  # the state is spent
     assert "_auth_user_id" not in client.session
-    assert AuditEntry.objects.filter(action="login.failure").count() >= 3
+    failures = AuditEntry.objects.filter(action="login.failure", target="single sign-on")
+    assert failures.count() == 3 and all(entry.after["method"] == "sso" for entry in failures)
+    assert "state not found" in failures.order_by("time").first().after["reason"]
 
 
 def test_the_provider_saying_no_is_shown_on_the_login_page(sso):
@@ -359,3 +375,13 @@ def test_strata_check_deploy_warns_of_a_configuration_nobody_can_log_in_with(set
     assert [problem.id for problem in check_sign_in()] == ["strata.W091"]
     settings.STRATA_OIDC_TEAM_CLAIM = "groups"
     assert check_sign_in() == []
+
+
+def test_the_client_secret_can_come_from_a_file(tmp_path, monkeypatch):
+    from strata.conf import env_str
+
+    secret = tmp_path / "oidc-secret"
+    secret.write_text("from-the-file\n")
+    monkeypatch.setenv("STRATA_OIDC_CLIENT_SECRET", "from-the-environment")
+    monkeypatch.setenv("STRATA_OIDC_CLIENT_SECRET_FILE", str(secret))
+    assert env_str("STRATA_OIDC_CLIENT_SECRET", "") == "from-the-file"

@@ -324,12 +324,17 @@ def test_code_bundles_by_role(team):
 # --- the dashboard ----------------------------------------------------------------------------------------------
 
 def test_members_page(team, client, make_user):
+    import re
+
     make_user("newbie")
+    _job(team)  # mia's, admitted: 1 job, 1 GPU held
     client.force_login(team["users"]["viewer"])
     page = client.get("/team/members/")
     assert page.status_code == 200
     text = page.content.decode()
     assert 'data-member="mia"' in text and 'id="member-add"' not in text and 'id="my-role">viewer' in text
+    held = dict(re.findall(r'data-member="(\w+)">.*?<td class="held"[^>]*>([^<]*)</td>', text, re.S))
+    assert held["mia"] == "1 jobs, 1 GPUs" and held["max"] == "0 jobs, 0 GPUs", held
     assert client.post("/team/members/", {"team": "alpha", "action": "add", "username": "newbie"}).status_code == 403
     assert client.get("/team/members/?team=beta").status_code == 404
     client.force_login(team["users"]["team-admin"])

@@ -31,7 +31,6 @@ from support import api_routes, fill_route
 
 from components.runtime.contract import registry
 from strata.accounts.models import ApiToken, Secret, token_digest
-from strata.notify.models import Webhook
 from strata.jobs.models import (
     Artifact,
     Attempt,
@@ -43,6 +42,7 @@ from strata.jobs.models import (
     Participant,
     PluginRecord,
 )
+from strata.notify.models import Webhook
 
 PREFIX = "/api/v1/"
 UNSAFE = {"post", "put", "patch", "delete"}
@@ -474,6 +474,7 @@ DASHBOARD = {
     "cluster": ("login", None), "cluster-charts": ("live", None), "cluster-tables": ("live", None),
     "cluster-panels": ("live", None), "usage": ("login", "team"), "quota-editor": ("admin", None),
     "pool-editor": ("admin", None), "team-secrets": ("login", "team"), "team-members": ("login", "team"),
+    "team-notifications": ("login", "team"),
     "cli-login": ("login", None),
     "compare": ("login", "jobs"),
     "log-search": ("login", None),

@@ -50,6 +50,8 @@ PARTICIPANT = _access(*[frozenset({401})] * 5)
 AUDIT = _access(R403, R403, frozenset({200}), frozenset({200}), R403)
 # The foreign caller is a member of beta: setting a secret in his own team is refused by his role there.
 SECRET_SET = {**OTHERS, "foreign": R403}
+# The team's notification targets: reads too need team-admin (a webhook URL may be a credential).
+ADMIN_READ = _access(R403, R403, PASS, PASS, R404)
 
 EXPECT: dict[str, dict[str, dict]] = {
     # jobs
@@ -69,6 +71,13 @@ EXPECT: dict[str, dict[str, dict]] = {
     "token-list": {"get": LIST, "post": SELF}, "token-detail": {"delete": TEAM_TOKENS},
     "secret-list": {"get": LIST, "post": SECRET_SET},
     "secret-detail": {"get": READ, "delete": OTHERS},
+    # notifications (webhooks, e-mail subscriptions)
+    "webhook-list": {"get": LIST, "post": SECRET_SET},
+    "webhook-detail": {"get": ADMIN_READ, "patch": OTHERS, "delete": OTHERS},
+    "webhook-test": {"post": OTHERS}, "webhook-deliveries": {"get": ADMIN_READ},
+    "email-subscription-list": {"get": LIST, "post": SECRET_SET},
+    "email-subscription-detail": {"get": ADMIN_READ, "delete": OTHERS},
+    "email-subscription-test": {"post": OTHERS}, "email-subscription-deliveries": {"get": ADMIN_READ},
     # cluster
     "node-list": {"get": LIST}, "node-detail": {"get": LIST}, "device-list": {"get": LIST},
     "device-detail": {"get": LIST}, "pool-list": {"get": LIST}, "pool-detail": {"patch": CLUSTER},
@@ -182,9 +191,10 @@ DASHBOARD_WRITES = {
     "job-resubmit": "owner", "cluster": "none", "cluster-charts": "none", "cluster-tables": "none",
     "cluster-panels": "none", "usage": "none", "quota-editor": "cluster-admin", "pool-editor": "cluster-admin",
     "team-secrets": "team-admin", "team-members": "team-admin", "audit": "team-admin",
+    "team-notifications": "team-admin",
 }
 # Pages only a team-admin (and a cluster admin) may even read: alice, a member, gets their 403.
-TEAM_ADMIN_READS = {"audit"}
+TEAM_ADMIN_READS = {"audit", "team-notifications"}
 # A 403 page for these; a viewer's submit form answers with its errors (the team field names the role needed).
 REFUSED = {"viewer": {"owner", "team-admin", "cluster-admin"}, "member": {"owner", "team-admin", "cluster-admin"},
            "team-admin": {"cluster-admin"}}

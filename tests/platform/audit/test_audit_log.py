@@ -136,7 +136,7 @@ def test_retention_deletes_only_old_entries(settings, make_user):
     assert set(AuditEntry.objects.values_list("id", flat=True)) == {entry.pk for entry in kept}
     assert not AuditEntry.objects.filter(pk__in=[entry.pk for entry in old]).exists()
     assert audit_prune(now=now) == 0
-    settings.STRATA_AUDIT_RETENTION_DAYS = None  # kept forever
+    settings.STRATA_AUDIT_RETENTION_DAYS = 0  # kept forever
     assert audit_prune(now=now + timedelta(days=1000)) == 0
     assert AuditEntry.objects.count() == 2
 
@@ -162,3 +162,23 @@ def test_beat_schedules_the_retention():
     app.loader.import_default_modules()
     assert app.conf.beat_schedule["audit-retention"]["task"] == "strata.audit.retention"
     assert "strata.audit.retention" in app.tasks
+
+
+@pytest.mark.django_db
+def test_the_django_admin_is_read_only(make_user):
+    from django.test import Client
+
+    root = make_user("root", admin=True)
+    entry = record("quota.change", actor=root, target="quota alpha", after={"max_gpus": 2})
+    client = Client()
+    client.force_login(root)
+    base = "/admin/audit/auditentry/"
+    assert client.get(base).status_code == 200
+    page = client.get(f"{base}{entry.pk}/change/")
+    assert page.status_code == 200 and b'name="target"' not in page.content  # shown, not editable
+    assert client.post(f"{base}{entry.pk}/change/", {"target": "forged"}).status_code == 403
+    assert client.get(f"{base}add/").status_code == 403
+    assert client.post(f"{base}{entry.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.post(base, {"action": "delete_selected", "_selected_action": [entry.pk], "post": "yes"}
+                       ).status_code in (200, 302, 403)
+    assert AuditEntry.objects.get(pk=entry.pk).target == "quota alpha"

@@ -174,6 +174,8 @@ def test_the_dashboard_page(world):
     page = session(world["users"]["tia"]).get("/audit/")
     html = page.content.decode()
     assert page.status_code == 200 and "secret K" not in html and "token ab12cd34" in html
+    assert 'data-nav="audit"' in html  # a team-admin gets the link too
+    assert 'data-nav="audit"' not in session(world["users"]["mia"]).get("/jobs/").content.decode()
     assert session(world["users"]["root"]).get("/audit/", {"since": "never"}).status_code == 400
 
 

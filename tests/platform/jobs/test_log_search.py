@@ -407,3 +407,16 @@ def test_retention_collector_trims_old_lines_of_ended_jobs(teams, settings):
     assert log_search.collect_lines(later + timedelta(days=1), 7) == 0
     ended.refresh_from_db()
     assert ended.log_lines_trimmed == 3
+
+
+def test_migration_fills_the_ranks_of_existing_lines(teams):
+    import importlib
+    from types import SimpleNamespace
+
+    from django.apps import apps
+
+    migration = importlib.import_module("strata.jobs.migrations.0019_log_search")
+    write(teams["a1"], "[rank 4] old line", "no rank", "[rank x] not a rank")
+    LogLine.objects.update(rank=None)  # as lines stored before the migration
+    migration.ranks_forward(apps, SimpleNamespace(connection=connection))
+    assert list(LogLine.objects.order_by("id").values_list("rank", flat=True)) == [4, None, None]

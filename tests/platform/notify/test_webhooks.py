@@ -373,3 +373,23 @@ def test_core_subscribers_hear_only_the_events_they_name(db):
     finally:
         events.unsubscribe(heard.append)
     assert heard.append not in [subscriber for subscriber in events.subscribers()]
+
+
+def test_a_delivery_whose_message_was_lost_is_queued_again_once(admin_team, receiver, queued):
+    from strata.celery import app
+    from strata.notify import tasks
+
+    hook = Webhook.objects.create(team=admin_team["team"], url=receiver.url, events=["job.failed"],
+                                  secret_ciphertext="x")
+    now = timezone.now()
+    lost = Delivery.objects.create(team=admin_team["team"], webhook=hook, event="job.failed",
+                                   next_attempt_at=now - timedelta(minutes=6))
+    Delivery.objects.create(team=admin_team["team"], webhook=hook, event="job.failed", status="retrying",
+                            next_attempt_at=now - timedelta(minutes=1))  # due a minute ago: its message may come
+    Delivery.objects.create(team=admin_team["team"], webhook=hook, event="job.failed", status="succeeded",
+                            next_attempt_at=now - timedelta(hours=1))
+    assert services.sweep(now) == 1 and queued == [(lost.pk, 0.0)]
+    assert services.sweep(now) == 0  # claimed: another beat's sweep queues it no second time
+    app.loader.import_default_modules()
+    entry = app.conf.beat_schedule["notify-sweep"]
+    assert entry["task"] == tasks.sweep_task.name and entry["options"]["queue"] == "notify"

@@ -55,6 +55,7 @@ def download(client, run_id: str, path: str, tmp_path) -> bytes:
         return stream.read()
 
 
+@pytest.mark.e2e  # a real mlflow server process (conftest.py)
 def test_a_job_is_mirrored_to_an_mlflow_run(mlflow_server, alpha, local_artifacts, make_node, submit, run_pass,
                                             node_protocol, tmp_path):
     team, admin, client = alpha
@@ -128,6 +129,7 @@ def test_a_job_is_mirrored_to_an_mlflow_run(mlflow_server, alpha, local_artifact
         run.info.experiment_id
 
 
+@pytest.mark.e2e  # a real mlflow server process (conftest.py)
 def test_a_server_that_is_down_costs_its_own_team_only(mlflow_server, alpha, local_artifacts, make_team, make_user,
                                                        make_token, make_node, api, submit, run_pass,
                                                        node_protocol):
@@ -291,6 +293,7 @@ def test_the_dashboard_page(alpha, client, make_user):
     assert client.get("/team/tracking/?team=alpha").status_code == 403
 
 
+@pytest.mark.e2e  # a real mlflow server process (conftest.py)
 def test_a_new_server_is_checked_at_the_first_round(alpha, mlflow_server):
     """The first round after a server is set looks its experiment up (creating it), jobs or none: a wrong URL
     shows as an error on the team's page at once."""
@@ -330,3 +333,28 @@ def test_the_beat_sends_each_due_team_to_the_tracking_queue(alpha, make_team, se
     assert sent == [("strata.tracking.mirror_team", [servers["alpha"].pk], "tracking")]
     services.release(servers["gamma"].pk)
     assert services.claim(servers["gamma"].pk) is not None
+
+
+@pytest.mark.e2e  # a real mlflow server process (conftest.py)
+def test_a_job_the_server_refuses_does_not_hold_up_the_others(mlflow_server, alpha, local_artifacts, make_node,
+                                                             submit, run_pass, node_protocol):
+    """A 400 about one job (here: its run was deleted on the server) is recorded on that job's mirror and on the
+    team's page; the team's other jobs are mirrored in the same round, with no backoff."""
+    team, admin, client = alpha
+    make_node(gpus=2)
+    assert client.put("/api/v1/tracking/", {"url": mlflow_server.url, "experiment": "refusals"},
+                      format="json").status_code == 201
+    first, first_protocol = run_job(submit, run_pass, node_protocol, admin, team, name="first")
+    second, second_protocol = run_job(submit, run_pass, node_protocol, admin, team, name="second")
+    assert services.mirror_all() == {"alpha": 2}
+    mlflow = mlflow_server.client()
+    mlflow.delete_run(JobMirror.objects.get(job=first).run_id)
+    for protocol in (first_protocol, second_protocol):
+        assert protocol.report(metrics=[{"name": "loss", "step": 7, "value": 0.125}]).status_code == 200
+    assert services.mirror_all() == {"alpha": 1}
+    refused = JobMirror.objects.get(job=first)
+    assert "HTTP 400" in refused.error
+    server = TrackingServer.objects.get(team=team)
+    assert server.failures == 0 and server.retry_at is None and server.error.startswith("1 job(s) refused")
+    history = mlflow.get_metric_history(JobMirror.objects.get(job=second).run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(7, 0.125)]

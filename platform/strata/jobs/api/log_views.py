@@ -69,10 +69,10 @@ def log_query(request) -> log_search.LogQuery:
 
 
 @contextmanager
-def refusals(using: str) -> Iterator[None]:
-    """Run a search; a pattern the database refuses is a 400 on grep."""
+def refusals(using: str, query: log_search.LogQuery) -> Iterator[None]:
+    """Run a search; a pattern the database refuses, or a search too long, is a 400 naming q or grep."""
     try:
-        with log_search.refusals(using):
+        with log_search.refusals(using, query):
             yield
     except log_search.QueryInvalid as error:
         raise serializers.ValidationError({name: [message] for name, message in error.errors.items()}) from None
@@ -92,7 +92,7 @@ def job_logs(request, job: Job, *, after: int, limit: int, plain) -> Response:
     if not query.filtering:
         return Response(plain(lines.order_by("id")[:limit], many=True).data, headers=trimmed_headers(job))
     lines = log_search.filtered(lines, query).order_by("id")[:limit]
-    with refusals(lines.db):
+    with refusals(lines.db, query):
         found = list(lines)
     return Response([log_search.hit(line, query) for line in found], headers=trimmed_headers(job))
 
@@ -126,8 +126,8 @@ class LogSearchView(APIView):
         if errors:
             raise serializers.ValidationError(errors)
         lines = LogLine.objects.filter(job__in=jobs.order_by().values("pk")).annotate(job_name=F("job__name"))
-        lines = log_search.ranked(log_search.filtered(lines, query), query)
+        lines = log_search.ranked(lines, query)
         paginator = StrataPagination()
-        with refusals(lines.db):
+        with refusals(lines.db, query):
             page = paginator.paginate_queryset(lines, request, view=self) or []
         return paginator.get_paginated_response([log_search.hit(line, query) for line in page])
