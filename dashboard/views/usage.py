@@ -1,7 +1,9 @@
 """Team usage against quotas (``/usage/``) and the cluster admins' quota editor (``/manage/quotas/``).
 
 The usage page shows one team the viewer belongs to (staff: any team): each limit with a meter, GPUs held over
-time against ``max_gpus``, GPU-hours per day, and the team's queue with why each job waits. The quota editor
+time against ``max_gpus``, GPU-hours per day, allocated against used GPU-hours over the range with the idlest jobs
+and the budget's forecast (``strata.quotas.usage``, a CSV link to the API's export), and the team's queue with why
+each job waits. The quota editor
 goes through the same ``quotas.services.quota_update`` as ``PATCH /api/v1/quotas/<team>/``: validation,
 saving, admitting the PENDING jobs that now fit, and a scheduling pass on commit. It also grants each team its
 data roots (``data_roots``, one directory per line: ``strata.quotas.roots``).
@@ -29,6 +31,7 @@ from strata.jobs.models import ADMITTED_STATES, Job, JobState
 from strata.quotas.models import Quota
 from strata.quotas.selectors import gpu_spans
 from strata.quotas.services import QUOTA_FIELDS, ROOTS_FIELD, QuotaInvalid, quota_update, team_usage
+from strata.quotas.usage import team_billing
 from strata.telemetry.selectors import grid_layout
 
 USAGE_DEFAULT_RANGE = "7d"
@@ -180,8 +183,12 @@ def usage_page(request):
     usage = team_usage(team.pk)
     figures = usage_figures(team.pk, quota, range_key)
     queue, queue_total = team_queue(team.pk)
+    now = timezone.now()
+    # Allocated against used over the range, the idlest jobs, the budget (strata.quotas.usage: the API's numbers).
+    billing = team_billing(team, now - RANGES[range_key], now, now=now)
     context = page_context(
         request, "usage", team=team, quota=quota, usage=usage, meters=usage_meters(quota, usage),
+        billing=billing, billing_csv=f"/api/v1/usage/{team.slug}/?format=csv&since={range_key}",
         range=range_key, ranges=list(RANGES), bar=figures["bar"],
         usage_figure=figure_json(figures["usage"]), gpu_hours_figure=figure_json(figures["gpu_hours"]),
         queue=queue, queue_total=queue_total, queue_limit=QUEUE_LIMIT, all_teams=teams)
@@ -198,6 +205,8 @@ EDITOR_FIELDS = [
     ("max_concurrent_jobs", "Max jobs", "unlimited", "queued or running at once"),
     ("gpu_hours", "GPU-hours", "unlimited", "per rolling window"),
     ("window_hours", "Window (h)", "", "length of the GPU-hours window, hours"),
+    ("budget_gpu_hours", "Budget (GPU-h)", "none", "GPU-hours allocated per budget period (forecast only)"),
+    ("budget_period_days", "Budget period (d)", "month", "budget period in days; empty: the calendar month"),
     ("priority", "Priority", "", "added to every job's priority, -100 to 100"),
     ("weight", "Weight", "", "fair-share weight between teams"),
 ]
@@ -210,6 +219,8 @@ def _quota_values(quota: Quota) -> dict[str, str]:
         "max_storage_bytes": bytes_text(quota.max_storage_bytes),
         "max_concurrent_jobs": "" if quota.max_concurrent_jobs is None else str(quota.max_concurrent_jobs),
         "gpu_hours": number_text(quota.gpu_hours), "window_hours": number_text(quota.window_hours),
+        "budget_gpu_hours": number_text(quota.budget_gpu_hours),
+        "budget_period_days": "" if quota.budget_period_days is None else str(quota.budget_period_days),
         "priority": str(quota.priority), "weight": number_text(quota.weight),
         ROOTS_FIELD: "\n".join(quota.data_roots or []),
     }

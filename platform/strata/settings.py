@@ -399,7 +399,8 @@ STRATA_NOTIFY_READ_TIMEOUT_S = env_float("STRATA_NOTIFY_READ_TIMEOUT_S", 5.0, mi
 STRATA_NOTIFY_MAX_ATTEMPTS = env_int("STRATA_NOTIFY_MAX_ATTEMPTS", 6, minimum=1)
 STRATA_NOTIFY_BACKOFF_S = env_float("STRATA_NOTIFY_BACKOFF_S", 10.0, minimum=0.0)  # the wait after the first failed try
 STRATA_NOTIFY_BACKOFF_MAX_S = env_float("STRATA_NOTIFY_BACKOFF_MAX_S", 600.0, minimum=0.0)  # the longest wait
-# Deliveries `strata notifier` (the worker of the notify queue) makes at once, each in a thread of its own.
+# Calls `strata notifier` (the worker of the notify and tracking queues: webhook and e-mail deliveries, MLflow
+# rounds) makes at once, each in a thread of its own.
 STRATA_NOTIFY_CONCURRENCY = env_int("STRATA_NOTIFY_CONCURRENCY", 8, minimum=1)
 # Webhook URLs may name loopback, private and link-local addresses (off: only public ones, checked at each delivery).
 STRATA_WEBHOOK_ALLOW_PRIVATE = env_bool("STRATA_WEBHOOK_ALLOW_PRIVATE", False)
@@ -426,5 +427,3 @@ STRATA_MLFLOW_TIMEOUT_S = env_float("STRATA_MLFLOW_TIMEOUT_S", 5.0, minimum=0.1)
 STRATA_MLFLOW_BACKOFF_MAX_S = env_float("STRATA_MLFLOW_BACKOFF_MAX_S", 600.0, minimum=1)
 # One team's round stops starting new jobs' work after this many seconds (the rest is left to the next round).
 STRATA_MLFLOW_ROUND_BUDGET_S = env_float("STRATA_MLFLOW_ROUND_BUDGET_S", 60.0, minimum=1)
-# Teams `strata tracker` (the worker of the tracking queue) mirrors at once, each in a thread of its own.
-STRATA_MLFLOW_CONCURRENCY = env_int("STRATA_MLFLOW_CONCURRENCY", 4, minimum=1)

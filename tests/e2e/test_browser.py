@@ -2,9 +2,15 @@
 
 Each test logs in through the login form and uses the pages as a person would. With STRATA_SCREENSHOT_DIR set
 (``make screenshots``), the main pages are saved as PNG files there (docs/img in the repository).
+
+Every test here shares one started ``strata up`` (and one Chromium): a browser test that needs no settings of its
+own belongs in this file rather than in a new one, which would start (and stop) a platform of its own.
 """
 
 from __future__ import annotations
+
+import copy
+import re
 
 import pytest
 from browser_support import Browser, admin_session
@@ -13,6 +19,7 @@ from e2e_support import Cluster, running_cluster, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 LONG_SPEC = {"workload": "mlp-digits", "epochs": 400, "batch_size": 16, "log_every": 100, "checkpoint_every": 500}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +217,116 @@ def test_upload_a_project_zip_on_the_submit_page_and_the_job_succeeds(admin, ui_
     code = page.inner_text("#job-code")
     assert job["code"]["digest"][:12] in code and "main.py" in page.inner_html("#job-code")
     assert not admin.console_errors, admin.console_errors
+
+
+# -- a sweep's trials folded under it in the job list (a toggle opens them, and they stay open across the live row
+# swap), a stopped trial says who stopped it, and the sweep's page draws no chart without a line and shows its
+# numbers rounded.
+SWEEP = {
+    "name": "e2e-folded-sweep", "kind": "tune", "resources": {"gpus": 1}, "max_attempts": 2,
+    "spec": {
+        "space": {"lr": {"type": "loguniform", "low": 1e-4, "high": 0.05}},
+        "metric": "test_accuracy", "mode": "max", "trials": 4, "max_iterations": 2, "packing": 4, "seed": 3,
+        "searcher": {"name": "random"},
+        "scheduler": {"name": "asha", "options": {"grace_period": 1, "reduction_factor": 2}},
+        "trainable": {"kind": "train", "spec": {"workload": "mlp-digits", "lr": "{{lr}}", "batch_size": 32}},
+    },
+}
+LONG_FRACTION = re.compile(r"\d\.\d{5,}")  # more digits than the dashboard shows of any number
+
+
+@pytest.mark.timeout(400)
+def test_a_sweeps_trials_fold_under_it_and_its_page_has_no_empty_chart(browser, ui_cluster, tmp_path):
+    cluster = ui_cluster
+    sweep = cluster.submit(copy.deepcopy(SWEEP))["id"]
+    job = cluster.wait_state(sweep, TERMINAL, 300)
+    assert job["state"] == "SUCCEEDED", job
+    children = cluster.get("jobs/", parent=sweep)["results"]
+    assert len(children) == 4
+    with admin_session(browser, cluster, tmp_path) as admin:
+        page = admin.page
+        admin.goto("/jobs/")
+        child_rows = f"#jobs tr[data-parent-id='{sweep}']"
+        assert page.locator(child_rows).count() == 4
+        assert all(not row.is_visible() for row in page.locator(child_rows).all())  # collapsed
+        toggle = page.locator(f"#jobs button[data-toggle='{sweep}']")
+        assert toggle.inner_text().endswith("4") and toggle.get_attribute("aria-expanded") == "false"
+        toggle.click()
+        assert all(row.is_visible() for row in page.locator(child_rows).all())
+        assert page.locator(f"#jobs button[data-toggle='{sweep}']").get_attribute("aria-expanded") == "true"
+        # A new job swaps the rows: the sweep stays open.
+        page.evaluate("() => { window.__oldBody = document.getElementById('jobs-body'); }")
+        extra = cluster.submit({"name": "swaps-the-rows", "kind": "train", "resources": {"gpus": 1},
+                                "max_attempts": 1, "spec": {"workload": "mlp-digits", "epochs": 1}})
+        page.wait_for_selector(f"#jobs tr[data-job-id='{extra['id']}']", timeout=15_000)
+        assert page.evaluate("() => window.__oldBody !== document.getElementById('jobs-body')")
+        assert all(row.is_visible() for row in page.locator(child_rows).all())
+        for child in children:  # a stopped trial says who stopped it, and when
+            if child["state"] == "CANCELLED":
+                reason = page.inner_text(f"#jobs tr[data-job-id='{child['id']}'] td.reason")
+                assert reason.startswith("stopped early by ASHA at iteration "), reason
+        page.locator(f"#jobs button[data-toggle='{sweep}']").click()
+        assert all(not row.is_visible() for row in page.locator(child_rows).all())
+
+        admin.goto(f"/jobs/{sweep}/")
+        page.wait_for_selector("[data-panel='tune-rungs'] td", timeout=15_000)
+        # Every chart drawn has a line (two steps or more); a metric with one step is a value.
+        lines = page.evaluate("""() => Array.from(document.querySelectorAll('#charts .chart')).map(
+            (el) => (el.data || []).map((t) => new Set(t.x).size))""")
+        assert all(traces and min(traces) >= 2 for traces in lines), lines
+        values = page.locator("#metric-values dd").all_inner_texts()
+        rungs = page.locator("[data-panel='tune-rungs'] td").all_inner_texts()
+        assert rungs and not [text for text in values + rungs if LONG_FRACTION.search(text)], (values, rungs)
+        assert not admin.console_errors, admin.console_errors
+    cluster.api("POST", f"jobs/{extra['id']}/cancel/")
+
+
+# -- compare runs: two jobs that really ran are ticked in the job list, the ticks survive the list's live row swap,
+# **Compare** opens the shareable address, and the page draws each job's real loss points and tables the runs and
+# the spec diff.
+def test_tick_two_jobs_and_compare_them(browser, ui_cluster, tmp_path):
+    cluster = ui_cluster
+    jobs = [cluster.submit({"name": f"bs-{size}", "kind": "train", "resources": {"gpus": 1}, "max_attempts": 1,
+                            "spec": {"workload": "mlp-digits", "epochs": 1, "batch_size": size}})
+            for size in (16, 64)]
+    for job in jobs:
+        cluster.wait_state(job["id"], {"SUCCEEDED"}, 180)
+    first, second = (job["id"] for job in jobs)
+    with admin_session(browser, cluster, tmp_path) as admin:
+        page = admin.page
+        admin.goto("/jobs/")
+        assert page.locator("#compare-jobs").is_disabled()  # nothing ticked yet
+        page.check(f"#jobs tr[data-job-id='{second}'] input.pick-job")
+        page.check(f"#jobs tr[data-job-id='{first}'] input.pick-job")
+        assert page.inner_text("#compare-count") == "2 ticked"
+        # A new job changes the rows: the list swaps its <tbody>, and the ticks come back on the fresh rows.
+        page.evaluate("() => { window.__oldBody = document.getElementById('jobs-body'); }")
+        extra = cluster.submit({"name": "swaps-the-rows", "kind": "train", "resources": {"gpus": 1},
+                                "max_attempts": 1, "spec": {"workload": "mlp-digits", "epochs": 1}})
+        page.wait_for_selector(f"#jobs tr[data-job-id='{extra['id']}']", timeout=15_000)
+        assert page.evaluate("() => window.__oldBody !== document.getElementById('jobs-body')")
+        assert page.is_checked(f"#jobs tr[data-job-id='{first}'] input.pick-job")
+        assert page.is_checked(f"#jobs tr[data-job-id='{second}'] input.pick-job")
+        assert not page.is_checked(f"#jobs tr[data-job-id='{extra['id']}'] input.pick-job")
+
+        page.click("#compare-jobs")
+        page.wait_for_url(lambda url: url.endswith(f"/compare/?jobs={second},{first}"))
+        assert page.locator("#compare-runs tbody tr").count() == 2
+        wait_for(lambda: admin.figure_points("chart-compare-0") > 0, 20, message="loss points on the compare chart")
+        names = page.evaluate("() => document.getElementById('chart-compare-0').data.map(t => t.name)")
+        assert names == [f"bs-64 ({second[:8]})", f"bs-16 ({first[:8]})"]
+        drawn = page.evaluate("() => document.getElementById('chart-compare-0').data.map(t => t.y.length)")
+        reported = [len([p for p in cluster.metrics(job_id) if p["name"] == "loss"]) for job_id in (second, first)]
+        assert drawn == reported and min(drawn) > 0
+        assert page.locator("#compare-diff tr[data-path='spec.batch_size'] td").all_inner_texts() == [
+            "spec.batch_size", "64", "16"]
+        admin.screenshot("compare")
+        assert not admin.console_errors, admin.console_errors
+    # The same comparison on the command line: the table, then one line per differing path.
+    result = cluster.cli("compare", first, second)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[:3] for line in lines[1:3]] == [[first[:8], "bs-16", "SUCCEEDED"],
+                                                        [second[:8], "bs-64", "SUCCEEDED"]]
+    assert "spec.batch_size: 16 | 64" in lines
+    cluster.api("POST", f"jobs/{extra['id']}/cancel/")

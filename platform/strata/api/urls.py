@@ -28,6 +28,7 @@ from strata.jobs.api.views import (
 )
 from strata.notify.api.views import EmailSubscriptionViewSet, WebhookViewSet
 from strata.quotas.api.members import TeamMembersView, TeamMemberView
+from strata.quotas.api.usage import TeamUsageView, UsageListView
 from strata.quotas.api.views import QuotaViewSet
 from strata.quotas.roots import record_context
 from strata.quotas.selectors import job_usage
@@ -108,6 +109,9 @@ urlpatterns = [
     # The audit log (strata.audit: team-admins their teams' entries, cluster admins all).
     path("audit/", AuditLogView.as_view(), name="audit"),
     path("audit/export.csv", AuditExportView.as_view(), name="audit-export"),
+    # Allocated against used GPU-hours, budgets and their forecast (strata.quotas.usage; reads: any role).
+    path("usage/", UsageListView.as_view(), name="usage-list"),
+    path("usage/<slug:team>/", TeamUsageView.as_view(), name="usage-team"),
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),

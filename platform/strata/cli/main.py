@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     from strata.audit import cli as audit_commands
 
     audit_commands.add_parser(commands)
+    from strata.quotas import cli as usage_commands
+
+    usage_commands.add_parser(commands)
     secrets = commands.add_parser("secrets", help="team secrets: values jobs get as environment variables "
                                   "(spec.environment.secrets)").add_subparsers(dest="secrets_command", required=True)
     secrets_set = secrets.add_parser("set", help="create or replace a secret; the value is read from stdin "
@@ -275,14 +278,18 @@ def dispatch(args) -> int:
         from strata.cli.member_commands import members
 
         return members(args)
-    if args.command in ("tracking", "tracker"):
+    if args.command == "tracking":
         from strata.tracking import cli as tracking_cli
 
-        return tracking_cli.run(args) if args.command == "tracking" else tracking_cli.tracker(args)
+        return tracking_cli.run(args)
     if args.command == "audit":
         from strata.audit.cli import run as audit
 
         return audit(args)
+    if args.command == "usage":
+        from strata.quotas.cli import run as usage
+
+        return usage(args)
     if args.command in ("webhooks", "notifier"):
         from strata.notify import cli as notify_cli
 

@@ -319,8 +319,7 @@ def up(args) -> int:
     strata = [sys.executable, "-m", "strata.cli.main"]
     specs = [("server", strata + ["server", "--port", str(args.port)], {}),
              ("scheduler", strata + ["scheduler"], {}),
-             ("notifier", strata + ["notifier", "--concurrency", "2"], {}),  # webhooks and e-mail (strata.notify)
-             ("tracker", strata + ["tracker", "--concurrency", "2"], {})]  # MLflow mirroring (strata.tracking)
+             ("notifier", strata + ["notifier", "--concurrency", "2"], {})]  # webhooks, e-mail, MLflow mirroring
     if args.virtual_gpus != 0:
         specs.append(("node", strata + ["node", "--server", url, "--name", args.node_name, "--virtual-gpus",
                                         str(args.virtual_gpus), "--virtual-gpu-memory", args.virtual_gpu_memory,

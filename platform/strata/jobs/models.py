@@ -282,7 +282,8 @@ class LogLine(models.Model):
     level = models.CharField(max_length=16, default="info")
     message = models.TextField()
     # The worker rank that wrote the line (its "[rank N] " prefix, strata.jobs.log_search.rank_of); None: the
-    # node agent or the control plane. Searched with full-text and grep indexes (migration 0019_log_search).
+    # node agent or the control plane. Searched with full-text and grep indexes (migration 0019_log_search; on
+    # PostgreSQL a generated column message_tsv depends on message: altering message's type must drop it first).
     rank = models.IntegerField(null=True, blank=True)
 
     class Meta:

@@ -28,10 +28,10 @@ def add_parsers(commands) -> None:
     test = webhooks.add_parser("test", help="send a test notification now and wait for its outcome")
     test.add_argument("id", type=int)
     test.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the outcome (0: do not wait)")
-    notifier = commands.add_parser("notifier", help="run the notification worker (the notify queue: webhooks and "
-                                   "e-mail), next to strata scheduler")
+    notifier = commands.add_parser("notifier", help="run the worker of the calls out of the cluster (webhooks, "
+                                   "e-mail, MLflow mirroring: the notify and tracking queues), next to strata scheduler")
     notifier.add_argument("--concurrency", type=int, default=None,
-                          help="deliveries at once, one thread each (default STRATA_NOTIFY_CONCURRENCY)")
+                          help="calls at once, one thread each (default STRATA_NOTIFY_CONCURRENCY)")
     notifier.add_argument("--loglevel", default="INFO")
 
 
@@ -84,9 +84,11 @@ def webhooks(args: argparse.Namespace) -> int:
 
 
 def worker_arguments(concurrency: int, loglevel: str = "INFO") -> list[str]:
-    """The Celery worker of the notify queue only: threads, so that one hanging receiver holds one of them for
-    at most the timeouts while the others go on; the scheduler (``-Q control``) never carries a delivery."""
-    return ["worker", "-Q", "notify", "--pool", "threads", "--concurrency", str(concurrency),
+    """The Celery worker of the calls out to services beyond the cluster: the ``notify`` queue (webhook and e-mail
+    deliveries) and the ``tracking`` queue (the MLflow rounds, strata.tracking). Threads, so that one hanging receiver
+    or tracking server holds one of them for at most the timeouts while the others go on; the scheduler
+    (``-Q control``) never carries such a call."""
+    return ["worker", "-Q", "notify,tracking", "--pool", "threads", "--concurrency", str(concurrency),
             "-n", f"notifier-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", loglevel]
 

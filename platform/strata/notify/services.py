@@ -48,6 +48,7 @@ MAX_WEBHOOKS_PER_TEAM = 20
 MAX_EMAILS_PER_TEAM = 50
 MAX_ANSWER_BYTES = 4096  # what is read (and kept, in the error) of a receiver's answer
 USER_AGENT = "strata-webhooks/1"
+TEAM_JOBS = "_jobs_by_team"  # a notification's jobs by team, cut down to each target's own team in its payload
 
 
 class NotifyRejected(ValueError):
@@ -83,9 +84,14 @@ def notification_of(event: Event) -> Notification | None:
         return Notification("quota.reached", (event.team_id,), {
             "quota": {"limit": event.limit, "reason": event.reason, "waiting_jobs": list(event.job_ids)}})
     if isinstance(event, NodeLost):
+        from strata.jobs.models import Job
+
+        by_team: dict[int, list[str]] = {}
+        for job_id, team_id in Job.objects.filter(pk__in=list(event.job_ids)).values_list("pk", "team_id"):
+            by_team.setdefault(team_id, []).append(str(job_id))
         return Notification("node.lost", tuple(event.team_ids), {
             "node": {"id": event.node_id, "name": event.node, "reason": event.reason},
-            "jobs": list(event.job_ids)})
+            TEAM_JOBS: {team: sorted(jobs) for team, jobs in by_team.items()}})
     return None
 
 
@@ -135,15 +141,19 @@ def notify(notification: Notification) -> list[Delivery]:
     rows = [Delivery.objects.create(
         team_id=target.team_id, webhook=target if isinstance(target, Webhook) else None,
         email=target if isinstance(target, EmailSubscription) else None, event=notification.name,
-        payload=_payload(notification, slugs.get(target.team_id, ""), now), created_at=now, updated_at=now,
-        next_attempt_at=now) for target in chosen]
+        payload=_payload(notification, target.team_id, slugs.get(target.team_id, ""), now), created_at=now,
+        updated_at=now, next_attempt_at=now) for target in chosen]
     ids = [row.pk for row in rows]
     transaction.on_commit(lambda: [send(delivery_id) for delivery_id in ids])
     return rows
 
 
-def _payload(notification: Notification, team: str, now) -> dict:
-    return {"event": notification.name, "created_at": now.isoformat(), "team": team, "data": notification.data}
+def _payload(notification: Notification, team_id: int, team: str, now) -> dict:
+    """What one target's deliveries send: a team sees only its own jobs (a lost node ran other teams' too)."""
+    data = dict(notification.data)
+    if TEAM_JOBS in data:
+        data["jobs"] = data.pop(TEAM_JOBS).get(team_id, [])
+    return {"event": notification.name, "created_at": now.isoformat(), "team": team, "data": data}
 
 
 def send(delivery_id: int, countdown: float = 0.0) -> None:
@@ -424,7 +434,8 @@ def send_test(target: Webhook | EmailSubscription) -> Delivery:
                                                                 "target": str(target.pk)})
     delivery = Delivery.objects.create(team_id=target.team_id, webhook=target if isinstance(target, Webhook) else None,
                                        email=target if isinstance(target, EmailSubscription) else None,
-                                       event=TEST_EVENT, payload=_payload(notification, slug, now), created_at=now,
+                                       event=TEST_EVENT, payload=_payload(notification, target.team_id, slug, now),
+                                       created_at=now,
                                        updated_at=now, next_attempt_at=now)
     transaction.on_commit(lambda: send(delivery.pk))
     return delivery

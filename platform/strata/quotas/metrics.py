@@ -1,5 +1,6 @@
-"""Stored bytes in the web process's ``/metrics`` (docs/operations/metrics.md): a collector registered in
-``strata.telemetry.metrics.CLUSTER_REGISTRY`` when the app is ready, computed from the database at scrape time."""
+"""Stored bytes, and GPU-seconds allocated and used, in the web process's ``/metrics`` (docs/operations/metrics.md):
+collectors registered in ``strata.telemetry.metrics.CLUSTER_REGISTRY`` when the app is ready, computed from the
+database at scrape time."""
 
 from __future__ import annotations
 
@@ -49,6 +50,74 @@ def storage_families():
     yield limit
 
 
+class BillingCollector:
+    """GPU-seconds allocated and used this month (strata.quotas.usage): cluster totals, and per team behind the
+    metrics token."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from billing_families()
+
+
+# The highest value each counter showed in this process, per month: used GPU-seconds are attributed from telemetry
+# buckets, which the rollups may regroup (raw samples into minutes into hours), so a recount may come out a hair
+# lower; a counter never goes down within its month.
+_shown: dict[tuple, float] = {}
+
+
+def _monotonic(key: tuple, value: float) -> float:
+    value = max(value, _shown.get(key, 0.0))
+    _shown[key] = value
+    return value
+
+
+def billing_families(now=None):
+    """``strata_gpu_seconds_{allocated,used}_total`` (the cluster) and, only when ``STRATA_METRICS_TOKEN`` guards
+    ``/metrics``, ``strata_team_gpu_seconds_{allocated,used}_total{team}``: GPU-seconds since the start of the
+    calendar month (UTC); they start over each month (a counter reset to Prometheus: ``rate``/``increase`` cope)."""
+    from django.conf import settings
+    from django.utils import timezone
+    from prometheus_client.core import CounterMetricFamily
+
+    from strata.accounts.models import Team
+    from strata.jobs.models import Job
+    from strata.quotas.usage import budget_period, job_uses
+
+    now = now or timezone.now()
+    start, _ = budget_period(None, now)
+    for key in [key for key in _shown if key[0] != start]:
+        del _shown[key]
+    uses = job_uses({"team__isnull": False}, start, now)
+    teams = dict(Job.objects.filter(pk__in=list(uses)).values_list("pk", "team_id"))
+    by_team: dict[int, list[float]] = {}
+    for job_id, use in uses.items():
+        totals = by_team.setdefault(teams.get(job_id, 0), [0.0, 0.0])
+        totals[0] += use.allocated
+        totals[1] += use.used
+    since = start.timestamp()
+    for kind, index, text in (("allocated", 0, "GPU share held by attempts from dispatch to release, and "
+                                                "participants' GPUs"),
+                              ("used", 1, "GPU time used: devices' measured time, else utilization from telemetry")):
+        total = CounterMetricFamily(f"strata_gpu_seconds_{kind}", f"GPU-seconds {kind} this month (UTC), all "
+                                                                  f"teams: {text}.", created=since)
+        total.add_metric([], _monotonic((start, kind), sum(values[index] for values in by_team.values())),
+                         created=since)
+        yield total
+    if not getattr(settings, "STRATA_METRICS_TOKEN", None):
+        return
+    slugs = dict(Team.objects.values_list("id", "slug"))
+    for kind, index in (("allocated", 0), ("used", 1)):
+        family = CounterMetricFamily(f"strata_team_gpu_seconds_{kind}", f"GPU-seconds a team was {kind} this "
+                                                                        "month (UTC); only with "
+                                                                        "STRATA_METRICS_TOKEN set.", labels=["team"])
+        for team_id, slug in sorted(slugs.items(), key=lambda item: item[1]):
+            value = by_team.get(team_id, [0.0, 0.0])[index]
+            family.add_metric([slug], _monotonic((start, kind, slug), value), created=since)
+        yield family
+
+
 _registered = False
 
 
@@ -59,4 +128,5 @@ def register() -> None:
         from strata.telemetry.metrics import CLUSTER_REGISTRY
 
         CLUSTER_REGISTRY.register(StorageCollector())
+        CLUSTER_REGISTRY.register(BillingCollector())
         _registered = True

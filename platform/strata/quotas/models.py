@@ -16,6 +16,10 @@ class Quota(models.Model):
     max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
     gpu_hours = models.FloatField(null=True, blank=True, help_text="GPU-hours per rolling window.")
     window_hours = models.FloatField(default=168.0, help_text="Length of the rolling GPU-hours window.")
+    budget_gpu_hours = models.FloatField(null=True, blank=True, help_text=(
+        "GPU-hours (allocated) the team may spend per budget period; forecast, never enforced (strata.quotas.usage)."))
+    budget_period_days = models.PositiveIntegerField(null=True, blank=True, help_text=(
+        "Length of the budget period in days, counted from 1970-01-01 UTC; null: the calendar month (UTC)."))
     priority = models.IntegerField(default=0, help_text="Added to the priority of the team's jobs.")
     weight = models.FloatField(default=1.0, help_text="Fair-share weight across teams.")
     max_storage_bytes = models.BigIntegerField(null=True, blank=True, help_text=(

@@ -422,6 +422,8 @@ QUOTA_FIELDS: dict[str, tuple[type, bool, float | None, float | None]] = {
     "max_concurrent_jobs": (int, True, 0, 2**31 - 1),
     "gpu_hours": (float, True, 0, None),
     "window_hours": (float, False, 0.01, 24 * 366),
+    "budget_gpu_hours": (float, True, 0, None),
+    "budget_period_days": (int, True, 1, 366),
     "priority": (int, False, -100, 100),
     "weight": (float, False, 0.001, 1000),
 }

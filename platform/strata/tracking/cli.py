@@ -1,10 +1,8 @@
 """``strata tracking set URL [--experiment E] [--token-stdin] | show | clear``: a team's MLflow tracking server, over
 ``/api/v1/tracking/`` (team-admins). The token, like a secret's value, is read from stdin, never the command line.
-``strata tracker``: the worker of the ``tracking`` queue (the MLflow rounds), next to the scheduler."""
+The rounds run in ``strata notifier``, the worker of the calls out to services beyond the cluster (strata.notify.cli)."""
 
 from __future__ import annotations
-
-import os
 
 
 def add_parser(commands) -> None:
@@ -22,33 +20,6 @@ def add_parser(commands) -> None:
     show.add_argument("--team")
     clear = tracking.add_parser("clear", help="stop mirroring: remove the team's tracking server (runs stay)")
     clear.add_argument("--team")
-    tracker = commands.add_parser("tracker", help="head node: the worker that mirrors jobs to the teams' MLflow "
-                                  "servers (the tracking queue; run it next to strata scheduler)")
-    tracker.add_argument("--concurrency", type=int, help="teams mirrored at once (default STRATA_MLFLOW_CONCURRENCY)")
-    tracker.add_argument("--loglevel", default="INFO")
-
-
-def worker_arguments(concurrency: int, loglevel: str = "INFO") -> list[str]:
-    """The Celery worker of the tracking queue only, on threads: a slow or hanging tracking server holds one of
-    them (for at most the timeouts) while the other teams go on; the scheduler (``-Q control``) never waits."""
-    return ["worker", "-Q", "tracking", "--pool", "threads", "--concurrency", str(concurrency),
-            "-n", f"tracker-{os.getpid()}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", loglevel]
-
-
-def tracker(args) -> int:
-    from strata.cli.server_commands import migrate
-
-    migrate()
-    from django.conf import settings
-
-    from strata.celery import app
-
-    concurrency = args.concurrency or settings.STRATA_MLFLOW_CONCURRENCY
-    if concurrency < 1:
-        raise ValueError("--concurrency must be at least 1")
-    app.worker_main(worker_arguments(concurrency, args.loglevel))
-    return 0
 
 
 def _print(answer: dict) -> None:

@@ -164,7 +164,7 @@ def test_a_hanging_receiver_times_out_without_delaying_another_teams_delivery(
 
 
 def test_the_scheduler_never_carries_deliveries(notify_settings, monkeypatch):
-    """Every try goes to the notify queue, which `strata notifier` consumes in threads; the scheduler consumes
+    """Every try goes to the notify queue, which `strata notifier` consumes (with the tracking queue) in threads; the scheduler consumes
     only the control queue."""
     from strata.celery import app
     from strata.cli import server_commands
@@ -174,7 +174,7 @@ def test_the_scheduler_never_carries_deliveries(notify_settings, monkeypatch):
     monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append((name, options)))
     services.send(42, countdown=2.0)
     assert sent == [("strata.notify.deliver", {"args": [42], "queue": "notify", "countdown": 2.0})]
-    assert notify_cli.worker_arguments(concurrency=8)[:3] == ["worker", "-Q", "notify"]
+    assert notify_cli.worker_arguments(concurrency=8)[:3] == ["worker", "-Q", "notify,tracking"]
     assert "threads" in notify_cli.worker_arguments(concurrency=8)
     assert '"-Q", "control"' in open(server_commands.__file__).read()
 
@@ -263,23 +263,34 @@ def test_quota_reached_is_mailed_once_through_the_mail_backend(admin_team, queue
     assert queued == [] and Delivery.objects.count() == 1
 
 
-def test_a_lost_node_is_told_to_the_teams_whose_jobs_ran_there(admin_team, receiver, queued, submit, make_node,
-                                                               run_pass, django_capture_on_commit_callbacks):
+def test_a_lost_node_is_told_to_the_teams_whose_jobs_ran_there(admin_team, receivers, queued, submit, make_node,
+                                                               make_team, make_user, run_pass,
+                                                               django_capture_on_commit_callbacks):
     from strata.cluster.models import Node
     from strata.scheduling.services import reap
 
-    create_hook(admin_team["client"], receiver.url, events=["node.lost"])
-    node = make_node("gpu-7", gpus=1)
+    ours, theirs, idle = receivers(), receivers(), receivers()
+    create_hook(admin_team["client"], ours.url, events=["node.lost"])
+    beta, gamma = make_team("beta"), make_team("gamma")
+    Webhook.objects.create(team=beta, url=theirs.url, events=["node.lost"], secret_ciphertext="x")
+    Webhook.objects.create(team=gamma, url=idle.url, events=["node.lost"], secret_ciphertext="x")
+    node = make_node("gpu-7", gpus=2)
     job = submit(admin_team["ada"], admin_team["team"])
+    other = submit(make_user("bert", beta), beta)
     run_pass()
     Node.objects.filter(pk=node.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     with django_capture_on_commit_callbacks(execute=True):
         assert reap()["lost_nodes"] == 1
+    assert len(queued) == 2  # alpha and beta ran jobs there; gamma did not
     run_queued(queued)
-    (request,) = receiver.wait_for(1)
+    (request,) = ours.wait_for(1)
     body = request.json()
     assert body["event"] == "node.lost" and body["data"]["node"]["name"] == "gpu-7"
+    # Each team hears of its own jobs only: the node ran beta's too.
     assert body["data"]["node"]["reason"] == "node lease expired" and body["data"]["jobs"] == [str(job.pk)]
+    assert str(other.pk) not in request.body.decode()
+    assert Delivery.objects.get(team=beta).payload["data"]["jobs"] == [str(other.pk)]
+    assert idle.received == []
 
 
 def test_email_test_button_and_a_disabled_hook(admin_team, receiver, queued, django_capture_on_commit_callbacks):

@@ -1,7 +1,7 @@
 """Log search (strata.jobs.log_search): each line's rank, what a job's logs lost (the line cap, the retention
-collector), and the search indexes of the database's kind: PostgreSQL, a GIN index over to_tsvector('simple',
-message) and, where pg_trgm can be created, a trigram GIN index for grep; SQLite, an external-content FTS5 table
-kept in sync by triggers. Reversible."""
+collector), and the search indexes of the database's kind: PostgreSQL, a stored generated column message_tsv =
+to_tsvector('simple', message) with a GIN index and, where pg_trgm can be created, a trigram GIN index for grep;
+SQLite, an external-content FTS5 table kept in sync by triggers. Reversible."""
 
 import re
 

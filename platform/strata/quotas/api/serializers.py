@@ -56,6 +56,8 @@ class QuotaSerializer(serializers.ModelSerializer):
     max_concurrent_jobs = _limit_field("max_concurrent_jobs")
     gpu_hours = _limit_field("gpu_hours")
     window_hours = _limit_field("window_hours")
+    budget_gpu_hours = _limit_field("budget_gpu_hours")
+    budget_period_days = _limit_field("budget_period_days")
     weight = _limit_field("weight")
     priority = _limit_field("priority")
     data_roots = DataRootsField()
@@ -63,7 +65,7 @@ class QuotaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Quota
         fields = ["id", "team", "max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_storage_bytes",
-                  "max_concurrent_jobs", "gpu_hours", "window_hours", "priority", "weight", "keep", "data_roots"]
+                  "max_concurrent_jobs", "gpu_hours", "window_hours", "budget_gpu_hours", "budget_period_days", "priority", "weight", "keep", "data_roots"]
         read_only_fields = ["id", "team"]
 
     def validate(self, attrs):
