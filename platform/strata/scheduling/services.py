@@ -170,8 +170,13 @@ def _queue_by_team(quotas: dict[int, Quota]) -> _Queue:
                     notes[job_id] = answer.note
         boost = quotas[team_id].priority if team_id in quotas else 0
         queues[team_id].append((-(priority + boost), queued_at, job_id, resources, reason, kind))
-    ordered = {team: sorted(items, key=lambda item: (item[0], item[1])) for team, items in queues.items()}
-    return _Queue({team: deque(_hooked_order(team, items)) for team, items in ordered.items()}, notes)
+    return _Queue({team: deque(order_queue(team, items)) for team, items in queues.items()}, notes)
+
+
+def order_queue(team_id: int, items: list[tuple], specs: dict | None = None) -> list[tuple]:
+    """One team's queued items in the core's order: priority (with the team's boost), then queued time, then the
+    plugins' queue-order hooks. ``specs`` (job id -> spec) spares the database read of the specs a hook sees."""
+    return _hooked_order(team_id, sorted(items, key=lambda item: (item[0], item[1])), specs)
 
 
 class _estimator:
@@ -213,7 +218,7 @@ class _estimator:
         return self.answers[key]
 
 
-def _hooked_order(team_id: int, items: list[tuple]) -> list[tuple]:
+def _hooked_order(team_id: int, items: list[tuple], known: dict | None = None) -> list[tuple]:
     """One team's queue after the plugins' queue-order hooks (``components.runtime.contract.policies.QueueOrder``): each
     permutes only its own kinds' jobs within a priority level. Unchanged when no plugin has such a hook."""
     from components.runtime.contract import registry
@@ -226,7 +231,7 @@ def _hooked_order(team_id: int, items: list[tuple]) -> list[tuple]:
     if len(mine) < 2:
         return items
     by_id = {str(item[2]): item for item in items}
-    specs = _specs([item[2] for item in mine])
+    specs = known if known is not None else _specs([item[2] for item in mine])
     views = [_view(team_id, item, specs.get(item[2])) for item in items]
     return [by_id[view.id] for view in reorder(views, hooks)]
 
@@ -325,9 +330,105 @@ def _held_by_team() -> dict[int, float]:
     return held
 
 
+@dataclass
+class PassState:
+    """What the decision core of a pass decides from: plain data, loaded from the database by
+    :func:`schedule_pass` and built from simulated state by the queue simulator (``strata.scheduling.foresight``).
+
+    ``queues``: team -> its queued jobs in the core's order (:func:`order_queue`), items
+    ``(-(priority + boost), queued_at, id, resources, reason, kind)``; ``notes``: job id -> a resource-estimate
+    hook's note; ``held``: team -> the GPU share its live attempts hold; ``weight``: team -> fair-share weight."""
+
+    queues: dict[int, deque]
+    notes: dict
+    capacity: CapacityIndex
+    held: dict[int, float]
+    weight: dict[int, float]
+    scorers: list = field(default_factory=list)  # the placement-score hooks with something to go on
+    hook_inputs: _HookInputs | None = None
+
+
+@dataclass
+class Decisions:
+    """What the decision core decided: the placements in order ``(job id, taken, share)``, why each job that was
+    not placed waits (``reasons``; ``changed``: those whose stored reason differs), and the preemptions
+    ``(job id, victims)``."""
+
+    placements: list = field(default_factory=list)
+    reasons: dict = field(default_factory=dict)
+    changed: dict = field(default_factory=dict)
+    preemptions: list = field(default_factory=list)
+
+    @property
+    def preempted(self) -> int:
+        return sum(victims for _, victims in self.preemptions)
+
+
+def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisions:
+    """The decision core of a scheduling pass, with no database access: teams take turns (highest head priority
+    first, then the lowest held share per unit of weight), each placing its next job through the placement
+    hooks; a job that does not fit may ``preempt(job_id, priority, resources, selector, capacity) -> victims``
+    (at most ``max_preemptions`` tries per pass). ``state.capacity`` and ``state.held`` are consumed."""
+    queues, notes, capacity, held, weight = state.queues, state.notes, state.capacity, state.held, state.weight
+    scorers, hook_inputs = state.scorers, state.hook_inputs
+    decisions = Decisions()
+    # Teams take turns: highest head priority first, then the lowest held share per unit of weight.
+    heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items() if queue]
+    heapq.heapify(heap)
+    failed_shapes: list[tuple[float, int, int, int, int, str]] = []
+    preemption_budget = max_preemptions
+    while heap:
+        _, _, team = heapq.heappop(heap)
+        queue = queues[team]
+        item = queue.popleft()
+        neg_priority, _, job_id, resources, reason, _ = item
+        gpus = float(resources.get("gpus", 0))
+        memory = int(resources.get("gpu_memory") or 0)
+        workers = int(resources.get("workers", 1))
+        selector = resources.get("node_labels") or None
+        key = repr(sorted(selector.items())) if selector else ""
+        cpus, host_memory = cpu_request(resources)
+        # A request at least as large as one that already failed in this pass cannot fit either (whatever
+        # a placement hook would choose: it only chooses among places that fit). GPUs and CPUs both count:
+        # a job that holds no GPU is no larger than a GPU job that failed, nor the other way round.
+        doomed = any(gpus >= g and memory >= m and workers >= w and cpus >= c and host_memory >= h and key == k
+                     for g, m, w, c, h, k in failed_shapes)
+        choose = _chooser(team, item, scorers, capacity, hook_inputs) if scorers and not doomed else None
+        taken = None if doomed else capacity.place(resources, selector, choose)
+        if taken:
+            share = sum(milli for _, slot, milli, _ in taken if not slot.cpu) / FULL
+            decisions.placements.append((job_id, taken, share))
+            held[team] += share
+        else:
+            if not doomed:
+                failed_shapes.append((gpus, memory, workers, cpus, host_memory, key))
+            why = ("waiting: no node has free CPUs and memory that fit" if gpu_free(resources)
+                   else "waiting: no node has free devices that fit")
+            if job_id in notes:
+                why += f" ({notes[job_id]})"
+            if preempt is not None and preemption_budget > 0 and workers == 1:
+                preemption_budget -= 1
+                victims = preempt(job_id, -neg_priority, resources, selector, capacity)
+                if victims:
+                    decisions.preemptions.append((job_id, victims))
+                    why = f"waiting: preempting {victims} lower-priority job(s)"
+            decisions.reasons[job_id] = why
+            if reason != why:
+                decisions.changed[job_id] = why
+        if queue:
+            heapq.heappush(heap, (queue[0][0], held[team] / weight[team], team))
+    return decisions
+
+
+def fair_weights(quotas: dict, teams) -> dict[int, float]:
+    """team -> its fair-share weight (the quota's, 1 without one; never zero)."""
+    return {team: max(quotas[team].weight if team in quotas else 1.0, 1e-6) for team in teams}
+
+
 @timed_pass  # strata_scheduler_pass_seconds (strata.telemetry.metrics)
 def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassResult:
-    """Admit pending jobs, then place queued jobs in priority and weighted fair-share order."""
+    """Admit pending jobs, then place queued jobs in priority and weighted fair-share order: the state is read
+    from the database, :func:`decide` decides, and its decisions are written back."""
     from components.runtime.contract import registry
     from components.runtime.contract.policies import PlacementScore
 
@@ -350,52 +451,15 @@ def schedule_pass(*, dispatch: bool = True, max_preemptions: int = 32) -> PassRe
         scorers = registry.hooks(PlacementScore)
         hook_inputs = _HookInputs(queues, scorers) if scorers else None
         scorers = hook_inputs.hooks if hook_inputs is not None else []
-        weight = {team: max(quotas[team].weight if team in quotas else 1.0, 1e-6) for team in queues}
-        # Teams take turns: highest head priority first, then the lowest held share per unit of weight.
-        heap = [(queue[0][0], held[team] / weight[team], team) for team, queue in queues.items()]
-        heapq.heapify(heap)
-        placements, waiting = [], {}
-        failed_shapes: list[tuple[float, int, int, int, int, str]] = []
-        preemption_budget = max_preemptions
-        while heap:
-            _, _, team = heapq.heappop(heap)
-            queue = queues[team]
-            item = queue.popleft()
-            neg_priority, _, job_id, resources, reason, _ = item
-            gpus = float(resources.get("gpus", 0))
-            memory = int(resources.get("gpu_memory") or 0)
-            workers = int(resources.get("workers", 1))
-            selector = resources.get("node_labels") or None
-            key = repr(sorted(selector.items())) if selector else ""
-            cpus, host_memory = cpu_request(resources)
-            # A request at least as large as one that already failed in this pass cannot fit either (whatever
-            # a placement hook would choose: it only chooses among places that fit). GPUs and CPUs both count:
-            # a job that holds no GPU is no larger than a GPU job that failed, nor the other way round.
-            doomed = any(gpus >= g and memory >= m and workers >= w and cpus >= c and host_memory >= h and key == k
-                         for g, m, w, c, h, k in failed_shapes)
-            choose = _chooser(team, item, scorers, capacity, hook_inputs) if scorers and not doomed else None
-            taken = None if doomed else capacity.place(resources, selector, choose)
-            if taken:
-                share = sum(milli for _, slot, milli, _ in taken if not slot.cpu) / FULL
-                placements.append((job_id, taken, share))
-                held[team] += share
-            else:
-                if not doomed:
-                    failed_shapes.append((gpus, memory, workers, cpus, host_memory, key))
-                why = ("waiting: no node has free CPUs and memory that fit" if gpu_free(resources)
-                       else "waiting: no node has free devices that fit")
-                if job_id in notes:
-                    why += f" ({notes[job_id]})"
-                if preemption_budget > 0 and workers == 1:
-                    preemption_budget -= 1
-                    victims = _preempt_for(job_id, -neg_priority, resources, selector, capacity, quotas)
-                    if victims:
-                        result.preempted += victims
-                        why = f"waiting: preempting {victims} lower-priority job(s)"
-                if reason != why:
-                    waiting[job_id] = why
-            if queue:
-                heapq.heappush(heap, (queue[0][0], held[team] / weight[team], team))
+        state = PassState(queues=queues, notes=notes, capacity=capacity, held=held,
+                          weight=fair_weights(quotas, queues), scorers=scorers, hook_inputs=hook_inputs)
+
+        def preempt(job_id, priority, resources, selector, capacity):
+            return _preempt_for(job_id, priority, resources, selector, capacity, quotas)
+
+        decisions = decide(state, preempt, max_preemptions)
+        placements, waiting = decisions.placements, decisions.changed
+        result.preempted = decisions.preempted
         result.placed = len(placements) + len(nested)
         result.waiting = len(waiting) + len(nested_waiting)
         _set_reasons({**waiting, **nested_waiting})
@@ -596,19 +660,35 @@ def _announce_scheduled(job_ids: list) -> None:
 
 
 def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
-    """Preempt lower-priority attempts on one node so that ``job_id`` fits there: on the node where the victims
-    cost least in all (each costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise; a hook may refuse
-    one). Attempts that are already stopping (cancelled or preempted) count as free at no cost. Returns how
-    many were preempted."""
-    from components.runtime.contract import registry
-    from components.runtime.contract.policies import PreemptionCost, Victim, preemption_cost
-
-    hooks = registry.hooks(PreemptionCost)
+    """Preempt lower-priority attempts on one node so that ``job_id`` fits there (:func:`choose_victims` over
+    the active allocations). Returns how many were preempted."""
     # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.
     active = (Allocation.objects.filter(active=True, nested=False)
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
                            "attempt__job__state", "attempt__started_at", "device_id", "share", "memory",
                            "attempt__job__kind", "attempt__gpu_share"))
+    victims = choose_victims(active, priority, resources, selector, capacity, quotas)
+    count = 0
+    for victim in victims:
+        try:
+            transition(victim, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"preempted by higher-priority job {job_id}")
+            count += 1
+        except InvalidTransition:
+            continue
+    return count
+
+
+def choose_victims(active, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list:
+    """The jobs to preempt so that a job of ``priority`` needing ``resources`` fits on one node: on the node
+    where the victims cost least in all (each costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise;
+    a hook may refuse one). Attempts that are already stopping (cancelled or preempted) count as free at no cost.
+    ``active``: the active allocations, rows ``(attempt id, job id, job priority, team id, job state, attempt
+    started_at, device id, share, memory, kind, attempt gpu_share)``. No database access; ``capacity`` is
+    left as it was."""
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import PreemptionCost, Victim, preemption_cost
+
+    hooks = registry.hooks(PreemptionCost)
     by_node: dict[object, dict] = defaultdict(dict)
     costs: dict = {}
     for (attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory, kind,
@@ -653,15 +733,8 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
         for device_id, milli, memory in freed:
             capacity.take(device_id, milli, memory)
     if not best or not best[1]:
-        return 0
-    count = 0
-    for victim in best[1]:
-        try:
-            transition(victim, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"preempted by higher-priority job {job_id}")
-            count += 1
-        except InvalidTransition:
-            continue
-    return count
+        return []
+    return best[1]
 
 
 def resources_fit(capacity: CapacityIndex, resources: dict, selector, exclude) -> bool:

@@ -43,7 +43,10 @@ PARAMETERS = [
 def _moment(value: str, now):
     match = AGO.match(value.strip())
     if match:
-        return now - timedelta(seconds=float(match.group(1)) * UNITS[match.group(2)])
+        try:
+            return now - timedelta(seconds=float(match.group(1)) * UNITS[match.group(2)])
+        except OverflowError:
+            raise ValueError("a time ago within the calendar, such as 24h or 7d") from None
     try:
         parsed = parse_datetime(value.strip())
     except ValueError:

@@ -1,0 +1,585 @@
+"""Foresight: a forward simulator of the queue over the scheduler's own decision core, and start-time estimates.
+
+The simulator keeps the cluster as plain data (nodes, devices, the jobs that run and wait) and advances simulated
+time from event to event: running jobs end at their predicted completion, pending jobs are admitted by the same
+quota checks as :func:`strata.quotas.services.admit_pending` (``blocking_limit``), and at every event one pass of
+:func:`strata.scheduling.services.decide` (the same fair share, placement hooks and preemption choice as
+``schedule_pass``) places waiting ones, which then run for their predicted run time. There is no second
+implementation of the scheduler here: only the bookkeeping the database does for the real one.
+
+Run times (:func:`predict_runtimes`) come, in order, from the job's own progress (steps done and steps per second
+from its metric points, against the total its spec states), from a quantile model of the team's finished jobs of
+the same kind and resources (:class:`HistoryModel`, scikit-learn, capped by the time limit), and else from the
+job's time limit. Estimates (:func:`estimate`) sample run times from those quantiles, simulate, and read the
+median and the 10th and 90th percentiles of each waiting job's simulated start; what would make a job run now
+comes from one pass of the core on a modified copy of the state (:func:`run_now_options`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import statistics
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from strata.cluster.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot, host_slot
+
+PENDING, QUEUED, RUNNING, DONE = "pending", "queued", "running", "done"
+QUANTILES = (0.1, 0.5, 0.9)
+
+
+# --- plain state ----------------------------------------------------------------------------------------------
+
+@dataclass
+class SimNode:
+    """A node as the simulator sees it: its devices ``(device id, index, memory_total)`` and its CPU device
+    ``(device id, index, cpus, memory)`` or None."""
+
+    id: object
+    name: str
+    labels: dict
+    devices: list[tuple[int, int, int]]
+    host: tuple[int, int, float, int] | None = None
+
+
+@dataclass
+class RunTime:
+    """A job's run time (seconds it runs once started; of a running job, the seconds it has left) as quantiles,
+    and where they came from: ``progress``, ``history``, ``time_limit`` or ``given``."""
+
+    p10: float
+    p50: float
+    p90: float
+    source: str = "given"
+
+    @classmethod
+    def exact(cls, seconds: float, source: str = "given") -> RunTime:
+        return cls(seconds, seconds, seconds, source)
+
+    def sample(self, rng: random.Random) -> float:
+        """A draw from the piecewise-linear quantile function through (0.1, p10), (0.5, p50), (0.9, p90),
+        extended linearly to 0 and 1 (never below 1 % of p10)."""
+        return quantile_at(self, rng.random())
+
+
+def quantile_at(runtime: RunTime, u: float) -> float:
+    lo, mid, hi = runtime.p10, runtime.p50, runtime.p90
+    if u <= 0.5:
+        slope = (mid - lo) / 0.4
+        value = lo + (u - 0.1) * slope
+    else:
+        slope = (hi - mid) / 0.4
+        value = mid + (u - 0.5) * slope
+    return max(value, 0.01 * lo, 0.0)
+
+
+@dataclass
+class SimJob:
+    """A job in the simulation. ``runtime``: what it runs once placed (of a running job: what it has left);
+    ``submit``: when it enters the queue (None: it is there already); ``allocs``: ``(device id, milli,
+    memory)`` it holds while running."""
+
+    id: object
+    team_id: int
+    kind: str
+    resources: dict
+    runtime: RunTime
+    priority: int = 0
+    state: str = QUEUED
+    queued_at: float = 0.0
+    submit: float | None = None
+    owner_id: int | None = None
+    reason: str = ""
+    started: float | None = None
+    ends: float | None = None
+    allocs: list = field(default_factory=list)
+    share: float = 0.0
+    attempts: int = 0
+    duration: float = 0.0  # the run time drawn for this simulation (set by Simulator)
+
+
+@dataclass
+class Placement:
+    time: float
+    job_id: object
+    node_id: object
+    devices: tuple  # the device ids it took, in rank order
+
+
+def _when(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+# --- the simulator ----------------------------------------------------------------------------------------------
+
+class Simulator:
+    """Advance a queue in simulated time through the scheduler's decision core.
+
+    ``quotas``: team id -> a Quota (unsaved copies are fine: the simulator never writes). ``draw``: how each
+    job's run time is taken from its quantiles (a quantile in (0, 1), or a ``random.Random`` to sample).
+    ``scorers``/``hook_inputs``: the placement-score hooks and what they read (as ``schedule_pass`` loads them);
+    none by default. ``preempt_delay``: seconds between a preemption and its victims giving their devices back."""
+
+    def __init__(self, nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = None, *, now: float = 0.0,
+                 draw: float | random.Random = 0.5, scorers: list | None = None, hook_inputs=None,
+                 max_preemptions: int = 32, preempt_delay: float = 0.0, gpu_hours_used: dict | None = None,
+                 specs: dict | None = None):
+        self.nodes = nodes
+        self.jobs = {job.id: job for job in jobs}
+        self.quotas = dict(quotas or {})
+        self.now = now
+        self.scorers = scorers or []
+        self.hook_inputs = hook_inputs
+        self.max_preemptions = max_preemptions
+        self.preempt_delay = preempt_delay
+        self.gpu_hours_used = gpu_hours_used or {}
+        self.specs = specs or {}
+        self.placements: list[Placement] = []
+        self.preemptions: list[tuple[float, object, list]] = []
+        self.last_reasons: dict = {}
+        self._release: list[tuple[float, object]] = []  # (time, victim id): preempted, giving back its devices
+        self._node_of = {device_id: node.id for node in nodes for device_id, _, _ in node.devices}
+        self._node_of.update({node.host[0]: node.id for node in nodes if node.host is not None})
+        for job in self.jobs.values():
+            job.duration = (quantile_at(job.runtime, draw) if isinstance(draw, float)
+                            else job.runtime.sample(draw))
+            if job.state == RUNNING and job.ends is None:
+                job.ends = now + job.duration
+
+    # -- state -> the core's input ---------------------------------------------------------------------------
+    def capacity(self) -> CapacityIndex:
+        slots: list[NodeSlot] = []
+        devices: dict[int, DeviceSlot] = {}
+        for node in self.nodes:
+            slot = NodeSlot(id=node.id, name=node.name, labels=dict(node.labels))
+            for device_id, index, memory_total in node.devices:
+                device = DeviceSlot(id=device_id, node_id=node.id, index=index, memory_total=memory_total,
+                                    free_memory=memory_total)
+                slot.devices.append(device)
+                devices[device_id] = device
+            if node.host is not None:
+                device_id, index, cpus, memory = node.host
+                slot.host = devices[device_id] = host_slot(device_id, node.id, index, cpus, memory)
+            slots.append(slot)
+        for job in self.jobs.values():
+            if job.state == RUNNING:
+                for device_id, milli, memory in job.allocs:
+                    devices[device_id].free -= milli
+                    devices[device_id].free_memory -= memory
+        return CapacityIndex(slots)
+
+    def registered(self) -> list[NodeSlot]:
+        """The nodes with every device free (what admission's ClusterView reads)."""
+        free = Simulator(self.nodes, [], {})
+        return list(free.capacity().nodes.values())
+
+    def _boost(self, team_id: int) -> int:
+        quota = self.quotas.get(team_id)
+        return quota.priority if quota is not None else 0
+
+    def queues(self) -> dict[int, deque]:
+        from strata.scheduling.services import order_queue
+
+        items: dict[int, list] = defaultdict(list)
+        for job in self.jobs.values():
+            if job.state == QUEUED:
+                items[job.team_id].append((-(job.priority + self._boost(job.team_id)), _when(job.queued_at),
+                                           job.id, job.resources, job.reason, job.kind))
+        return {team: deque(order_queue(team, found, self.specs)) for team, found in items.items()}
+
+    def held(self) -> dict[int, float]:
+        held: dict[int, float] = defaultdict(float)
+        for job in self.jobs.values():
+            if job.state == RUNNING:
+                held[job.team_id] += job.share
+        return held
+
+    def state(self):
+        from strata.scheduling.services import PassState, fair_weights
+
+        queues = self.queues()
+        return PassState(queues=queues, notes={}, capacity=self.capacity(), held=self.held(),
+                         weight=fair_weights(self.quotas, queues), scorers=list(self.scorers),
+                         hook_inputs=self.hook_inputs)
+
+    # -- one pass ------------------------------------------------------------------------------------------------
+    def admit(self) -> list:
+        """Admit pending jobs as :func:`strata.quotas.services.admit_pending` does, with its own checks."""
+        from strata.jobs.models import Job
+        from strata.quotas.models import Quota
+        from strata.quotas.services import ClusterView, TeamLoad, blocking_limit
+
+        pending: dict[int, list[SimJob]] = defaultdict(list)
+        for job in self.jobs.values():
+            if job.state == PENDING:
+                pending[job.team_id].append(job)
+        if not pending:
+            return []
+        view = ClusterView(self.registered())
+        admitted = []
+        for team_id, jobs in pending.items():
+            quota = self.quotas.get(team_id) or Quota(team_id=team_id)
+            load = TeamLoad()
+            for other in self.jobs.values():
+                if other.team_id == team_id and other.state in (QUEUED, RUNNING):
+                    load.add(Job(resources=other.resources),
+                             other.share if other.state == RUNNING else view.gpus(other.resources))
+            window = self.gpu_hours_used.get(team_id)
+            for job in sorted(jobs, key=lambda j: (-j.priority, j.submit or 0.0)):
+                candidate = Job(resources=job.resources)
+                problem = view.problem(job.resources)
+                reason = (f"no node could ever run it: {problem}" if problem
+                          else blocking_limit(quota, load, candidate, window, view))
+                if reason is None:
+                    job.state, job.queued_at, job.reason = QUEUED, self.now, ""
+                    load.add(candidate, view.gpus(job.resources))
+                    admitted.append(job.id)
+                else:
+                    job.reason = f"waiting: {reason}"
+        return admitted
+
+    def step(self):
+        """One scheduling pass at ``self.now``: admission, then the decision core; placements start running."""
+        from strata.scheduling.services import choose_victims, decide
+
+        self.admit()
+        state = self.state()
+        if not state.queues:
+            self.last_reasons = {}
+            return None
+
+        def preempt(job_id, priority, resources, selector, capacity):
+            victims = choose_victims(self._active(), priority, resources, selector, capacity, self.quotas)
+            for victim in victims:
+                job = self.jobs[victim]
+                job.ends = None
+                job.state = "stopping"
+                self._release.append((self.now + self.preempt_delay, victim))
+            if victims:
+                self.preemptions.append((self.now, job_id, list(victims)))
+            return len(victims)
+
+        decisions = decide(state, preempt, self.max_preemptions)
+        for job_id, taken, share in decisions.placements:
+            job = self.jobs[job_id]
+            job.state, job.started, job.share, job.attempts = RUNNING, self.now, share, job.attempts + 1
+            job.ends = self.now + job.duration
+            job.allocs = [(slot.id, milli, memory) for _, slot, milli, memory in taken]
+            self.placements.append(Placement(self.now, job_id, taken[0][1].node_id,
+                                             tuple(slot.id for _, slot, _, _ in taken)))
+        for job_id, why in decisions.reasons.items():
+            self.jobs[job_id].reason = why
+        self.last_reasons = dict(decisions.reasons)
+        return decisions
+
+    def _active(self) -> list[tuple]:
+        rows = []
+        for job in self.jobs.values():
+            if job.state in (RUNNING, "stopping"):
+                state = "running" if job.state == RUNNING else "preempted"
+                for device_id, milli, memory in job.allocs:
+                    rows.append((f"{job.id}#{job.attempts}", job.id, job.priority, job.team_id, state,
+                                 _when(job.started or 0.0), device_id, milli / FULL, memory, job.kind, job.share))
+        return rows
+
+    # -- time ------------------------------------------------------------------------------------------------------
+    def next_event(self) -> float | None:
+        times = [job.ends for job in self.jobs.values() if job.state == RUNNING and job.ends is not None]
+        times += [job.submit for job in self.jobs.values() if job.state == "future" and job.submit is not None]
+        times += [when for when, _ in self._release]
+        return min(times) if times else None
+
+    def advance(self, when: float) -> None:
+        """Move the clock to ``when``: jobs that end by then end, preempted ones give back their devices (and
+        queue again with the run time they had left), submissions by then enter the queue as pending."""
+        self.now = max(self.now, when)
+        for job in self.jobs.values():
+            if job.state == RUNNING and job.ends is not None and job.ends <= self.now:
+                job.state, job.allocs, job.share = DONE, [], 0.0
+            elif job.state == "future" and job.submit is not None and job.submit <= self.now:
+                job.state = PENDING
+        released = [victim for at, victim in self._release if at <= self.now]
+        self._release = [(at, victim) for at, victim in self._release if at > self.now]
+        for victim in released:
+            job = self.jobs[victim]
+            done = self.now - (job.started or self.now)
+            job.duration = max(job.duration - done, 0.0)  # resumes from where it stopped
+            job.state, job.allocs, job.share, job.queued_at, job.reason = QUEUED, [], 0.0, self.now, ""
+
+    def run(self, *, until: float | None = None, watch: set | None = None, max_passes: int = 100_000) -> dict:
+        """Pass, advance, pass... until nothing is left to happen, ``until`` (simulated seconds), or every job
+        in ``watch`` started. Returns job id -> simulated start of the jobs that started."""
+        for job in self.jobs.values():
+            if job.submit is not None and job.submit > self.now and job.state in (PENDING, QUEUED):
+                job.state = "future"
+        starts: dict = {}
+        for _ in range(max_passes):
+            before = len(self.placements)
+            self.step()
+            for placement in self.placements[before:]:
+                starts.setdefault(placement.job_id, placement.time)
+            if watch is not None and watch <= set(starts):
+                break
+            upcoming = self.next_event()
+            if upcoming is None or (until is not None and upcoming > until):
+                break
+            self.advance(upcoming)
+        return starts
+
+
+# --- run-time predictions --------------------------------------------------------------------------------------
+
+def total_steps(spec: dict) -> float | None:
+    """The steps a job's spec says it runs in all (``max_steps``, ``total_steps``, ``steps``, or
+    ``epochs`` × ``steps_per_epoch``, at the top or one level down), or None."""
+    for scope in [spec, *[value for value in spec.values() if isinstance(value, dict)]]:
+        for key in ("max_steps", "total_steps", "steps"):
+            value = scope.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                return float(value)
+        epochs, per_epoch = scope.get("epochs"), scope.get("steps_per_epoch")
+        if isinstance(epochs, int | float) and isinstance(per_epoch, int | float) and epochs > 0 and per_epoch > 0:
+            return float(epochs * per_epoch)
+    return None
+
+
+def progress_remaining(total: float, points: list[tuple[float, float]]) -> float | None:
+    """Seconds left for a job that must reach ``total`` steps, from its ``(time, step)`` points: the steps left
+    over the rate between the first and the last point; None without two distinct points."""
+    if len(points) < 2:
+        return None
+    (t0, s0), (t1, s1) = min(points), max(points)
+    if t1 <= t0 or s1 <= s0:
+        return None
+    return max(total - s1, 0.0) / ((s1 - s0) / (t1 - t0))
+
+
+class HistoryModel:
+    """Run-time quantiles learned from finished jobs: per team, a gradient-boosting quantile regressor per
+    quantile (scikit-learn's ``GradientBoostingRegressor(loss="quantile")``) over the job's kind, its command's
+    hash, GPUs, workers, CPUs and time limit; the team's history is used when it has ``minimum`` jobs, the whole
+    cluster's otherwise (None below that)."""
+
+    minimum = 20
+
+    def __init__(self, rows: list[tuple]):
+        """``rows``: ``(team id, kind, command, resources, time_limit, seconds it ran)``."""
+        self.models: dict = {}
+        by_team: dict = defaultdict(list)
+        for row in rows:
+            by_team[row[0]].append(row)
+        for team, found in by_team.items():
+            if len(found) >= self.minimum:
+                self.models[team] = self._fit(found)
+        if len(rows) >= self.minimum:
+            self.models[None] = self._fit(rows)
+
+    @staticmethod
+    def features(kind: str, command: str, resources: dict, time_limit: float) -> list[float]:
+        import zlib
+
+        return [float(zlib.crc32(kind.encode()) % 9973), float(zlib.crc32(command.encode()) % 9973),
+                float(resources.get("gpus", 0) or 0), float(resources.get("workers", 1) or 1),
+                float(resources.get("cpus", 0) or 0), math.log1p(float(time_limit or 0))]
+
+    def _fit(self, rows: list[tuple]) -> dict:
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        x = [self.features(kind, command, resources, limit) for _, kind, command, resources, limit, _ in rows]
+        y = [seconds for *_, seconds in rows]
+        models = {}
+        for q in QUANTILES:
+            model = GradientBoostingRegressor(loss="quantile", alpha=q, n_estimators=60, max_depth=3,
+                                              learning_rate=0.1, random_state=0)
+            model.fit(x, y)
+            models[q] = model
+        return models
+
+    def predict(self, team_id, kind: str, command: str, resources: dict, time_limit: float) -> RunTime | None:
+        models = self.models.get(team_id) or self.models.get(None)
+        if not models:
+            return None
+        x = [self.features(kind, command, resources, time_limit)]
+        values = sorted(max(float(models[q].predict(x)[0]), 1.0) for q in QUANTILES)
+        if time_limit:
+            values = [min(value, float(time_limit)) for value in values]
+        return RunTime(values[0], values[1], values[2], "history")
+
+
+def runtime_for(*, time_limit: float, elapsed: float = 0.0, total: float | None = None,
+                points: list | None = None, history: RunTime | None = None) -> RunTime:
+    """A job's run time left (all of it for a waiting job, ``elapsed`` seconds into a running one): from its
+    progress when its spec states its total steps and its metric points give a rate; else the history model's
+    quantiles (past what it ran already); else its time limit."""
+    left = max(float(time_limit) - elapsed, 0.0)
+    if total is not None and points:
+        remaining = progress_remaining(total, points)
+        if remaining is not None:
+            remaining = min(remaining, left) if time_limit else remaining
+            return RunTime.exact(remaining, "progress")
+    if history is not None:
+        values = [max(value - elapsed, 0.0) for value in (history.p10, history.p50, history.p90)]
+        if values[2] > 0:
+            # A job that ran past a quantile is not done yet: at least a little is left, up to its time limit.
+            floor = min(left, 0.05 * max(history.p50, 1.0))
+            values = [max(value, floor) for value in values]
+            return RunTime(values[0], values[1], values[2], "history")
+    return RunTime.exact(left, "time_limit")
+
+
+# --- estimates ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Estimate:
+    """A waiting job's expected start, simulated seconds: the median and the 80 % interval (10th to 90th
+    percentile), or None past the horizon; and the jobs whose end it waited for in the median run."""
+
+    start: float | None
+    low: float | None
+    high: float | None
+    waits_for: list = field(default_factory=list)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def _copy_jobs(jobs: list[SimJob]) -> list[SimJob]:
+    return [replace(job, allocs=list(job.allocs), resources=dict(job.resources)) for job in jobs]
+
+
+def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = None, *, now: float = 0.0,
+             targets: set | None = None, samples: int = 32, seed: int = 0, horizon: float = 7 * 86400.0,
+             **options) -> dict:
+    """Start-time estimates of the waiting jobs (``targets``: of those only): one simulation with every run time
+    at its median (the ``waits_for`` of each job, and its start when every run time is exact), then ``samples``
+    simulations with run times drawn from their quantiles; the median and the 10th and 90th percentiles of each
+    job's simulated starts. A job that does not start within ``horizon`` seconds has None."""
+    waiting = {job.id for job in jobs if job.state in (PENDING, QUEUED)}
+    targets = waiting if targets is None else targets & waiting
+    if not targets:
+        return {}
+    median = Simulator(nodes, _copy_jobs(jobs), quotas, now=now, draw=0.5, **options)
+    ends_before: dict = {}
+    starts = median.run(until=now + horizon, watch=targets)
+    for job_id in targets:
+        if job_id in starts:
+            ended = [other.id for other in median.jobs.values()
+                     if other.id not in waiting and other.ends is not None and other.ends <= starts[job_id]
+                     and other.state == DONE]
+            ended.sort(key=lambda other: -(median.jobs[other].ends or 0.0))
+            ends_before[job_id] = ended[:3]
+    exact = all(job.runtime.p10 == job.runtime.p90 for job in jobs)
+    draws: dict = defaultdict(list)
+    if exact:
+        for job_id in targets:
+            draws[job_id] = [starts[job_id]] if job_id in starts else []
+    else:
+        rng = random.Random(seed)
+        for _ in range(samples):
+            run = Simulator(nodes, _copy_jobs(jobs), quotas, now=now, draw=random.Random(rng.random()), **options)
+            found = run.run(until=now + horizon, watch=targets)
+            for job_id in targets:
+                draws[job_id].append(found.get(job_id, math.inf))
+    answers = {}
+    for job_id in targets:
+        values = draws[job_id]
+        finite = [value for value in values if value != math.inf]
+        if not values or len(finite) * 2 < len(values):
+            answers[job_id] = Estimate(None, None, None, ends_before.get(job_id, []))
+            continue
+        high = _percentile(values, 0.9) if len(finite) == len(values) else None
+        answers[job_id] = Estimate(_percentile(values, 0.5) if len(values) > 1 else values[0],
+                                   _percentile(values, 0.1), high if high != math.inf else None,
+                                   ends_before.get(job_id, []))
+    return answers
+
+
+def placed_now(sim: Simulator, job_id) -> bool:
+    """Whether one pass of the core at ``sim.now`` places ``job_id`` (no preemption: the question is what fits)."""
+    sim.max_preemptions = 0
+    before = len(sim.placements)
+    sim.step()
+    return any(placement.job_id == job_id for placement in sim.placements[before:])
+
+
+def run_now_options(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None, job_id, *, now: float = 0.0,
+                    pauses: int = 5, **options) -> list[dict]:
+    """What would make ``job_id`` run now, each found by one pass of the core on a modified copy of the state:
+    a smaller share (fewer GPUs or workers, or a smaller fraction), another pool (without its node labels), a
+    lower-priority running job of its team paused, or a quota limit raised (a pending job)."""
+    from strata.quotas.services import quota_limit
+
+    def trial(change=None, drop=None, quota_change=None) -> bool:
+        copies = _copy_jobs([job for job in jobs if job.id != drop])
+        for copy in copies:
+            if copy.id == job_id and change:
+                copy.resources = change(dict(copy.resources))
+        trial_quotas = dict(quotas or {})
+        if quota_change is not None:
+            team, limit = quota_change
+            quota = trial_quotas.get(team)
+            if quota is not None:
+                changed = replace_quota(quota)
+                setattr(changed, limit, None)
+                trial_quotas[team] = changed
+        sim = Simulator(nodes, copies, trial_quotas, now=now, **options)
+        return placed_now(sim, job_id)
+
+    target = next(job for job in jobs if job.id == job_id)
+    found: list[dict] = []
+    resources = target.resources
+    gpus, workers = float(resources.get("gpus", 0) or 0), int(resources.get("workers", 1) or 1)
+    smaller = []
+    if workers > 1:
+        smaller += [{**resources, "workers": count} for count in range(workers - 1, 0, -1)]
+    if gpus > 1:
+        smaller += [{**resources, "gpus": float(count)} for count in range(int(gpus) - 1, 0, -1)]
+    elif 0 < gpus <= 1:
+        smaller += [{**resources, "gpus": share} for share in (0.75, 0.5, 0.25) if share < gpus]
+    for option in smaller:
+        if trial(change=lambda _, option=option: dict(option)):
+            found.append({"kind": "smaller_share", "resources": {key: option[key] for key in ("gpus", "workers")
+                                                                 if key in option},
+                          "text": f"{option.get('workers', 1)} worker(s) of {option.get('gpus', 0):g} GPU"})
+            break
+    if resources.get("node_labels"):
+        def unlabelled(found_resources: dict) -> dict:
+            found_resources.pop("node_labels", None)
+            return found_resources
+        if trial(change=unlabelled):
+            found.append({"kind": "other_pool", "text": "without its node labels "
+                                                        f"{resources['node_labels']} (another pool has room)"})
+    priority = target.priority
+    lower = sorted((job for job in jobs if job.team_id == target.team_id and job.state == RUNNING
+                    and job.priority < priority), key=lambda job: (job.priority, -(job.started or 0.0)))
+    for victim in lower[:pauses]:
+        if trial(drop=victim.id):
+            found.append({"kind": "pause", "job": str(victim.id), "text": f"pausing job {victim.id} of the team "
+                                                                          f"(priority {victim.priority})"})
+            break
+    if target.state == PENDING:
+        limit = quota_limit(target.reason.removeprefix("waiting: "))
+        if limit is not None and limit != "gpu_hours" and trial(quota_change=(target.team_id, limit)):
+            found.append({"kind": "quota", "limit": limit, "text": f"a larger {limit} for the team"})
+    return found
+
+
+def replace_quota(quota):
+    """An unsaved copy of a Quota (what-if changes never touch the stored one)."""
+    from strata.quotas.models import Quota
+
+    copy = Quota(**{f.attname: getattr(quota, f.attname) for f in Quota._meta.concrete_fields})
+    copy.pk = None
+    return copy
+
+
+def _bisect_unused():  # pragma: no cover - keeps the import list honest for readers of percentile code
+    return bisect
