@@ -37,7 +37,6 @@ training throughput in each variant's process before the requests start (alone) 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import statistics
@@ -54,7 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchkit import Figure, document, percentile, table, write
-from benchmarks.serving.harness import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
+from benchmarks.serving.harness import (
+    SOURCE_JOB,
+    STARTUP_TIMEOUT_S,
+    _Child,
+    _cores,
+    _pin,
+    answering,
+    child_context,
+)
 
 BUDGET = 2 * 2**30
 TARGET = 5.0  # naive p99 / SwitchFlow p99
@@ -419,7 +426,7 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
     results: dict[str, Any] = {"quick": quick, "date": started.isoformat(), "machine": machine, "sizes": sizes,
                                "variants": {}}
     began = time.perf_counter()
-    context = multiprocessing.get_context("spawn")  # no fork: the children run gRPC and torch threads
+    context = child_context()  # no fork of this process: the children run gRPC and torch threads
     with tempfile.TemporaryDirectory(prefix="strata-serving-bench-") as directory:
         model = make_model(Path(directory), sizes["model_steps"])
         results["model"] = {key: value for key, value in model.items() if key != "path"}

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import sys
 import time
 from typing import Any
 
 from benchmarks.benchkit import percentile
-from benchmarks.serving.harness import STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
+from benchmarks.serving.harness import STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering, child_context
 
 METHOD = "/strata.serving.v1.Inference/Predict"
 
@@ -124,7 +123,7 @@ def run(calls: int = 2000) -> dict[str, Any]:
 
     from benchmarks.serving.slabench import make_model
 
-    context = multiprocessing.get_context("spawn")
+    context = child_context()
     server_core, client_core = _cores()
     results: dict[str, Any] = {"calls": calls}
     with tempfile.TemporaryDirectory(prefix="strata-grpcfloor-") as directory:

@@ -46,7 +46,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchkit import Figure, percentile, table
-from benchmarks.serving.harness import SOURCE_JOB, STARTUP_TIMEOUT_S, _Child, _cores, _pin, answering
+from benchmarks.serving.harness import (
+    SOURCE_JOB,
+    STARTUP_TIMEOUT_S,
+    _Child,
+    _cores,
+    _pin,
+    answering,
+    child_context,
+)
 
 POLICIES = ("orloj", "fifo", "edf")
 FULL = {"model_steps": 20, "width": 384, "requests": 600, "rate_rps": 200.0, "burst_mean": 4.0,
@@ -323,12 +331,10 @@ def run(quick: bool = False, *, say: Callable[[str], None] | None = None, sizes:
         policies: tuple[str, ...] = POLICIES, peers: bool = False) -> dict[str, Any]:
     """Run the SLA part; return its results (``models``, ``calibration``, ``runs``, ``overhead``; with ``peers``,
     real Triton's and Ray Serve's on the same plans as policies ``triton`` and ``ray-serve``)."""
-    import multiprocessing
-
     say = say or (lambda line: print(line, flush=True))
     sizes = {**(QUICK if quick else FULL), **(sizes or {})}
     cores = _cores()
-    context = multiprocessing.get_context("spawn")
+    context = child_context()
     results: dict[str, Any] = {"sizes": sizes, "models": {}, "calibration": {}, "runs": {}, "overhead": {}}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="strata-sla-bench-") as directory:

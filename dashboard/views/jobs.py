@@ -467,12 +467,21 @@ def _tree(job: Job) -> dict[str, Any]:
             "more_children": len(children) > CHILDREN_SHOWN}
 
 
+def _expected_start(job: Job) -> str:
+    """A waiting job's start-time estimate in words (strata.scheduling.eta; as ``strata submit --wait`` says it)."""
+    from strata.cli.eta_text import sentence
+
+    if job.state not in {JobState.PENDING, JobState.QUEUED} or not job.eta:
+        return ""
+    return sentence(job.eta)
+
+
 def _fragments(request, job: Job) -> dict[str, str]:
     context = {"job": job, "attempts": _attempt_rows(job), "artifacts": _artifacts(job),
                "checkpoint": job.artifacts.filter(kind=Artifact.Kind.CHECKPOINT).order_by("-created_at").first(),
                "resources": resources_text(job.resources), "duration": _duration(job),
                "time_limit": forms.format_duration(job.time_limit), "endpoint": serving_endpoint(job),
-               "source_job": _source_job(job), **_tree(job)}
+               "source_job": _source_job(job), "expected_start": _expected_start(job), **_tree(job)}
     return {
         "attempts_html": render_to_string("dashboard/jobs_attempts.html", context, request),
         "artifacts_html": render_to_string("dashboard/jobs_artifacts.html", context, request),

@@ -66,6 +66,11 @@ def _configure() -> None:
                 "schedule": settings.STRATA_MLFLOW_SYNC_SECONDS,
                 "options": {"queue": "control", "expires": settings.STRATA_MLFLOW_SYNC_SECONDS},
             },
+            "eta-refresh": {  # the waiting jobs' start-time estimates (strata.scheduling.eta), on the leader
+                "task": "strata.scheduling.eta",
+                "schedule": max(settings.STRATA_ETA_SECONDS, 1.0),
+                "options": {"queue": "control", "expires": max(settings.STRATA_ETA_SECONDS, 1.0)},
+            },
             "audit-retention": {  # audit log entries older than STRATA_AUDIT_RETENTION_DAYS (strata.audit)
                 "task": "strata.audit.retention",
                 "schedule": 3600.0,

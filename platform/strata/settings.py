@@ -315,6 +315,12 @@ STRATA_NODE_TELEMETRY_SECONDS = env_float("STRATA_NODE_TELEMETRY_SECONDS", None,
 STRATA_NODE_TOKEN_CACHE_SECONDS = env_float("STRATA_NODE_TOKEN_CACHE_SECONDS", 5.0, minimum=0.0)
 # The scheduler's beat: a scheduling pass, and the leader's reaper and reconciler, this often.
 STRATA_SCHEDULER_TICK_SECONDS = env_float("STRATA_SCHEDULER_TICK_SECONDS", 2.0, minimum=0.1)
+# Foresight (scheduling/eta.py): the leader refreshes the waiting jobs' start-time estimates this often (0: never).
+STRATA_ETA_SECONDS = env_float("STRATA_ETA_SECONDS", 30.0, minimum=0.0)
+# The most waiting jobs (the first in queue order) whose start-time estimate one refresh computes.
+STRATA_ETA_JOBS = env_int("STRATA_ETA_JOBS", 50, minimum=1)
+# Simulations of the queue per refresh, each with run times drawn from their predicted quantiles (the 80 % interval).
+STRATA_ETA_SAMPLES = env_int("STRATA_ETA_SAMPLES", 24, minimum=1)
 # Of several `strata scheduler` replicas one leads (reaper, reconciler, telemetry rollups): its lease lasts this
 # long and is renewed every tick, so a dead leader is replaced within it (scheduling/leader.py).
 STRATA_LEADER_LEASE_SECONDS = env_float("STRATA_LEADER_LEASE_SECONDS", 15.0, minimum=1.0)

@@ -193,7 +193,7 @@ def _try(load):
 RESERVED_COMMANDS = frozenset({"up", "server", "scheduler", "node", "token", "user", "submit", "jobs", "logs",
                                "cancel", "quota", "bench", "plugins", "job-token", "participants", "code", "env",
                                "data", "migrate", "check", "secrets", "artifacts", "compare", "login", "tracking",
-                               "webhooks", "notifier", "usage"})
+                               "webhooks", "notifier", "usage", "audit", "members"})
 # The core's own benchmarks (strata.cli.bench): a plugin may not take these names either.
 RESERVED_BENCHMARKS = frozenset({"control-plane", "dashboard"})
 # The core's own job sub-resources (/api/v1/jobs/{id}/<name>/): a plugin's job route may not shadow them.
@@ -204,7 +204,8 @@ RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "l
 # (tests/platform/api/test_reserved_names.py checks this and RESERVED_JOB_ROUTES against the URL map.)
 RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
                                   "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants",
-                                  "code", "data", "uploads", "secrets", "compare", "logs", "tracking", "usage"})
+                                  "code", "data", "uploads", "secrets", "compare", "logs", "tracking", "usage", "audit",
+                                  "webhooks", "email-subscriptions"})
 
 
 def _load_order(candidates: list[tuple[str, Plugin]]) -> tuple[list[tuple[str, Plugin]], dict[str, str]]:

@@ -32,6 +32,7 @@ from strata.quotas.api.usage import TeamUsageView, UsageListView
 from strata.quotas.api.views import QuotaViewSet
 from strata.quotas.roots import record_context
 from strata.quotas.selectors import job_usage
+from strata.scheduling.api import EtaCalibrationView
 from strata.tracking.api import TrackingView
 
 router = DefaultRouter()
@@ -112,6 +113,8 @@ urlpatterns = [
     # Allocated against used GPU-hours, budgets and their forecast (strata.quotas.usage; reads: any role).
     path("usage/", UsageListView.as_view(), name="usage-list"),
     path("usage/<slug:team>/", TeamUsageView.as_view(), name="usage-team"),
+    # How well the start-time estimates held (strata.scheduling.eta: cluster admins).
+    path("eta/calibration/", EtaCalibrationView.as_view(), name="eta-calibration"),
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),

@@ -359,6 +359,7 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
     started = time.monotonic()
     last_state, last_step, after = None, None, 0
     table, header_shown, rows = None, False, {}
+    last_estimate = None
     while True:
         # The state, then everything reported up to it. An end state is printed after them: a job's points and
         # rows are all stored before it ends, so its end state is the last line.
@@ -367,6 +368,16 @@ def wait_for_job(client: ControlPlaneClient, job_id: str, timeout: float | None 
             table = _progress(job["kind"]) or False
         if job["state"] != last_state and job["state"] not in TERMINAL:
             last_state = _print_state(job, started)
+        if job.get("eta") and job["state"] in {"PENDING", "QUEUED"}:  # the start-time estimate, when it changes
+            from strata.cli.eta_text import sentence
+
+            eta = job["eta"]
+            # Changed: another expected start (to the minute), interval, reason or remedy; not just time passing.
+            key = json.dumps([(eta.get(k) or "")[:16] for k in ("start", "low", "high")]
+                             + [eta.get("waits_for"), eta.get("run_now")], sort_keys=True)
+            if key != last_estimate:
+                print(f"[{time.monotonic() - started:6.1f}s] {sentence(eta)}", flush=True)
+                last_estimate = key
         for _ in range(10_000 if job["state"] in TERMINAL else 20):  # drain the new points, a page per answer
             points = client.get(f"jobs/{job_id}/metrics/", params={"after": after})
             if not points:
@@ -419,8 +430,10 @@ def job_table(jobs: list[dict]) -> str:
     """``strata jobs``' table: columns as wide as their longest value (a kind, a team, a name: never cut,
     except names past 40 characters and reasons past 60), so the table lines up without truncating kinds."""
     columns = [("ID", "id", 36), ("NAME", "name", 40), ("KIND", "kind", None), ("TEAM", "team", None),
-               ("STATE", "state", None), ("HOLDS", "holds", None)]
-    rows = [{**job, "holds": _holds(job.get("resources") or {})} for job in jobs]
+               ("STATE", "state", None), ("HOLDS", "holds", None), ("START", "start", None)]
+    from strata.cli.eta_text import short
+
+    rows = [{**job, "holds": _holds(job.get("resources") or {}), "start": short(job)} for job in jobs]
     widths = {}
     for title, key, limit in columns:
         widest = max([len(title), *(len(str(row.get(key) or "")) for row in rows)])

@@ -158,6 +158,12 @@ class Job(models.Model):
     log_dropped_after = models.DateTimeField(null=True, blank=True)
     log_lines_trimmed = models.BigIntegerField(default=0, db_default=0)
     log_trimmed_before = models.DateTimeField(null=True, blank=True)
+    # Foresight (strata.scheduling.eta): a waiting job's latest start-time estimate (expected start, 80 % interval,
+    # what it waits for, what would make it run now) and when it was computed; the first estimate it got, kept
+    # beside started_at for calibration.
+    eta = models.JSONField(null=True, blank=True)
+    eta_at = models.DateTimeField(null=True, blank=True)
+    eta_first = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

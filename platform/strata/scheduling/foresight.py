@@ -17,10 +17,8 @@ comes from one pass of the core on a modified copy of the state (:func:`run_now_
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
-import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -98,6 +96,10 @@ class SimJob:
     allocs: list = field(default_factory=list)
     share: float = 0.0
     attempts: int = 0
+    created: float = 0.0  # when it was submitted: admission takes a team's pending jobs by priority, then this
+    ended: float | None = None  # when it ended (simulated)
+    stopping: bool = False  # running, but cancelled or preempted: its devices come back at ``ends``
+    requeue: bool = False  # a stopping job that queues again (preempted) rather than ending
     duration: float = 0.0  # the run time drawn for this simulation (set by Simulator)
 
 
@@ -140,7 +142,7 @@ class Simulator:
         self.placements: list[Placement] = []
         self.preemptions: list[tuple[float, object, list]] = []
         self.last_reasons: dict = {}
-        self._release: list[tuple[float, object]] = []  # (time, victim id): preempted, giving back its devices
+        self._sequence = 0  # admissions at one time are queued in order, as their real queued_at differ
         self._node_of = {device_id: node.id for node in nodes for device_id, _, _ in node.devices}
         self._node_of.update({node.host[0]: node.id for node in nodes if node.host is not None})
         for job in self.jobs.values():
@@ -148,6 +150,8 @@ class Simulator:
                             else job.runtime.sample(draw))
             if job.state == RUNNING and job.ends is None:
                 job.ends = now + job.duration
+            if job.state == RUNNING and job.stopping:
+                job.duration = max(job.duration, (job.ends or now) - (job.started or now))
 
     # -- state -> the core's input ---------------------------------------------------------------------------
     def capacity(self) -> CapacityIndex:
@@ -165,7 +169,7 @@ class Simulator:
                 slot.host = devices[device_id] = host_slot(device_id, node.id, index, cpus, memory)
             slots.append(slot)
         for job in self.jobs.values():
-            if job.state == RUNNING:
+            if job.state == RUNNING:  # stopping ones too: their devices come back when their attempt ends
                 for device_id, milli, memory in job.allocs:
                     devices[device_id].free -= milli
                     devices[device_id].free_memory -= memory
@@ -228,13 +232,14 @@ class Simulator:
                     load.add(Job(resources=other.resources),
                              other.share if other.state == RUNNING else view.gpus(other.resources))
             window = self.gpu_hours_used.get(team_id)
-            for job in sorted(jobs, key=lambda j: (-j.priority, j.submit or 0.0)):
+            for job in sorted(jobs, key=lambda j: (-j.priority, j.created)):
                 candidate = Job(resources=job.resources)
                 problem = view.problem(job.resources)
                 reason = (f"no node could ever run it: {problem}" if problem
                           else blocking_limit(quota, load, candidate, window, view))
                 if reason is None:
-                    job.state, job.queued_at, job.reason = QUEUED, self.now, ""
+                    self._sequence += 1
+                    job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
                     load.add(candidate, view.gpus(job.resources))
                     admitted.append(job.id)
                 else:
@@ -255,9 +260,7 @@ class Simulator:
             victims = choose_victims(self._active(), priority, resources, selector, capacity, self.quotas)
             for victim in victims:
                 job = self.jobs[victim]
-                job.ends = None
-                job.state = "stopping"
-                self._release.append((self.now + self.preempt_delay, victim))
+                job.stopping, job.requeue, job.ends = True, True, self.now + self.preempt_delay
             if victims:
                 self.preemptions.append((self.now, job_id, list(victims)))
             return len(victims)
@@ -278,8 +281,8 @@ class Simulator:
     def _active(self) -> list[tuple]:
         rows = []
         for job in self.jobs.values():
-            if job.state in (RUNNING, "stopping"):
-                state = "running" if job.state == RUNNING else "preempted"
+            if job.state == RUNNING:
+                state = "preempted" if job.stopping else "running"
                 for device_id, milli, memory in job.allocs:
                     rows.append((f"{job.id}#{job.attempts}", job.id, job.priority, job.team_id, state,
                                  _when(job.started or 0.0), device_id, milli / FULL, memory, job.kind, job.share))
@@ -289,7 +292,6 @@ class Simulator:
     def next_event(self) -> float | None:
         times = [job.ends for job in self.jobs.values() if job.state == RUNNING and job.ends is not None]
         times += [job.submit for job in self.jobs.values() if job.state == "future" and job.submit is not None]
-        times += [when for when, _ in self._release]
         return min(times) if times else None
 
     def advance(self, when: float) -> None:
@@ -298,16 +300,16 @@ class Simulator:
         self.now = max(self.now, when)
         for job in self.jobs.values():
             if job.state == RUNNING and job.ends is not None and job.ends <= self.now:
-                job.state, job.allocs, job.share = DONE, [], 0.0
+                if job.requeue:  # preempted: it queues again and resumes from where it stopped (a checkpoint)
+                    job.duration = max(job.duration - (self.now - (job.started or self.now)), 0.0)
+                    self._sequence += 1
+                    job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
+                    job.stopping = job.requeue = False
+                else:
+                    job.state, job.ended = DONE, self.now
+                job.allocs, job.share, job.ends = [], 0.0, None
             elif job.state == "future" and job.submit is not None and job.submit <= self.now:
-                job.state = PENDING
-        released = [victim for at, victim in self._release if at <= self.now]
-        self._release = [(at, victim) for at, victim in self._release if at > self.now]
-        for victim in released:
-            job = self.jobs[victim]
-            done = self.now - (job.started or self.now)
-            job.duration = max(job.duration - done, 0.0)  # resumes from where it stopped
-            job.state, job.allocs, job.share, job.queued_at, job.reason = QUEUED, [], 0.0, self.now, ""
+                job.state, job.created = PENDING, job.submit
 
     def run(self, *, until: float | None = None, watch: set | None = None, max_passes: int = 100_000) -> dict:
         """Pass, advance, pass... until nothing is left to happen, ``until`` (simulated seconds), or every job
@@ -448,7 +450,12 @@ def _percentile(values: list[float], q: float) -> float:
     position = q * (len(ordered) - 1)
     below = math.floor(position)
     above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+    fraction = position - below
+    if fraction == 0 or ordered[above] == ordered[below]:
+        return ordered[below]
+    if math.isinf(ordered[above]):
+        return math.inf
+    return ordered[below] + (ordered[above] - ordered[below]) * fraction
 
 
 def _copy_jobs(jobs: list[SimJob]) -> list[SimJob]:
@@ -472,9 +479,8 @@ def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = Non
     for job_id in targets:
         if job_id in starts:
             ended = [other.id for other in median.jobs.values()
-                     if other.id not in waiting and other.ends is not None and other.ends <= starts[job_id]
-                     and other.state == DONE]
-            ended.sort(key=lambda other: -(median.jobs[other].ends or 0.0))
+                     if other.id not in waiting and other.ended is not None and other.ended <= starts[job_id]]
+            ended.sort(key=lambda other: -(median.jobs[other].ended or 0.0))
             ends_before[job_id] = ended[:3]
     exact = all(job.runtime.p10 == job.runtime.p90 for job in jobs)
     draws: dict = defaultdict(list)
@@ -495,10 +501,9 @@ def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = Non
         if not values or len(finite) * 2 < len(values):
             answers[job_id] = Estimate(None, None, None, ends_before.get(job_id, []))
             continue
-        high = _percentile(values, 0.9) if len(finite) == len(values) else None
-        answers[job_id] = Estimate(_percentile(values, 0.5) if len(values) > 1 else values[0],
-                                   _percentile(values, 0.1), high if high != math.inf else None,
-                                   ends_before.get(job_id, []))
+        high = _percentile(values, 0.9)
+        answers[job_id] = Estimate(_percentile(values, 0.5), _percentile(values, 0.1),
+                                   None if math.isinf(high) else high, ends_before.get(job_id, []))
     return answers
 
 
@@ -579,7 +584,3 @@ def replace_quota(quota):
     copy = Quota(**{f.attname: getattr(quota, f.attname) for f in Quota._meta.concrete_fields})
     copy.pk = None
     return copy
-
-
-def _bisect_unused():  # pragma: no cover - keeps the import list honest for readers of percentile code
-    return bisect

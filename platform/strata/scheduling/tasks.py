@@ -22,6 +22,19 @@ def tick_task() -> None:
     tick()
 
 
+@shared_task(name="strata.scheduling.eta", ignore_result=True)
+def eta_task() -> int:
+    """Refresh the waiting jobs' start-time estimates (``strata.scheduling.eta``): on the leader only (every
+    scheduler replica runs a beat), every STRATA_ETA_SECONDS, apart from the passes so a long simulation never
+    delays one."""
+    from strata.scheduling.eta import refresh_due
+    from strata.scheduling.leader import lease_acquire
+
+    if lease_acquire() is None:
+        return 0
+    return refresh_due()
+
+
 @shared_task(name=EXPIRE_UPLOADS_TASK, ignore_result=True)
 def expire_uploads_task() -> int:
     """Delete the data uploads not completed within STRATA_UPLOAD_EXPIRY_HOURS, with their chunks, and abort the

@@ -21,6 +21,7 @@ from strata.jobs.models import (
     DataUpload,
     Job,
     JobEvent,
+    JobState,
     JobToken,
     LogLine,
     MetricPoint,
@@ -278,15 +279,24 @@ class JobSerializer(serializers.ModelSerializer):
     logs_trimmed = serializers.SerializerMethodField(help_text=(
         "Log lines not kept (strata.jobs.log_search): trimmed (removed by the retention policy, every line before "
         "trimmed_before), dropped (past the line cap, from dropped_after on) and a one-line notice; null if none."))
+    eta = serializers.SerializerMethodField(help_text=(
+        "A waiting job's start-time estimate (strata.scheduling.eta): start (median), low and high (the 80 % "
+        "interval), in_seconds/low_seconds/high_seconds from computed_at, waits_for (reason, jobs), run_now (what "
+        "would make it run now), runtime (its predicted run time); null when it does not wait or has none yet."))
 
     class Meta:
         model = Job
         fields = ["id", "name", "kind", "team", "owner", "state", "reason", "priority", "max_attempts", "failures",
                   "time_limit", "resources", "spec", "code", "keep", "created_at", "updated_at", "queued_at", "started_at",
                   "finished_at", "share", "endpoint", "parent", "children", "nested", "held", "attempts",
-                  "logs_trimmed"]
+                  "logs_trimmed", "eta"]
         read_only_fields = fields
         list_serializer_class = JobListShareSerializer
+
+    @extend_schema_field({"type": "object", "nullable": True})
+    def get_eta(self, job):
+        # Stored by the scheduler's foresight (strata.scheduling.eta, a higher layer); shown only while it waits.
+        return job.eta if job.eta and job.state in (JobState.PENDING, JobState.QUEUED) else None
 
     @extend_schema_field({"type": "object", "nullable": True, "properties": {
         "trimmed": {"type": "integer"}, "trimmed_before": {"type": "string", "format": "date-time", "nullable": True},
