@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 HISTORY_WINDOW = 5000  # the most recent successful attempts the run-time model learns from
 HISTORY_SECONDS = 600.0  # the model is learned again this often (per process)
 STOP_SECONDS = 10.0  # how long a cancelled or preempted attempt is taken to need to give its devices back
+PASS_QUANTUM = 30.0  # simulated passes run on a grid of this many seconds (starts are late by under it)
 OPTIONS_JOBS = 10  # waiting jobs (the first in queue order) told what would make them run now, per refresh
 QUEUE_BUCKETS = ((0, 0, "0"), (1, 4, "1-4"), (5, 19, "5-19"), (20, 99, "20-99"), (100, None, "100+"))
 
@@ -191,6 +192,7 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
             order.append((neg_priority, queued_at, job_id))
     order.sort(key=lambda entry: (entry[0], entry[1]))
     waiting = [entry[2] for entry in order]
+    specs = {job_id: row[3] or {} for job_id, row in rows.items()}
     for row in Job.objects.filter(state=JobState.PENDING, nested=False, held=False).order_by(
             "-priority", "created_at").values_list("id", "team_id", "kind", "spec", "resources", "time_limit",
                                                    "priority", "created_at", "owner_id", "reason"):
@@ -198,6 +200,18 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
                            runtime=predicted(row[:6], 0.0), priority=row[6], state=PENDING, created=sim(row[7]),
                            owner_id=row[8], reason=row[9]))
         waiting.append(row[0])
+        specs[row[0]] = row[3] or {}
+    # The placement-score hooks and what they read, as the pass loads them (the nodes' reports, read once).
+    from components.runtime.contract import registry
+    from components.runtime.contract.policies import PlacementScore
+    from strata.scheduling.services import _HookInputs
+
+    options: dict = {"specs": specs}
+    scorers = registry.hooks(PlacementScore)
+    if scorers:
+        inputs = _HookInputs(queue.by_team, scorers)
+        inputs.specs.update(specs)
+        options.update(scorers=inputs.hooks, hook_inputs=inputs)
     # The GPU-hours each team used in its quota's window, as admission reads it (it does not change in a refresh).
     used = {}
     for team_id, quota in quotas.items():
@@ -205,8 +219,9 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
             from strata.quotas.selectors import gpu_seconds
 
             used[team_id] = gpu_seconds(team_id, since=at - timedelta(hours=quota.window_hours))
+    options["gpu_hours_used"] = used
     return State(nodes=list(nodes.values()), jobs=jobs, quotas=quotas, now=now, at=at, order=waiting,
-                 options={"gpu_hours_used": used})
+                 options=options)
 
 
 def _iso(state: State, seconds: float | None) -> str | None:
@@ -227,7 +242,7 @@ def refresh(limit: int | None = None, samples: int | None = None) -> int:
     if not targets:
         return 0
     answers = estimate(state.nodes, state.jobs, state.quotas, now=state.now, targets=set(targets), samples=samples,
-                       **state.options)
+                       quantum=PASS_QUANTUM, **state.options)
     by_id = {job.id: job for job in state.jobs}
     first = set(Job.objects.filter(pk__in=targets, eta_first__isnull=True).values_list("id", flat=True))
     waiting = len(state.order)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import ClassVar
 
 import pytest
 
+from components.runtime.contract.plugins import Plugin
+from components.runtime.contract.policies import Candidate, PlacementScore, QueuedJob
 from strata.jobs.models import Attempt, Job, JobState
 from strata.jobs.services import attempt_claim, attempt_finish
 from strata.scheduling import foresight
@@ -14,17 +17,17 @@ from strata.scheduling.foresight import RunTime, SimJob, SimNode, Simulator
 GiB = 2**30
 
 
-def test_simulator_and_scheduler_agree_placement_by_placement(make_team, make_user, submit, make_node, run_pass,
-                                                              monkeypatch):
-    """A recorded history: jobs of two teams (whole GPUs, fractions, two-GPU gangs, priorities, node labels) on a
-    constructed cluster, each ending after a known run time. The real passes (with the database) and the simulator
-    (from the same state, with those run times) place the same jobs, in the same order, on the same devices."""
+def _agree(make_team, make_user, submit, make_node, run_pass, monkeypatch, labels=None, simulated_hook=None):
+    """Jobs of two teams (whole GPUs, fractions, two-GPU gangs, priorities, node labels) on a constructed cluster,
+    each ending after a known run time: the real passes (database, attempts claimed and finished at those times),
+    each pass's decisions recorded as the core made them, and the simulator from the same state. Returns both
+    placement lists, ``(time, job id, devices)``."""
     from strata.scheduling import services
 
     alpha, beta = make_team("alpha"), make_team("beta", weight=2.0)
     alice, bob = make_user("alice", alpha), make_user("bob", beta)
     make_node("n1", gpus=2, labels={"pool": "a"})
-    make_node("n2", gpus=4, labels={"pool": "b"})
+    make_node("n2", gpus=4, labels={"pool": "b", **(labels or {})})
     rng = random.Random(7)
     shapes = [dict(gpus=1.0), dict(gpus=0.5), dict(gpus=2.0), dict(gpus=0.25), dict(gpus=1.0, node_labels={"pool": "b"})]
     runtime, jobs = {}, []
@@ -35,14 +38,17 @@ def test_simulator_and_scheduler_agree_placement_by_placement(make_team, make_us
         runtime[job.pk] = float(rng.choice([60, 120, 180, 300]))
 
     # The simulator, from the state before the first pass.
-    nodes, sim_jobs, quotas = snapshot()
-    for job in sim_jobs:
+    from strata.scheduling.eta import load_state
+
+    state = load_state(now=0.0)
+    for job in state.jobs:
         job.runtime = RunTime.exact(runtime[job.id])
-    sim = Simulator(nodes, sim_jobs, quotas, now=0.0)
+    sim = Simulator(state.nodes, state.jobs, state.quotas, now=0.0, **state.options)
     sim.run()
     simulated = [(p.time, p.job_id, p.devices) for p in sim.placements]
+    if simulated_hook is not None:
+        simulated_hook()
 
-    # The real scheduler: every pass's decisions, recorded as the core made them; jobs end at the same times.
     recorded = []
     real_decide = services.decide
 
@@ -70,14 +76,42 @@ def test_simulator_and_scheduler_agree_placement_by_placement(make_team, make_us
             attempt_finish(attempt.pk, attempt.fencing_token, attempt.node, "succeeded")
     assert Job.objects.filter(state=JobState.SUCCEEDED).count() == len(jobs)
     assert len(real) == len(jobs)
+    return simulated, real
+
+
+def test_simulator_and_scheduler_agree_placement_by_placement(make_team, make_user, submit, make_node, run_pass,
+                                                              monkeypatch):
+    simulated, real = _agree(make_team, make_user, submit, make_node, run_pass, monkeypatch)
+    assert len({time for time, _, _ in real}) > 3  # a history of several passes, not one
     assert simulated == real
 
 
-def snapshot():
-    from strata.scheduling.eta import load_state
+class PreferFast(PlacementScore):
+    """Places train jobs on nodes labelled fast=yes first, whatever best fit says."""
 
-    state = load_state(now=0.0)
-    return state.nodes, state.jobs, state.quotas
+    kinds: ClassVar[tuple[str, ...]] = ("train",)
+
+    def score(self, job: QueuedJob, candidate: Candidate) -> float:
+        SCORED.append(job.id)
+        return 0.0 if candidate.labels.get("fast") == "yes" else 1.0
+
+
+SCORED: list[str] = []
+PREFER_FAST = Plugin(name="prefer-fast", hooks=(f"{__name__}:PreferFast",))
+
+
+def test_they_agree_with_a_plugins_placement_hook(install_plugins, make_team, make_user, submit, make_node, run_pass,
+                                                  monkeypatch):
+    """The simulator asks the same placement-score hooks (with the nodes' reports the pass reads), the same
+    questions as the real passes, and the placements still agree."""
+    install_plugins(f"{__name__}:PREFER_FAST")
+    SCORED.clear()
+    asked_by_the_simulator = []
+    simulated, real = _agree(make_team, make_user, submit, make_node, run_pass, monkeypatch, labels={"fast": "yes"},
+                             simulated_hook=lambda: asked_by_the_simulator.extend(SCORED))
+    assert simulated == real
+    assert len(set(asked_by_the_simulator)) == 24  # the simulator asked the hook about every job
+    assert len(SCORED) == 2 * len(asked_by_the_simulator)  # and the real passes asked the same questions
 
 
 def _node(name: str, gpus: int, first: int, labels=None) -> SimNode:
@@ -285,3 +319,52 @@ def test_the_cli_says_when_a_job_is_expected_to_start():
     assert eta_text.sentence(eta) == ("expected to start in 12 min (80 %: 5–30 min); waits for no node has free "
                                       "devices that fit (until job 01234567 end); would run now with: 1 worker(s) "
                                       "of 1 GPU")
+
+
+def test_submit_wait_prints_the_estimate_when_it_changes(monkeypatch, capsys):
+    """Three polls see the same estimate (only time passed: printed once), a fourth a later start (printed
+    again), then the job runs and succeeds."""
+    from strata.cli import client_commands
+
+    def eta(start: str, seconds: float) -> dict:
+        return {"start": start, "low": start, "high": start, "in_seconds": seconds, "low_seconds": seconds,
+                "high_seconds": seconds, "waits_for": {"reason": "waiting: no node has free devices that fit",
+                                                       "jobs": []}, "run_now": []}
+
+    answers = [("QUEUED", eta("2026-12-06T18:10:00+00:00", 600)), ("QUEUED", eta("2026-12-06T18:10:00+00:00", 570)),
+               ("QUEUED", eta("2026-12-06T18:10:00+00:00", 540)), ("QUEUED", eta("2026-12-06T18:20:00+00:00", 1110)),
+               ("RUNNING", None), ("SUCCEEDED", None)]
+
+    class Client:
+        polls = 0
+
+        def get(self, path, params=None):
+            if path.endswith("/metrics/"):
+                return []
+            state, estimate = answers[min(self.polls, len(answers) - 1)]
+            self.polls += 1
+            return {"id": "j1", "kind": "no-such-kind", "state": state, "reason": "", "eta": estimate}
+
+    monkeypatch.setattr(client_commands.time, "sleep", lambda seconds: None)
+    assert client_commands.wait_for_job(Client(), "j1") == 0
+    said = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines() if "expected to start" in line]
+    assert said == ["expected to start in 10 min; waits for no node has free devices that fit",
+                    "expected to start in 18 min; waits for no node has free devices that fit"]
+
+
+def test_the_beat_task_refreshes_on_the_leader_every_so_often(make_team, make_user, submit, make_node, run_pass,
+                                                               settings, monkeypatch):
+    from strata.scheduling import eta, tasks
+
+    team = make_team("alpha")
+    alice = make_user("alice", team)
+    make_node("n1", gpus=1)
+    submit(alice, team, name="first")
+    waiting = submit(alice, team, name="second")
+    run_pass()
+    monkeypatch.setattr(eta, "_last_refresh", 0.0)
+    settings.STRATA_ETA_SECONDS = 0  # never
+    assert tasks.eta_task() == 0 and Job.objects.get(pk=waiting.pk).eta is None
+    settings.STRATA_ETA_SECONDS = 30
+    assert tasks.eta_task() == 1 and Job.objects.get(pk=waiting.pk).eta is not None
+    assert tasks.eta_task() == 0  # not again within 30 s
