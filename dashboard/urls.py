@@ -17,6 +17,7 @@ from dashboard.views import (
     team_secrets,
     tracking,
     usage,
+    whatif,
 )
 
 app_name = "dashboard"
@@ -31,6 +32,7 @@ urlpatterns = [
     *log_search.urlpatterns,
     *cluster.urlpatterns,
     *usage.urlpatterns,
+    *whatif.urlpatterns,
     *pools.urlpatterns,
     *team_secrets.urlpatterns,
     *notifications.urlpatterns,

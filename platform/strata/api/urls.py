@@ -32,7 +32,7 @@ from strata.quotas.api.usage import TeamUsageView, UsageListView
 from strata.quotas.api.views import QuotaViewSet
 from strata.quotas.roots import record_context
 from strata.quotas.selectors import job_usage
-from strata.scheduling.api import EtaCalibrationView
+from strata.scheduling.api import EtaCalibrationView, WhatIfView
 from strata.tracking.api import TrackingView
 
 router = DefaultRouter()
@@ -115,6 +115,8 @@ urlpatterns = [
     path("usage/<slug:team>/", TeamUsageView.as_view(), name="usage-team"),
     # How well the start-time estimates held (strata.scheduling.eta: cluster admins).
     path("eta/calibration/", EtaCalibrationView.as_view(), name="eta-calibration"),
+    # Replay history under a proposed quota or cluster (strata.scheduling.whatif: cluster admins); before the router.
+    path("quotas/what-if/", WhatIfView.as_view(), name="quota-what-if"),
     *router.urls,
     # After the router: the core's own job actions match first; a plugin's job route cannot shadow them.
     path("jobs/<uuid:pk>/<slug:route>/", JobRouteView.as_view(), name="job-route"),

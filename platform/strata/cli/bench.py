@@ -13,6 +13,7 @@ CORE_BENCHMARKS: dict[str, str] = {
     "control-plane": "benchmarks.core.control_plane:main",
     "dashboard": "benchmarks.core.dashboard:main",
     "storage": "benchmarks.core.storage:main",
+    "foresight": "benchmarks.foresight.bench:main",
 }
 
 

@@ -562,6 +562,10 @@ def _data_roots(value) -> list:
 
 def quota(args) -> int:
     client = connect(args)
+    if args.team == "what-if":
+        from strata.cli.whatif_cli import what_if
+
+        return what_if(args, client)
     if args.set:
         if not args.team:
             raise ValueError("--set needs a team: strata quota TEAM --set max_gpus=4")

@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                                               "(data_roots=/srv/a,/srv/b grants data roots)")
     quota.add_argument("team", nargs="?")
     quota.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    # `strata quota what-if --team T --max-gpus 8`: replay history under a proposed quota (strata.cli.whatif_cli).
+    from strata.cli.whatif_cli import add_arguments as what_if_arguments
+
+    what_if_arguments(quota)
 
     from components.runtime.contract import registry
 

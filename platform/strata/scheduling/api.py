@@ -33,3 +33,19 @@ class EtaCalibrationView(APIView):
         except ValueError:
             raise serializers.ValidationError({"days": ["a number of days in (0, 3650]"]}) from None
         return Response(calibration(since=timezone.now() - timedelta(days=days)))
+
+
+class WhatIfView(APIView):
+    """Replay the last ``days`` of submissions under proposed quotas and nodes beside the current settings
+    (strata.scheduling.whatif; cluster admins). A malformed body gets a 400 naming every bad field."""
+
+    permission_classes = [IsClusterAdmin]
+
+    @extend_schema(request={"application/json": {"type": "object"}}, responses={200: {"type": "object"}})
+    def post(self, request):
+        from strata.scheduling.whatif import WhatIfInvalid, what_if
+
+        try:
+            return Response(what_if(request.data))
+        except WhatIfInvalid as error:
+            raise serializers.ValidationError({name: [text] for name, text in error.errors.items()}) from None

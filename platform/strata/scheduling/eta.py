@@ -113,22 +113,11 @@ def _progress(attempt_ids: list) -> dict:
     return found
 
 
-def load_state(now: float | None = None, *, model: HistoryModel | None = None) -> State:
-    """The cluster as the scheduler reads it (the same nodes, queue order and resource estimates), with each job's
-    run time predicted: ``now`` is the simulated time that stands for the present (default: the epoch seconds)."""
+def load_nodes(at: datetime) -> dict:
+    """node id -> SimNode: the nodes up with a live lease at ``at``, as the scheduler places on them (its GPUs,
+    and its CPU device if it reports one)."""
     from strata.cluster.models import Device, Node
-    from strata.jobs.models import Allocation, Attempt, Job, JobState
-    from strata.quotas.models import Quota
-    from strata.scheduling.services import _queue_by_team
 
-    at = timezone.now()
-    base = at.timestamp()
-    now = base if now is None else now
-
-    def sim(moment: datetime | None) -> float:
-        return (moment.timestamp() - base + now) if moment is not None else now
-
-    model = model if model is not None else history_model()
     nodes: dict = {}
     for node_id, name, labels, cpus, memory in Node.objects.filter(
             state=Node.State.UP, lease_expires_at__gt=at).values_list("id", "name", "labels", "cpus", "memory"):
@@ -146,6 +135,25 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
     for node in nodes.values():
         if node.host is not None and node.host[0] == 0:  # CPUs reported without a CPU device: none to place on
             node.host = None
+    return nodes
+
+
+def load_state(now: float | None = None, *, model: HistoryModel | None = None) -> State:
+    """The cluster as the scheduler reads it (the same nodes, queue order and resource estimates), with each job's
+    run time predicted: ``now`` is the simulated time that stands for the present (default: the epoch seconds)."""
+    from strata.jobs.models import Allocation, Attempt, Job, JobState
+    from strata.quotas.models import Quota
+    from strata.scheduling.services import _queue_by_team
+
+    at = timezone.now()
+    base = at.timestamp()
+    now = base if now is None else now
+
+    def sim(moment: datetime | None) -> float:
+        return (moment.timestamp() - base + now) if moment is not None else now
+
+    model = model if model is not None else history_model()
+    nodes = load_nodes(at)
     quotas = {quota.team_id: quota for quota in Quota.objects.all()}
 
     def predicted(job_row, elapsed: float, total=None, points=None) -> RunTime:

@@ -180,9 +180,10 @@ class Simulator:
         return CapacityIndex(slots)
 
     def registered(self) -> list[NodeSlot]:
-        """The nodes with every device free (what admission's ClusterView reads)."""
-        free = Simulator(self.nodes, [], {})
-        return list(free.capacity().nodes.values())
+        """The nodes with every device free (what admission's ClusterView reads); built once per simulation."""
+        if getattr(self, "_registered", None) is None:
+            self._registered = list(Simulator(self.nodes, [], {}).capacity().nodes.values())
+        return self._registered
 
     def _boost(self, team_id: int) -> int:
         quota = self.quotas.get(team_id)

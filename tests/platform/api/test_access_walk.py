@@ -64,12 +64,12 @@ JOB_ROUTES = {"job-detail", "job-artifacts", "job-cancel", "job-download", "job-
               "job-evict-participant"}
 # Lists (the caller's own objects; alpha's must not show) and cluster-wide objects with no team data.
 LIST_ROUTES = {"job-list", "node-list", "device-list", "team-list", "quota-list", "token-list", "pool-list",
-               "collection", "code-list", "data-list", "upload-list", "secret-list", "logs-search"}
+               "collection", "code-list", "data-list", "upload-list", "secret-list", "logs-search", "usage-list"}
 CLUSTER_OBJECTS = {"node-detail", "device-detail"}
 # One object of team alpha each: a foreign caller gets 404 (writes that need a cluster admin: 403 first).
 TEAM_OBJECTS = {"team-detail", "quota-detail", "quota-usage", "token-detail", "collection-item", "code-detail",
                 "code-download", "data-detail", "upload-detail", "upload-chunk", "upload-parts", "upload-complete",
-                "secret-detail", "team-members", "team-member"}
+                "secret-detail", "team-members", "team-member", "usage-team"}
 # The team's notification targets (strata.notify): every read is for team-admins too (a webhook URL may be a
 # credential: Slack's), so alpha's owner reads them as the cluster admin of alpha.
 NOTIFY_OBJECTS = {"webhook-detail", "webhook-test", "webhook-deliveries", "email-subscription-detail",
@@ -80,9 +80,15 @@ ADMIN_ONLY = {"pool-detail"}  # cluster-wide policy: reading is fine, changing i
 COMPARE_ROUTES = {"compare"}
 # The audit log: team-admins and cluster admins only; alice and bob are members (a 403).
 AUDIT_ROUTES = {"audit", "audit-export"}
+# Cluster admins only (strata.scheduling.whatif): anyone else a 403, before the body is read.
+CLUSTER_ADMIN_ROUTES = {"quota-what-if", "eta-calibration"}
+# The team's configuration that even reading needs team-admin for (strata.accounts.roles): the MLflow tracking
+# server. It names no object: alice and bob (members) are refused for their own team (a 403).
+TEAM_ADMIN_ROUTES = {"tracking"}
 SECRET_NAME = "ALPHA_SECRET_NAME"
 KNOWN = NODE_ROUTES | PARTICIPANT_ROUTES | DOC_ROUTES | JOB_ROUTES | LIST_ROUTES | CLUSTER_OBJECTS | TEAM_OBJECTS \
-    | ADMIN_ONLY | COMPARE_ROUTES | AUDIT_ROUTES | NOTIFY_OBJECTS | NOTIFY_LISTS
+    | ADMIN_ONLY | COMPARE_ROUTES | AUDIT_ROUTES | NOTIFY_OBJECTS | NOTIFY_LISTS | CLUSTER_ADMIN_ROUTES \
+    | TEAM_ADMIN_ROUTES
 
 # A valid spec of every registered kind (the walk submits one job of each); "{train}" is a SUCCEEDED train job.
 KIND_SUBMITS = {
@@ -324,10 +330,14 @@ def _foreign_expected(name: str, method: str) -> set[int]:
         return {404}
     if name in NOTIFY_LISTS:
         return {200} if method == "get" else {403}  # bob is a member of beta: its targets need team-admin
-    if name in AUDIT_ROUTES:
+    if name in CLUSTER_ADMIN_ROUTES:
         return {403}
-    if name in {"job-list", "collection", "code-list", "upload-list", "secret-list"} and method == "post":
+    if name in AUDIT_ROUTES | TEAM_ADMIN_ROUTES:
+        return {403}
+    if name in {"job-list", "collection", "code-list", "upload-list"} and method == "post":
         return {400}
+    if name == "secret-list" and method == "post":
+        return {403}  # bob is a member of beta: setting its secrets needs team-admin (strata.accounts.roles)
     if name == "token-list" and method == "post":
         return {201, 400}  # bob's own new token (a session must name his team: 400)
     if name in LIST_ROUTES | CLUSTER_OBJECTS | DOC_ROUTES:
@@ -396,7 +406,7 @@ def _owner_reaches_every_object(world):
             # A plugin's route answers for any job it can read; a kind it has nothing about may say so.
             assert response.status_code in {200, 404}, (url, response.status_code, _body(response)[:300])
             assert response.status_code == 200 or "job route" not in _body(response), url
-        elif name in AUDIT_ROUTES:
+        elif name in AUDIT_ROUTES | CLUSTER_ADMIN_ROUTES | TEAM_ADMIN_ROUTES:
             assert response.status_code == 403, (name, url, response.status_code)
         else:
             assert response.status_code == 200, (name, url, response.status_code, _body(response)[:300])
@@ -477,8 +487,9 @@ DASHBOARD = {
     "team-notifications": ("login", "team"),
     "cli-login": ("login", None),
     "compare": ("login", "jobs"),
-    "log-search": ("login", None),
+    "log-search": ("login", None), "team-tracking": ("login", "team"),
     "audit": ("admin", None),
+    "quota-what-if": ("admin", None),
 }
 
 

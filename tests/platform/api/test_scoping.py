@@ -35,7 +35,10 @@ def test_route_table_is_what_this_walk_expects():
         "pool-detail", "collection", "collection-item", "job-participants", "job-evict-participant",
         "code-list", "code-detail", "code-download", "data-list", "data-detail", "upload-list", "upload-detail",
         "upload-chunk", "upload-parts", "upload-complete", "secret-list", "secret-detail",
-        "team-members", "team-member", "compare", "logs-search", "audit", "audit-export"}
+        "team-members", "team-member", "compare", "logs-search", "audit", "audit-export",
+        "quota-what-if", "webhook-list", "webhook-detail", "webhook-deliveries", "webhook-test",
+        "email-subscription-list", "email-subscription-detail", "email-subscription-deliveries",
+        "email-subscription-test", "tracking", "usage-list", "usage-team", "eta-calibration"}
 
 
 @pytest.fixture
