@@ -205,7 +205,7 @@ RESERVED_JOB_ROUTES = frozenset({"artifacts", "cancel", "download", "events", "l
 RESERVED_COLLECTIONS = frozenset({"schema", "docs", "redoc", "node", "jobs", "nodes", "devices", "pools", "teams",
                                   "quotas", "tokens", "users", "auth", "plugins", "bench", "health", "participants",
                                   "code", "data", "uploads", "secrets", "compare", "logs", "tracking", "usage", "audit",
-                                  "webhooks", "email-subscriptions"})
+                                  "webhooks", "email-subscriptions", "eta"})
 
 
 def _load_order(candidates: list[tuple[str, Plugin]]) -> tuple[list[tuple[str, Plugin]], dict[str, str]]:
