@@ -452,6 +452,8 @@ class Soak:
                 user.pool.put_nowait(connection)
         self.records: list[Record] = []
         self.jobs: dict[str, list[str]] = {team: [] for team in TEAMS}  # acknowledged job ids, in order
+        # Each user's own, in order: a member cancels only those (a teammate's job takes the team-admin role).
+        self.own: dict[str, list[str]] = {}
         self.acked: dict[str, str] = {}  # job id -> team
         self.keys: list[tuple[str, str, bytes, str]] = []  # (user, key, body, job id) of keyed submits
         self.replays = {"sent": 0, "same_job": 0, "other_job": 0}
@@ -530,6 +532,7 @@ class Soak:
         if job not in self.acked:
             self.acked[job] = user.team
             self.jobs[user.team].append(job)
+            self.own.setdefault(user.name, []).append(job)
         if replay is not None:
             self.replays["sent"] += 1
             same = job == replay[3] and status == 200
@@ -562,7 +565,8 @@ class Soak:
         await self.call(user, "nodes", "GET", "/api/v1/nodes/")
 
     async def op_cancel(self, user: User) -> None:
-        job = self._job_of(user.team, recent=10)
+        own = self.own.get(user.name, [])[-10:]
+        job = self.rng.choice(own) if own else None
         if job is None:
             return await self.op_list(user)
         await self.call(user, "cancel", "POST", f"/api/v1/jobs/{job}/cancel/", b"{}")

@@ -32,13 +32,16 @@ TEAM = OpenApiParameter("team", OpenApiTypes.STR, OpenApiParameter.QUERY, requir
 
 
 def admin_team(request, slug) -> Team:
-    """The team a new target goes to: the named one (a 404 if the caller cannot see it, a 403 without the
-    team-admin role there), else the caller's only team-admin team (a 400 on ``team`` otherwise)."""
+    """The team a new target goes to: the named one (a 400 on ``team`` if the caller cannot see it, as a submit's
+    team is, a 403 without the team-admin role there), else the caller's only team-admin team (a 400 on ``team``
+    otherwise)."""
     if slug is not None and not isinstance(slug, str):
         raise serializers.ValidationError({"team": ["a team slug"]})
     visible = visible_team_ids(request)
     if slug or len(visible) == 1:  # named, or the caller's only team (a token's): the role there decides
         team = (Team.objects.filter(slug=slug, id__in=visible) if slug else Team.objects.filter(pk=visible[0])).first()
+        if team is None and slug:
+            raise serializers.ValidationError({"team": [f"unknown team {slug!r}"]})
         roles.require(request, team, roles.TEAM_ADMIN, "manage its notifications")
         assert team is not None
         return team
