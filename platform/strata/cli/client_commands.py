@@ -456,22 +456,11 @@ def _holds(resources: dict) -> str:
 
 
 def logs(args) -> int:
-    client = connect(args)
+    """A job's lines, oldest first (``-f`` follows), with the trimming notice on stderr; the filters and the team's
+    search (--grep/--search/--since/--until/--rank: strata.jobs.log_search) go the same way."""
     from strata.cli import log_commands
 
-    if log_commands.wanted(args) or not args.job:  # --grep/--search/--since/--until/--rank (strata.jobs.log_search)
-        return log_commands.logs(args, client)
-    after = 0
-    while True:
-        lines = client.get(f"jobs/{args.job}/logs/", params={"after": after})
-        for line in lines:
-            print(line["message"], flush=True)
-        if lines:
-            after = lines[-1]["id"]
-            continue
-        if not args.follow or client.get(f"jobs/{args.job}/")["state"] in TERMINAL:
-            return 0
-        time.sleep(1.0)
+    return log_commands.logs(args, connect(args))
 
 
 def artifacts(args) -> int:

@@ -12,11 +12,6 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 MARK, UNMARK = "\x1b[1;31m", "\x1b[0m"
 
 
-def wanted(args) -> bool:
-    """Whether ``args`` ask for more than a job's plain log stream."""
-    return any(getattr(args, name, None) for name in ("grep", "search", "since", "until", "rank"))
-
-
 def filters(args) -> dict[str, str]:
     params = {"grep": args.grep, "since": args.since, "until": args.until, "rank": args.rank}
     if args.grep and args.fixed:
