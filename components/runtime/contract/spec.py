@@ -55,6 +55,11 @@ class KindSpec(abc.ABC):
     # costs only itself (its siblings go on, and the node reports the attempt failed only when every one of its
     # ranks failed), where a gang's failed rank stops the others at once. A swarm's peers come and go.
     elastic_ranks: ClassVar[bool] = False
+    # Whether the kind's jobs may be shrunk rather than preempted when a higher-priority job needs room, and how
+    # far, when a job does not say itself (``resources.elastic``): ``{"min_share": GPUs per worker}`` and/or
+    # ``{"min_workers": n}``. A shrunk job stops at a checkpoint and restarts at once at the smaller size, so the
+    # kind must resume from its checkpoint at any size down to this. None: only jobs that declare it.
+    elastic: ClassVar[dict[str, float] | None] = None
     # Whether machines outside the cluster may join a RUNNING job of this kind as participants (volunteers):
     # ``POST /api/v1/participants/`` with one of the job's access tokens (so the kind should accept tokens too).
     # A participant heartbeats to stay in, counts its GPUs against the team's quota and may be handed signed

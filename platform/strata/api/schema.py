@@ -255,8 +255,24 @@ def resources_request_schema() -> dict[str, Any]:
             "node_labels": {"type": "object", "additionalProperties": {"type": "string"},
                             "description": "Run only on nodes with all of these labels.",
                             "example": {"zone": "a"}},
+            "elastic": ELASTIC_SCHEMA,
         },
     }
+
+
+ELASTIC_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "description": "The job may be shrunk rather than preempted when a higher-priority job needs room: it stops at "
+                   "a checkpoint and restarts at once at the smaller size (docs/architecture.md, Shrink instead of "
+                   "preempt).",
+    "properties": {
+        "min_share": {"type": "number", "minimum": 0.001, "maximum": 64,
+                      "description": "The fewest GPUs per worker it may keep (at most gpus; whole above 1)."},
+        "min_workers": {"type": "integer", "minimum": 1, "maximum": 256,
+                        "description": "The fewest workers it may keep (at most workers)."},
+    },
+    "example": {"min_share": 0.25},
+}
 
 
 RESOURCES_RESPONSE_SCHEMA: dict[str, Any] = {
@@ -271,6 +287,7 @@ RESOURCES_RESPONSE_SCHEMA: dict[str, Any] = {
         "memory": {"type": "integer", "nullable": True, "description": "Host memory reserved per worker, bytes; "
                                                                        "null: none."},
         "node_labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "elastic": ELASTIC_SCHEMA,
     },
     "required": ["gpus", "workers"],
 }

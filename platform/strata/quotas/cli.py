@@ -1,6 +1,6 @@
 """``strata usage [TEAM]``: allocated against used GPU-hours over REST (``GET /api/v1/usage/...``): per team
-(every team the caller sees, or one), its idlest jobs and its budget's forecast; ``--json``, or ``--csv`` (every
-job, to stdout or ``--output``)."""
+(every team the caller sees, or one), the work it lost to preemption, shrinks and node losses, its idlest jobs (and
+those that lost the most) and its budget's forecast; ``--json``, or ``--csv`` (every job, to stdout or ``--output``)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ def team_lines(team: dict) -> list[str]:
              f"{str(team['until'])[:16].replace('T', ' ')} UTC",
              f"  allocated {_hours(team['allocated_gpu_hours'])} GPU-h   used {_hours(team['used_gpu_hours'])} GPU-h"
              f"{share}   idle {_hours(team['idle_gpu_hours'])}   unmeasured {_hours(team['unmeasured_gpu_hours'])}"]
+    lost = team.get("lost_work")
+    if lost:
+        lines.append(f"  lost work: {lost['preemptions']} preempted, {lost['shrinks']} shrunk, "
+                     f"{lost['node_losses']} node lost; {lost['steps']} steps, {_hours(lost['gpu_hours'])} GPU-h "
+                     "since their last checkpoint")
     budget = team.get("budget")
     if budget:
         lines.append(f"  budget {budget['charged_gpu_hours']:.1f} of {budget['gpu_hours']:g} GPU-h this period "
@@ -49,6 +54,18 @@ def job_table(jobs: list[dict]) -> list[str]:
         lines.append(f"  {job['job']:36}  {job['name'][:20]:20}  {job['state'][:10]:10}  "
                      f"{job['allocated_gpu_hours']:8.3f}  {job['used_gpu_hours']:8.3f}  {job['idle_gpu_hours']:8.3f}  "
                      f"{job['source']}")
+    return lines
+
+
+def lost_table(lost: dict | None) -> list[str]:
+    """The jobs that lost the most GPU-hours to preemption, shrinks and node losses (none: no lines)."""
+    if not lost or not lost.get("jobs"):
+        return []
+    lines = [f"  {'LOST WORK: JOB':36}  {'NAME':20}  {'PREEMPT':>7}  {'SHRUNK':>6}  {'NODE':>4}  {'STEPS':>8}  "
+             f"{'GPU-H':>8}"]
+    for job in lost["jobs"]:
+        lines.append(f"  {job['job']:36}  {job['name'][:20]:20}  {job['preemptions']:7d}  {job['shrinks']:6d}  "
+                     f"{job['node_losses']:4d}  {job['steps']:8d}  {job['gpu_hours']:8.3f}")
     return lines
 
 
@@ -77,5 +94,5 @@ def run(args: argparse.Namespace) -> int:
     for team in teams:
         print("\n".join(team_lines(team)))
         if args.team:
-            print("\n".join(job_table(team["jobs"])))
+            print("\n".join(job_table(team["jobs"]) + lost_table(team.get("lost_work"))))
     return 0

@@ -1,4 +1,4 @@
-"""Stored bytes, and GPU-seconds allocated and used, in the web process's ``/metrics`` (docs/operations/metrics.md):
+"""Stored bytes, and GPU-seconds allocated, used and lost, in the web process's ``/metrics`` (docs/operations/metrics.md):
 collectors registered in ``strata.telemetry.metrics.CLUSTER_REGISTRY`` when the app is ready, computed from the
 database at scrape time."""
 
@@ -118,6 +118,58 @@ def billing_families(now=None):
         yield family
 
 
+class LostWorkCollector:
+    """GPU-seconds lost to preemption, shrinks and node losses this month (strata.quotas.usage.lost_work)."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from lost_work_families()
+
+
+def lost_work_families(now=None):
+    """``strata_gpu_seconds_lost_total`` and ``strata_attempts_interrupted_total`` by ``cause`` (preempted,
+    shrunk, node_lost: all teams) and, only when ``STRATA_METRICS_TOKEN`` guards ``/metrics``,
+    ``strata_team_gpu_seconds_lost_total{team}``: since the start of the calendar month (UTC), as the billing
+    counters; GPU-seconds since each stopped attempt's last checkpoint (``strata.scheduling.lost_work``)."""
+    from django.conf import settings
+    from django.utils import timezone
+    from prometheus_client.core import CounterMetricFamily
+
+    from strata.accounts.models import Team
+    from strata.quotas.usage import LOST_CAUSES, budget_period, lost_work
+
+    now = now or timezone.now()
+    start, _ = budget_period(None, now)
+    for key in [key for key in _shown if key[0] != start]:
+        del _shown[key]
+    since = start.timestamp()
+    by_cause = lost_work(None, start, now, top=0)["by_cause"]
+    lost = CounterMetricFamily("strata_gpu_seconds_lost", "GPU-seconds lost this month (UTC), all teams, by "
+                                                          "cause: since each stopped attempt's last checkpoint.",
+                               labels=["cause"], created=since)
+    stopped = CounterMetricFamily("strata_attempts_interrupted", "Attempts that had to stop this month (UTC), all "
+                                                                 "teams, by cause: preempted, shrunk, node_lost.",
+                                  labels=["cause"], created=since)
+    for cause in LOST_CAUSES:
+        figures = by_cause.get(cause, {"attempts": 0, "gpu_hours": 0.0})
+        lost.add_metric([cause], _monotonic((start, "lost-cause", cause), figures["gpu_hours"] * 3600),
+                        created=since)
+        stopped.add_metric([cause], _monotonic((start, "interrupted", cause), figures["attempts"]), created=since)
+    yield lost
+    yield stopped
+    if not getattr(settings, "STRATA_METRICS_TOKEN", None):
+        return
+    family = CounterMetricFamily("strata_team_gpu_seconds_lost", "GPU-seconds a team lost this month (UTC) to "
+                                                                 "preemption, shrinks and node losses; only with "
+                                                                 "STRATA_METRICS_TOKEN set.", labels=["team"])
+    for team_id, slug in sorted(Team.objects.values_list("id", "slug"), key=lambda item: item[1]):
+        value = lost_work(team_id, start, now, top=0)["gpu_hours"] * 3600
+        family.add_metric([slug], _monotonic((start, "lost-team", slug), value), created=since)
+    yield family
+
+
 _registered = False
 
 
@@ -129,4 +181,5 @@ def register() -> None:
 
         CLUSTER_REGISTRY.register(StorageCollector())
         CLUSTER_REGISTRY.register(BillingCollector())
+        CLUSTER_REGISTRY.register(LostWorkCollector())
         _registered = True

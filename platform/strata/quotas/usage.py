@@ -27,15 +27,22 @@ Device memory is attributed the same way as utilization (byte-seconds), reported
 Budgets (``Quota.budget_gpu_hours``) are charged the **allocated** GPU-hours of a period (a calendar month, UTC,
 or ``Quota.budget_period_days`` days counted from 1970-01-01): a reservation blocks others whether or not it
 computes. The forecast divides what is left by the allocated rate over the last ``rate_hours``.
+
+**Lost work** (``lost_work``): what the team's attempts lost in the period when they had to stop -- preempted,
+shrunk (restarted smaller) or lost with their node: how many of each, the steps and GPU-hours lost since the last
+checkpoint, and the jobs that lost the most. Recorded per attempt by ``strata.scheduling.lost_work``, which hands
+its reader to :func:`provide_lost_work` when its app is ready (the scheduler sits above quotas: never imported).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import logging
 import math
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -45,6 +52,8 @@ from django.utils import timezone
 from strata.cluster.models import Device
 from strata.jobs.models import Allocation, Job
 from strata.quotas.selectors import _clipped, _gpu_spans
+
+log = logging.getLogger(__name__)
 
 RATE_HOURS = 24.0  # the default span the forecast's rate is measured over
 GRID_POINTS = 3000  # about a bucket per tier resolution: 2 h of 3 s samples, 2 days of minutes, 4 months of hours
@@ -260,7 +269,8 @@ def team_billing(team, since: datetime | None = None, until: datetime | None = N
     for key in ("job", "name", "kind", "owner", "state"):
         summary.pop(key)
     answer = {"team": team.slug, "since": since, "until": until, **summary, "jobs_counted": len(uses),
-              "jobs": [_job_row(use, jobs.get(use.job_id)) for use in ranked], "budget": None}
+              "jobs": [_job_row(use, jobs.get(use.job_id)) for use in ranked], "budget": None,
+              "lost_work": lost_work(team.pk, since, until, top=top if top is None else min(top, TOP_LOST))}
     if quota.budget_gpu_hours is not None:
         charged = _allocated(team.pk, period_start, now)
         rate_since = max(now - timedelta(hours=rate_hours), period_start - timedelta(hours=rate_hours))
@@ -274,6 +284,41 @@ def team_billing(team, since: datetime | None = None, until: datetime | None = N
     return answer
 
 
+# --- work lost to preemption, shrinks and node losses ---------------------------------------------------------
+
+TOP_LOST = 10  # the jobs that lost the most GPU-seconds, in the report
+LOST_COUNTS = ("preemptions", "shrinks", "node_losses")
+LOST_CAUSES = ("preempted", "shrunk", "node_lost")  # by_cause's keys
+LostWorkSource = Callable[[int | None, datetime | None, datetime | None, int | None], dict]
+_lost_work_source: LostWorkSource | None = None
+
+
+def provide_lost_work(source: LostWorkSource | None) -> None:
+    """Where :func:`lost_work` reads from: ``source(team_id or None for every team, since, until, top)``
+    (``strata.scheduling.lost_work.team_summary``, given when the scheduling app is ready)."""
+    global _lost_work_source
+    _lost_work_source = source
+
+
+def lost_work(team_id: int | None, since: datetime | None, until: datetime | None, top: int | None = TOP_LOST
+              ) -> dict:
+    """The work a team (None: every team) lost in [since, until]: ``{preemptions, shrinks, node_losses, steps,
+    seconds, gpu_hours, by_cause, jobs}``; ``by_cause`` ``{preempted|shrunk|node_lost: {attempts, steps,
+    gpu_hours}}``; ``jobs`` the ``top`` that lost the most GPU-seconds (all with None), each ``{job, name,
+    attempts, preemptions, shrinks, node_losses, steps, seconds, gpu_hours}``. Nothing lost when no source was
+    given (or it failed: the report still answers)."""
+    empty = {**{name: 0 for name in LOST_COUNTS}, "steps": 0, "seconds": 0.0, "gpu_hours": 0.0,
+             "by_cause": {cause: {"attempts": 0, "steps": 0, "gpu_hours": 0.0} for cause in LOST_CAUSES},
+             "jobs": []}
+    if _lost_work_source is None:
+        return empty
+    try:
+        return _lost_work_source(team_id, since, until, top)
+    except Exception:  # noqa: BLE001 - a report without lost work beats no report
+        log.exception("could not read the lost work of team %s", team_id)
+        return empty
+
+
 def _allocated(team_id: int, since: datetime, until: datetime) -> float:
     from strata.quotas.selectors import gpu_seconds
 
@@ -284,7 +329,10 @@ def _allocated(team_id: int, since: datetime, until: datetime) -> float:
 
 CSV_COLUMNS = ["team", "job", "name", "kind", "owner", "state", "since", "until", "allocated_gpu_hours",
                "used_gpu_hours", "measured_gpu_hours", "unmeasured_gpu_hours", "idle_gpu_hours", "efficiency",
-               "memory_used_mean", "source"]
+               "memory_used_mean", "source", "preemptions", "shrinks", "node_losses", "lost_steps",
+               "lost_gpu_hours"]
+LOST_COLUMNS = {"preemptions": "preemptions", "shrinks": "shrinks", "node_losses": "node_losses",
+                "lost_steps": "steps", "lost_gpu_hours": "gpu_hours"}  # CSV column -> lost_work job field
 
 
 def _cell(value) -> str:
@@ -300,12 +348,17 @@ def _cell(value) -> str:
 
 
 def billing_csv(billing: dict) -> str:
-    """``team_billing``'s jobs as CSV (CSV_COLUMNS), one row a job, idlest first."""
+    """``team_billing``'s jobs as CSV (CSV_COLUMNS), one row a job, idlest first, with the work each lost (its
+    ``lost_work`` jobs; 0 for a job that lost none)."""
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
+    lost = {row["job"]: row for row in (billing.get("lost_work") or {}).get("jobs", [])}
     for row in billing["jobs"]:
         data = {**row, "team": billing["team"], "since": billing["since"], "until": billing["until"]}
+        mine = lost.get(row["job"], {})
+        data.update({column: mine.get(field, 0.0 if column == "lost_gpu_hours" else 0)
+                     for column, field in LOST_COLUMNS.items()})
         writer.writerow([_cell(data[column]) for column in CSV_COLUMNS])
     return out.getvalue()
 

@@ -111,8 +111,75 @@ class Placement:
     devices: tuple  # the device ids it took, in rank order
 
 
+class _Request:
+    """What admission's checks read of a job (``TeamLoad.add``, ``blocking_limit``): its resources. A Django
+    ``Job`` instance per job per pass cost most of a long replay's admission."""
+
+    __slots__ = ("resources",)
+
+    def __init__(self, resources: dict):
+        self.resources = resources
+
+
 def _when(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+class LiveIndex(CapacityIndex):
+    """A :class:`CapacityIndex` kept from pass to pass by the simulator instead of rebuilt for each one.
+
+    Its numbers are exact whatever the history of takes and gives. What a history can change is the order in
+    which a set of the index offers its members (a bucket of devices with the same free share, a group of nodes
+    with the same count of whole devices free): that order decides which of equally good places a pass takes.
+    :meth:`settle`, called before each pass, rebuilds every such set that changed since the last one by inserting
+    its members in the order a fresh build inserts them (the nodes', then their devices' order), which gives
+    the very set a fresh build would: the same places, in the same order, as rebuilding the index each pass."""
+
+    def __init__(self, nodes: list[NodeSlot]):
+        self._dirty_levels: set[int] = set()
+        self._dirty_counts: set[int] = set()
+        super().__init__(nodes)
+        self._dirty_levels.clear()
+        self._dirty_counts.clear()
+        self._rank = {device.id: rank for rank, device in enumerate(d for node in nodes for d in node.devices)}
+        self._node_rank = {node.id: rank for rank, node in enumerate(nodes)}
+
+    def _insert(self, device: DeviceSlot) -> None:
+        if device.free > 0:
+            self._dirty_levels.add(device.free)
+        super()._insert(device)
+
+    def _remove(self, device: DeviceSlot) -> None:
+        if device.free > 0:
+            self._dirty_levels.add(device.free)
+        super()._remove(device)
+
+    def _adjust(self, device: DeviceSlot, delta_milli: int, delta_memory: int) -> None:
+        before = len(self._whole_free[device.node_id])
+        super()._adjust(device, delta_milli, delta_memory)
+        after = len(self._whole_free[device.node_id])
+        if before != after:
+            self._dirty_counts.update((before, after))
+
+    def settle(self) -> None:
+        """Put every set that changed since the last call back in the order a fresh build gives it."""
+        for level in self._dirty_levels:
+            # Whole free devices are offered through sorted lists (``_whole_best_fit``), never in set order.
+            bucket = self._by_free.get(level)
+            if level != FULL and bucket is not None and len(bucket) > 1:
+                rebuilt: set[int] = set()
+                for device_id in sorted(bucket, key=self._rank.__getitem__):
+                    rebuilt.add(device_id)
+                self._by_free[level] = rebuilt
+        for count in self._dirty_counts:
+            group = self._nodes_by_whole.get(count)
+            if group is not None and len(group) > 1:
+                rebuilt_nodes: set = set()
+                for node_id in sorted(group, key=self._node_rank.__getitem__):
+                    rebuilt_nodes.add(node_id)
+                self._nodes_by_whole[count] = rebuilt_nodes
+        self._dirty_levels.clear()
+        self._dirty_counts.clear()
 
 
 # --- the simulator ----------------------------------------------------------------------------------------------
@@ -147,6 +214,9 @@ class Simulator:
         self.preemptions: list[tuple[float, object, list]] = []
         self.last_reasons: dict = {}
         self._sequence = 0  # admissions at one time are queued in order, as their real queued_at differ
+        self._index: LiveIndex | None = None  # the free-capacity index, kept from pass to pass (capacity())
+        self._held: dict = {}  # job id -> the allocations the index has taken for it
+        self._view = None  # admission's ClusterView (the registered nodes do not change in a simulation)
         self._node_of = {device_id: node.id for node in nodes for device_id, _, _ in node.devices}
         self._node_of.update({node.host[0]: node.id for node in nodes if node.host is not None})
         for job in self.jobs.values():
@@ -158,22 +228,56 @@ class Simulator:
                 job.duration = max(job.duration, (job.ends or now) - (job.started or now))
 
     # -- state -> the core's input ---------------------------------------------------------------------------
-    def capacity(self) -> CapacityIndex:
+    def _slots(self) -> list[NodeSlot]:
+        """The nodes as index slots with every device free."""
         slots: list[NodeSlot] = []
-        devices: dict[int, DeviceSlot] = {}
         for node in self.nodes:
             slot = NodeSlot(id=node.id, name=node.name, labels=dict(node.labels))
             for device_id, index, memory_total in node.devices:
-                device = DeviceSlot(id=device_id, node_id=node.id, index=index, memory_total=memory_total,
-                                    free_memory=memory_total)
-                slot.devices.append(device)
-                devices[device_id] = device
+                slot.devices.append(DeviceSlot(id=device_id, node_id=node.id, index=index,
+                                               memory_total=memory_total, free_memory=memory_total))
             if node.host is not None:
                 device_id, index, cpus, memory = node.host
-                slot.host = devices[device_id] = host_slot(device_id, node.id, index, cpus, memory)
+                slot.host = host_slot(device_id, node.id, index, cpus, memory)
             slots.append(slot)
+        return slots
+
+    def capacity(self) -> CapacityIndex:
+        """The free-capacity index the next pass decides from. It is kept from pass to pass (:class:`LiveIndex`)
+        rather than rebuilt: what the running jobs hold is reconciled against what the index has taken for
+        them (a job that started, ended, or changed what it holds since), and the index is then the one a fresh
+        build over the same state would give, down to the order in which it offers places. The pass consumes
+        it: its placements take their devices from it, and the simulator records them as held."""
+        index = self._index
+        if index is None:
+            index = self._index = LiveIndex(self._slots())
+        held = self._held
+        running = set()
         for job in self.jobs.values():
             if job.state == RUNNING:  # stopping ones too: their devices come back when their attempt ends
+                running.add(job.id)
+                taken = held.get(job.id)
+                if taken is not None and taken == job.allocs:
+                    continue
+                if taken is not None:
+                    for device_id, milli, memory in taken:
+                        index.give(device_id, milli, memory)
+                for device_id, milli, memory in job.allocs:
+                    index.take(device_id, milli, memory)
+                held[job.id] = list(job.allocs)
+        for job_id in [job_id for job_id in held if job_id not in running]:
+            for device_id, milli, memory in held.pop(job_id):
+                index.give(device_id, milli, memory)
+        index.settle()
+        return index
+
+    def fresh_capacity(self) -> CapacityIndex:
+        """The index built from scratch over the present state (what :meth:`capacity` keeps incrementally)."""
+        slots = self._slots()
+        devices = {device.id: device for slot in slots for device in slot.devices}
+        devices.update({slot.host.id: slot.host for slot in slots if slot.host is not None})
+        for job in self.jobs.values():
+            if job.state == RUNNING:
                 for device_id, milli, memory in job.allocs:
                     devices[device_id].free -= milli
                     devices[device_id].free_memory -= memory
@@ -182,7 +286,7 @@ class Simulator:
     def registered(self) -> list[NodeSlot]:
         """The nodes with every device free (what admission's ClusterView reads); built once per simulation."""
         if getattr(self, "_registered", None) is None:
-            self._registered = list(Simulator(self.nodes, [], {}).capacity().nodes.values())
+            self._registered = list(CapacityIndex(self._slots()).nodes.values())
         return self._registered
 
     def _boost(self, team_id: int) -> int:
@@ -217,7 +321,6 @@ class Simulator:
     # -- one pass ------------------------------------------------------------------------------------------------
     def admit(self) -> list:
         """Admit pending jobs as :func:`strata.quotas.services.admit_pending` does, with its own checks."""
-        from strata.jobs.models import Job
         from strata.quotas.models import Quota
         from strata.quotas.services import ClusterView, TeamLoad, blocking_limit
 
@@ -227,21 +330,23 @@ class Simulator:
                 pending[job.team_id].append(job)
         if not pending:
             return []
-        view = ClusterView(self.registered())
+        if self._view is None:
+            self._view = ClusterView(self.registered())
+        view = self._view
         admitted = []
         for team_id, jobs in pending.items():
             quota = self.quotas.get(team_id) or Quota(team_id=team_id)
             load = TeamLoad()
             for other in self.jobs.values():
                 if other.team_id == team_id and other.state in (QUEUED, RUNNING):
-                    load.add(Job(resources=other.resources),
+                    load.add(_Request(other.resources),  # type: ignore[arg-type]
                              other.share if other.state == RUNNING else view.gpus(other.resources))
             window = self.gpu_hours_used.get(team_id)
             for job in sorted(jobs, key=lambda j: (-j.priority, j.created)):
-                candidate = Job(resources=job.resources)
+                candidate = _Request(job.resources)
                 problem = view.problem(job.resources)
                 reason = (f"no node could ever run it: {problem}" if problem
-                          else blocking_limit(quota, load, candidate, window, view))
+                          else blocking_limit(quota, load, candidate, window, view))  # type: ignore[arg-type]
                 if reason is None:
                     self._sequence += 1
                     job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
@@ -286,6 +391,7 @@ class Simulator:
             job.state, job.started, job.share, job.attempts = RUNNING, self.now, share, job.attempts + 1
             job.ends = self.now + job.duration
             job.allocs = [(slot.id, milli, memory) for _, slot, milli, memory in taken]
+            self._held[job_id] = list(job.allocs)  # the pass took them from the index already
             self.placements.append(Placement(self.now, job_id, taken[0][1].node_id,
                                              tuple(slot.id for _, slot, _, _ in taken)))
         for job_id, why in decisions.reasons.items():

@@ -19,3 +19,36 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.holder or '(free)'} (epoch {self.epoch}, until {self.expires_at:%H:%M:%S})"
+
+
+class LostWork(models.Model):
+    """The work one attempt lost when it had to stop (``strata.scheduling.lost_work``): preempted by a
+    higher-priority job (or held), shrunk (restarted smaller instead of preempted), or lost with its node. One row
+    per such attempt, recorded when it ends; the team's usage report sums them (``strata.quotas.usage``).
+
+    ``steps`` is the attempt's last reported metric step minus the step reached at the job's latest checkpoint
+    (everything the attempt did when there was none; null when it reported no steps); ``seconds`` the time from
+    that checkpoint (or the attempt's start) to its end (0 when the checkpoint came at or after the last step);
+    ``gpu_seconds`` that times the attempt's GPU share."""
+
+    class Cause(models.TextChoices):
+        PREEMPTED = "preempted"
+        SHRUNK = "shrunk"
+        NODE_LOST = "node_lost"
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="lost_work")
+    attempt = models.OneToOneField("jobs.Attempt", on_delete=models.CASCADE, related_name="lost_work")
+    team = models.ForeignKey("accounts.Team", on_delete=models.CASCADE, related_name="lost_work")
+    cause = models.CharField(max_length=16, choices=Cause.choices)
+    time = models.DateTimeField(db_index=True, help_text="When the attempt ended.")
+    steps = models.BigIntegerField(null=True, blank=True, help_text="Steps lost; null when the job reports none.")
+    seconds = models.FloatField(default=0.0, help_text="Seconds of work lost (since the checkpoint or the start).")
+    gpu_seconds = models.FloatField(default=0.0, help_text="seconds times the attempt's GPU share.")
+    checkpoint = models.BooleanField(default=False, help_text="Whether the job had a checkpoint to resume from.")
+    checkpoint_step = models.BigIntegerField(null=True, blank=True, help_text="The step reached at that checkpoint.")
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "time"])]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_id} {self.cause}: {self.steps} steps, {self.gpu_seconds:.0f} GPU-s lost"

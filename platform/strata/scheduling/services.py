@@ -367,7 +367,8 @@ class Decisions:
 def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisions:
     """The decision core of a scheduling pass, with no database access: teams take turns (highest head priority
     first, then the lowest held share per unit of weight), each placing its next job through the placement
-    hooks; a job that does not fit may ``preempt(job_id, priority, resources, selector, capacity) -> victims``
+    hooks; a job that does not fit may ``preempt(job_id, priority, resources, selector, capacity) -> cuts``
+    (the :class:`Cut` s made: shrinks and stops; a count is taken as that many stops)
     (at most ``max_preemptions`` tries per pass). ``state.capacity`` and ``state.held`` are consumed."""
     queues, notes, capacity, held, weight = state.queues, state.notes, state.capacity, state.held, state.weight
     scorers, hook_inputs = state.scorers, state.hook_inputs
@@ -408,10 +409,13 @@ def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisio
                 why += f" ({notes[job_id]})"
             if preempt is not None and preemption_budget > 0 and workers == 1:
                 preemption_budget -= 1
-                victims = preempt(job_id, -neg_priority, resources, selector, capacity)
+                cuts = preempt(job_id, -neg_priority, resources, selector, capacity)
+                victims = cuts if isinstance(cuts, int) else len(cuts)
                 if victims:
                     decisions.preemptions.append((job_id, victims))
-                    why = f"waiting: preempting {victims} lower-priority job(s)"
+                    shrunk = 0 if isinstance(cuts, int) else sum(1 for cut in cuts if cut.shrink)
+                    why = f"waiting: preempting {victims - shrunk} lower-priority job(s)" if not shrunk else (
+                        f"waiting: shrinking {shrunk} and preempting {victims - shrunk} lower-priority job(s)")
             decisions.reasons[job_id] = why
             if reason != why:
                 decisions.changed[job_id] = why
@@ -659,32 +663,114 @@ def _announce_scheduled(job_ids: list) -> None:
                for job_id, team_id, kind in rows])
 
 
-def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> int:
-    """Preempt lower-priority attempts on one node so that ``job_id`` fits there (:func:`choose_victims` over
-    the active allocations). Returns how many were preempted."""
+SHRINK_COST = 0.1  # a shrink (a checkpointed restart at a smaller size) against a stop's cost of 1: tried first
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One way :func:`choose_victims` makes room: stop the job (``resources`` None: it is preempted, checkpointed
+    first, and queued again as it was) or shrink it (``resources``: the smaller request it restarts with, from
+    its checkpoint, at once)."""
+
+    job_id: object
+    resources: dict | None = None
+
+    @property
+    def shrink(self) -> bool:
+        return self.resources is not None
+
+
+def elastic_floor(resources: dict, kind: str) -> dict | None:
+    """The smallest request an elastic job may be shrunk to, or None when it is not elastic (or already there):
+    ``resources.elastic`` (``min_share``: GPUs per worker; ``min_workers``), else its kind's default
+    (``KindSpec.elastic``). ``min_workers`` wins where both could apply to a job of several workers."""
+    declared = resources.get("elastic")
+    if declared is None:
+        from components.runtime.contract.registry import UnknownKind, get_kind
+
+        try:
+            declared = getattr(get_kind(kind), "elastic", None)
+        except UnknownKind:
+            declared = None
+    if not declared:
+        return None
+    gpus, workers = float(resources.get("gpus", 0)), int(resources.get("workers", 1))
+    if declared.get("min_workers") is not None and int(declared["min_workers"]) < workers:
+        return {**resources, "workers": int(declared["min_workers"])}
+    if declared.get("min_share") is not None and 0 < float(declared["min_share"]) < gpus:
+        return {**resources, "gpus": float(declared["min_share"])}
+    return None
+
+
+def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list[Cut]:
+    """Make room on one node for ``job_id`` (:func:`choose_victims` over the active allocations): shrink elastic
+    lower-priority jobs (each restarts from a checkpoint at its smaller size) and preempt others (each stops at a
+    checkpoint and queues again). Returns the cuts made."""
+    from strata.jobs.services import job_resize
+
     # Filtered to the index's devices in Python: an IN list of every node id costs more than the rows.
     active = (Allocation.objects.filter(active=True, nested=False)
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
                            "attempt__job__state", "attempt__started_at", "device_id", "share", "memory",
-                           "attempt__job__kind", "attempt__gpu_share"))
-    victims = choose_victims(active, priority, resources, selector, capacity, quotas)
-    count = 0
-    for victim in victims:
+                           "attempt__job__kind", "attempt__gpu_share", "attempt__job__resources", "rank"))
+    cuts = choose_victims(active, priority, resources, selector, capacity, quotas)
+    made = []
+    for cut in cuts:
         try:
-            transition(victim, [S.RUNNING, S.SCHEDULED], S.PREEMPTED, f"preempted by higher-priority job {job_id}")
-            count += 1
-        except InvalidTransition:
+            if cut.shrink:
+                victim = Job.objects.get(pk=cut.job_id)
+                if victim.state not in (S.RUNNING, S.SCHEDULED):
+                    continue
+                job_resize(victim, cut.resources, f"shrunk for higher-priority job {job_id}")
+            else:
+                transition(cut.job_id, [S.RUNNING, S.SCHEDULED], S.PREEMPTED,
+                           f"preempted by higher-priority job {job_id}")
+            made.append(cut)
+        except (InvalidTransition, Job.DoesNotExist):
             continue
-    return count
+    return made
 
 
-def choose_victims(active, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list:
-    """The jobs to preempt so that a job of ``priority`` needing ``resources`` fits on one node: on the node
-    where the victims cost least in all (each costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise;
-    a hook may refuse one). Attempts that are already stopping (cancelled or preempted) count as free at no cost.
+def _shrink_gives(resources: dict, floor: dict, allocs: list) -> list[list]:
+    """What shrinking a job to ``floor`` gives back on one node, step by step: each step a list of
+    ``(device id, milli, memory)``. Dropping workers: one step per worker on the node (its devices), at most as
+    many as it may lose; a smaller share: one step, each device's share above the floor (whole devices for
+    jobs of several GPUs per worker; memory in proportion unless the job asked for a fixed amount)."""
+    by_rank: dict[int, list] = defaultdict(list)
+    for device_id, milli, memory, rank in allocs:
+        by_rank[rank].append((device_id, milli, memory))
+    workers, fewer = int(resources.get("workers", 1)), int(floor.get("workers", 1))
+    if fewer < workers:
+        ranks = sorted(by_rank, reverse=True)[: workers - fewer]
+        return [by_rank[rank] for rank in ranks]
+    gpus, smaller = float(resources.get("gpus", 0)), float(floor.get("gpus", 0))
+    fixed_memory = resources.get("gpu_memory") is not None
+    step = []
+    for rank_allocs in by_rank.values():
+        if gpus > 1:  # whole devices: the last ones above the floor go
+            spare = [a for a in rank_allocs if a[1] > 0][int(smaller):]
+            step.extend((device_id, milli, 0 if fixed_memory else memory) for device_id, milli, memory in spare)
+            continue
+        for device_id, milli, memory in rank_allocs:
+            keep = round(smaller * FULL)
+            if milli <= keep:
+                continue
+            given = 0 if fixed_memory else int(memory * (milli - keep) / milli)
+            step.append((device_id, milli - keep, given))
+    return [step] if step else []
+
+
+def choose_victims(active, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list[Cut]:
+    """How to make room for a job of ``priority`` needing ``resources`` on one node: the :class:`Cut` s (shrinks
+    and stops) on the node where they cost least. Elastic lower-priority jobs (:func:`elastic_floor`) are shrunk
+    before anything is stopped: a plan that stops a job only wins when no plan of shrinks alone fits. Each stop
+    costs 1 unless a plugin's ``PreemptionCost`` hook says otherwise (a hook may refuse one: then it is neither
+    stopped nor shrunk); a shrink costs :data:`SHRINK_COST` of that. Attempts that are already stopping
+    (cancelled or preempted) count as free at no cost.
+
     ``active``: the active allocations, rows ``(attempt id, job id, job priority, team id, job state, attempt
-    started_at, device id, share, memory, kind, attempt gpu_share)``. No database access; ``capacity`` is
-    left as it was."""
+    started_at, device id, share, memory, kind, attempt gpu_share, job resources, worker rank)``. No database access;
+    ``capacity`` is left as it was."""
     from components.runtime.contract import registry
     from components.runtime.contract.policies import PreemptionCost, Victim, preemption_cost
 
@@ -692,7 +778,7 @@ def choose_victims(active, priority: int, resources: dict, selector, capacity: C
     by_node: dict[object, dict] = defaultdict(dict)
     costs: dict = {}
     for (attempt_id, victim_job, victim_priority, team_id, state, started, device_id, share, memory, kind,
-         held) in active:
+         held, job_resources, rank) in active:
         slot = capacity.slot(device_id)
         if slot is None:
             continue
@@ -712,29 +798,85 @@ def choose_victims(active, priority: int, resources: dict, selector, capacity: C
                 continue
         node_id = slot.node_id
         entry = by_node[node_id].setdefault(attempt_id, {
-            "job": victim_job, "stopping": stopping, "cost": cost,
+            "job": victim_job, "stopping": stopping, "cost": cost, "kind": kind, "resources": job_resources or {},
             "order": (not stopping, effective, cost, -(started.timestamp() if started else 0)), "allocs": []})
-        entry["allocs"].append((device_id, round(share * FULL), memory))
+        entry["allocs"].append((device_id, round(share * FULL), memory, rank))
     best = None
     for node_id, candidates in by_node.items():
-        ordered = sorted(candidates.values(), key=lambda c: c["order"])
-        freed, chosen = [], []
-        for candidate in ordered:
-            for device_id, milli, memory in candidate["allocs"]:
+        steps = _node_steps(candidates)
+        taken: list = []
+        freed: list = []
+        for job, action, gives in steps:
+            for device_id, milli, memory in gives:
                 capacity.give(device_id, milli, memory)
                 freed.append((device_id, milli, memory))
-            chosen.append(candidate)
-            others = set(capacity.nodes) - {node_id}
-            if resources_fit(capacity, resources, selector, others):
-                cost = (sum(c["cost"] for c in chosen), sum(1 for c in chosen if not c["stopping"]))
-                if best is None or cost < best[0]:
-                    best = (cost, [c["job"] for c in chosen if not c["stopping"]])
+            taken.append((job, action))
+            if resources_fit(capacity, resources, selector, set(capacity.nodes) - {node_id}):
+                plan = _plan(taken, candidates)
+                if best is None or plan[0] < best[0]:
+                    best = plan
                 break
         for device_id, milli, memory in freed:
             capacity.take(device_id, milli, memory)
-    if not best or not best[1]:
+    if not best:
         return []
     return best[1]
+
+
+def _node_steps(candidates: dict) -> list[tuple]:
+    """The order room is made on one node: ``(attempt id, action, gives)`` with action "free" (already
+    stopping), "shrink:<n>" or "stop". Free ones first, then shrinks (lowest priority first), then stops (of the
+    jobs that were not shrunk first, then of what is left of those that were)."""
+    ordered = sorted(candidates.items(), key=lambda item: item[1]["order"])
+    steps, shrunk_gives = [], defaultdict(list)
+    for attempt_id, candidate in ordered:
+        if candidate["stopping"]:
+            steps.append((attempt_id, "free", [a[:3] for a in candidate["allocs"]]))
+    for attempt_id, candidate in ordered:
+        if candidate["stopping"]:
+            continue
+        floor = elastic_floor(candidate["resources"], candidate["kind"])
+        if floor is None:
+            continue
+        for number, gives in enumerate(_shrink_gives(candidate["resources"], floor, candidate["allocs"]), 1):
+            steps.append((attempt_id, f"shrink:{number}", gives))
+            shrunk_gives[attempt_id].extend(gives)
+    # Jobs that were not shrunk are stopped first: a shrunk job that must stop after all gives back only the rest.
+    for attempt_id, candidate in sorted(ordered, key=lambda item: item[0] in shrunk_gives):
+        if candidate["stopping"]:
+            continue
+        left: dict = defaultdict(lambda: [0, 0])
+        for device_id, milli, memory, _ in candidate["allocs"]:
+            left[device_id][0] += milli
+            left[device_id][1] += memory
+        for device_id, milli, memory in shrunk_gives[attempt_id]:
+            left[device_id][0] -= milli
+            left[device_id][1] -= memory
+        steps.append((attempt_id, "stop", [(d, m, b) for d, (m, b) in left.items() if m > 0 or b > 0]))
+    return steps
+
+
+def _plan(taken: list, candidates: dict) -> tuple[tuple, list[Cut]]:
+    """A node's plan from the steps taken: its cost ``(stop cost, shrink cost, stops)`` and its cuts (a job
+    stopped after a shrink is stopped; a job shrunk by several steps loses that many workers)."""
+    stops = [job for job, action in taken if action == "stop"]
+    shrinks: dict = defaultdict(int)
+    for job, action in taken:
+        if action.startswith("shrink:"):
+            shrinks[job] = max(shrinks[job], int(action.split(":")[1]))
+    cuts = [Cut(candidates[job]["job"]) for job in stops]
+    for job, steps in shrinks.items():
+        if job in stops:
+            continue
+        candidate = candidates[job]
+        floor = elastic_floor(candidate["resources"], candidate["kind"]) or {}
+        resources = dict(floor)
+        if int(floor.get("workers", 1)) < int(candidate["resources"].get("workers", 1)):
+            resources["workers"] = int(candidate["resources"].get("workers", 1)) - steps
+        cuts.append(Cut(candidate["job"], resources))
+    cost = (sum(candidates[job]["cost"] for job in stops),
+            sum(candidates[job]["cost"] * SHRINK_COST for job in shrinks if job not in stops), len(stops))
+    return cost, cuts
 
 
 def resources_fit(capacity: CapacityIndex, resources: dict, selector, exclude) -> bool:

@@ -335,7 +335,11 @@ def test_postgres_uses_the_indexes(teams):
     write(teams["a1"], *[f"line {index} filler text" for index in range(50)], "needle in a haystack")
     lines = LogLine.objects.all()
     with connection.cursor() as cursor:
+        # Only a bitmap scan is left to the planner (GIN indexes have no plain index scan), whatever the statistics
+        # on a table this small say: a full scan of the primary key with a filter is ruled out too.
+        cursor.execute("ANALYZE jobs_logline")
         cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_indexscan = off")
         plan = log_search.filtered(lines, log_search.query_from({"q": "needle"})).explain()
         assert log_search.PG_FTS_INDEX in plan, plan
         cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm'")

@@ -149,6 +149,18 @@ class KindSpecConformance:
                 assert isinstance(ref.artifact, str) and ref.artifact and "/" not in ref.artifact, ref
                 assert ref.field.startswith("spec."), ref
 
+    def test_the_elastic_default_is_well_formed(self):
+        """``elastic`` is None or ``{"min_share": GPUs > 0, "min_workers": int >= 1}`` (either or both)."""
+        elastic = self.spec().elastic
+        if elastic is None:
+            return
+        assert isinstance(elastic, dict) and elastic and set(elastic) <= {"min_share", "min_workers"}, elastic
+        if "min_share" in elastic:
+            share = elastic["min_share"]
+            assert isinstance(share, int | float) and not isinstance(share, bool) and share > 0, elastic
+        if "min_workers" in elastic:
+            assert isinstance(elastic["min_workers"], int) and elastic["min_workers"] >= 1, elastic
+
     def test_the_schema_is_a_valid_json_schema(self):
         import jsonschema
 

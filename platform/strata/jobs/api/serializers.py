@@ -29,7 +29,8 @@ from strata.jobs.models import (
 )
 
 SUBMIT_FIELDS = {"name", "kind", "team", "priority", "max_attempts", "time_limit", "resources", "spec", "code", "keep"}
-RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels", "cpus", "memory"}
+RESOURCE_FIELDS = {"gpus", "gpu_memory", "workers", "node_labels", "cpus", "memory", "elastic"}
+ELASTIC_FIELDS = {"min_share", "min_workers"}
 MIN_GPUS = 0.001  # the smallest share the scheduler places
 MAX_GPU_MEMORY = 2**50  # 1 PiB: far above any device, far below what a 64-bit column holds
 MIN_CPUS = 0.001  # the smallest CPU reservation the scheduler places (it counts thousandths of CPUs)
@@ -79,6 +80,7 @@ def normalize_resources(value) -> dict:
     gpu_free = isinstance(gpus, int | float) and not isinstance(gpus, bool) and gpus == 0 \
         and value.get("gpu_memory") is None
     cpus, host_memory = _cpu_resources(value, errors, gpu_free)
+    elastic = _elastic(value.get("elastic"), gpus, workers, errors)
     if errors:
         raise serializers.ValidationError(errors)
     result = {"gpus": float(gpus), "gpu_memory": memory, "workers": int(workers)}
@@ -86,6 +88,43 @@ def normalize_resources(value) -> dict:
         result.update(cpus=cpus, memory=host_memory)
     if labels:
         result["node_labels"] = {k: str(v) for k, v in labels.items()}
+    if elastic:
+        result["elastic"] = elastic
+    return result
+
+
+def _elastic(value, gpus, workers, errors: dict) -> dict | None:
+    """``resources.elastic``: how far the job may be shrunk instead of preempted (``min_share``: GPUs per worker,
+    at most ``gpus``; ``min_workers``: at most ``workers``), adding to ``errors`` what is wrong with it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        errors["resources.elastic"] = ["must be an object with min_share (GPUs per worker) and/or min_workers"]
+        return None
+    result: dict = {}
+    for name in value:
+        if name not in ELASTIC_FIELDS:
+            errors[f"resources.elastic.{safe_name(str(name))}"] = [
+                f"unknown field; allowed: {', '.join(sorted(ELASTIC_FIELDS))}"]
+    numeric = isinstance(gpus, int | float) and not isinstance(gpus, bool)
+    if "min_share" in value:
+        share = value["min_share"]
+        if isinstance(share, bool) or not isinstance(share, int | float) or share != share:
+            errors["resources.elastic.min_share"] = ["must be a number"]
+        elif numeric and not MIN_GPUS <= share <= gpus:
+            errors["resources.elastic.min_share"] = [f"must be between {MIN_GPUS} and the job's gpus ({gpus:g})"]
+        elif numeric and gpus > 1 and int(share) != share:
+            errors["resources.elastic.min_share"] = ["must be a whole number of GPUs when gpus is above 1"]
+        else:
+            result["min_share"] = float(share)
+    if "min_workers" in value:
+        fewest = value["min_workers"]
+        if isinstance(fewest, bool) or not isinstance(fewest, int) or fewest < 1:
+            errors["resources.elastic.min_workers"] = ["must be an integer of at least 1"]
+        elif isinstance(workers, int) and not isinstance(workers, bool) and fewest > workers:
+            errors["resources.elastic.min_workers"] = [f"must be at most the job's workers ({workers})"]
+        else:
+            result["min_workers"] = fewest
     return result
 
 
