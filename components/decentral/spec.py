@@ -53,6 +53,9 @@ class DecentralizedTrainSpec(KindSpec):
     accepts_tokens: ClassVar[bool] = True  # volunteers join with the job's access tokens
     accepts_participants: ClassVar[bool] = True
     elastic_ranks: ClassVar[bool] = True
+    # A swarm gives up peers rather than stopping when a higher-priority job needs room (down to two, so that it
+    # still averages): rank 0 checkpoints at the stop and the swarm resumes from it with fewer peers.
+    elastic: ClassVar[dict[str, float] | None] = {"min_workers": 2}
 
     def validate(self, spec: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(spec, dict):

@@ -721,9 +721,9 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
                 victim = Job.objects.get(pk=cut.job_id)
                 if victim.state not in (S.RUNNING, S.SCHEDULED):
                     continue
-                job_resize(victim, cut.resources, f"shrunk for higher-priority job {job_id}")
+                job_resize(victim, cut.resources or {}, f"shrunk for higher-priority job {job_id}")
             else:
-                transition(cut.job_id, [S.RUNNING, S.SCHEDULED], S.PREEMPTED,
+                transition(str(cut.job_id), [S.RUNNING, S.SCHEDULED], S.PREEMPTED,
                            f"preempted by higher-priority job {job_id}")
             made.append(cut)
         except (InvalidTransition, Job.DoesNotExist):
@@ -745,7 +745,7 @@ def _shrink_gives(resources: dict, floor: dict, allocs: list) -> list[list]:
         return [by_rank[rank] for rank in ranks]
     gpus, smaller = float(resources.get("gpus", 0)), float(floor.get("gpus", 0))
     fixed_memory = resources.get("gpu_memory") is not None
-    step = []
+    step: list[tuple[int, int, int]] = []
     for rank_allocs in by_rank.values():
         if gpus > 1:  # whole devices: the last ones above the floor go
             spare = [a for a in rank_allocs if a[1] > 0][int(smaller):]
