@@ -98,3 +98,7 @@ def test_an_elastic_job_is_shrunk_not_preempted_and_resumes_from_its_checkpoint(
                for e in events), events
     # The urgent job ran beside the shrunk one: it started before the elastic job ended.
     assert datetime.fromisoformat(urgent_job["started_at"]) < datetime.fromisoformat(job["finished_at"])
+    # The lost-work record of the shrunk attempt: one shrink, no preemption, nothing lost.
+    usage = cluster.get(f"usage/{job['team']}/")
+    lost = usage["lost_work"]
+    assert (lost["shrinks"], lost["preemptions"], lost["steps"]) == (1, 0, 0), lost

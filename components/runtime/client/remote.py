@@ -41,6 +41,9 @@ class RemoteContext(Context):
     _logs: list = field(default_factory=list, repr=False)
     _metrics: list = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # One flush at a time, so that a flush returns only when what was reported before it reached the control plane
+    # (a checkpoint's upload flushes first: the steps it holds are on record before it, for the lost-work record).
+    _flushing: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _closed: threading.Event = field(default_factory=threading.Event, repr=False)
     stale: bool = False
@@ -81,6 +84,10 @@ class RemoteContext(Context):
                                    "message": f"step {int(step)}: {', '.join(bad)} not finite; not recorded"})
 
     def flush(self) -> None:
+        with self._flushing:
+            self._flush()
+
+    def _flush(self) -> None:
         with self._lock:
             logs, metrics, reports = self._logs, self._metrics, self._reports
             self._logs, self._metrics, self._reports = [], [], {}
@@ -157,9 +164,11 @@ class RemoteContext(Context):
                          progress=self.log)
 
     def _save_checkpoint_bytes(self, data: bytes) -> None:
+        self.flush()
         transfers.upload_bytes(self.client, self._path(""), self._auth(), data, "checkpoint.pt", "checkpoint")
 
     def _save_checkpoint_file(self, path: Path) -> None:
+        self.flush()
         transfers.upload(self.client, self._path(""), self._auth(), Path(path), "checkpoint.pt", "checkpoint",
                          progress=self.log)
 

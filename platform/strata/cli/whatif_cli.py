@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+REPLAY_TIMEOUT_S = 900.0
 FIGURES = (("wait_p50", "wait p50"), ("wait_p90", "wait p90"), ("jct_p50", "JCT p50"),
            ("utilization", "GPU util"), ("preemptions", "preempted"))
 
@@ -19,6 +20,9 @@ def add_arguments(parser) -> None:
     group.add_argument("--node-gpus", type=int, default=8, help="GPUs of each added node (default 8)")
     group.add_argument("--remove-nodes", type=int, help="nodes to remove")
     group.add_argument("--json", action="store_true", help="print the API's answer")
+    group.add_argument("--timeout", dest="what_if_timeout", type=float, default=REPLAY_TIMEOUT_S,
+                       help=f"seconds to wait for the replay (default {REPLAY_TIMEOUT_S:g}; a busy week of a large "
+                            "cluster takes about a minute)")
 
 
 def request_body(args) -> dict:
@@ -46,7 +50,14 @@ def _text(value) -> str:
 
 
 def what_if(args, client) -> int:
-    answer = client.post("quotas/what-if/", request_body(args))
+    import sys
+
+    body = request_body(args)
+    timeout = getattr(args, "what_if_timeout", REPLAY_TIMEOUT_S)
+    print(f"replaying the last {args.days:g} days (up to {timeout:g} s)...", file=sys.stderr, flush=True)
+    # One request, never retried: a replay runs to its end on the server, and a retry after a client-side
+    # timeout would only start it again (the default client gives up after 30 s and retries three times).
+    answer = client.post("quotas/what-if/", body, timeout=timeout, retries=0)
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0

@@ -26,12 +26,19 @@ def tick_task() -> None:
 def eta_task() -> int:
     """Refresh the waiting jobs' start-time estimates (``strata.scheduling.eta``): on the leader only (every
     scheduler replica runs a beat), every STRATA_ETA_SECONDS, apart from the passes so a long simulation never
-    delays one."""
+    delays one. It also records the lost work of interrupted attempts whose event was missed."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     from strata.scheduling.eta import refresh_due
     from strata.scheduling.leader import lease_acquire
+    from strata.scheduling.lost_work import record_missing
 
     if lease_acquire() is None:
         return 0
+    # The lost-work records whose attempt.ended event was missed (it is delivered at most once): the last day's.
+    record_missing(since=timezone.now() - timedelta(days=1))
     return refresh_due()
 
 

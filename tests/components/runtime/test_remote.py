@@ -113,3 +113,19 @@ def test_a_ranks_log_lines_name_it():
     single.log("alone")
     single.flush()
     assert [line["message"] for line in client.bodies[-1]["logs"]] == ["alone"]
+
+
+def test_a_checkpoint_goes_out_after_the_steps_reported_before_it(monkeypatch):
+    """The lost-work record reads the step a checkpoint holds from the metric points on record before it."""
+    from components.runtime.client import transfers
+
+    client = Client(fail=[])
+    ctx = context(client)
+    order = []
+    monkeypatch.setattr(transfers, "upload_bytes", lambda *args, **kwargs: order.append("checkpoint"))
+    original = client.post
+    client.post = lambda path, body: (order.append(("report", [m["step"] for m in body["metrics"]])),
+                                      original(path, body))[1]
+    ctx.metrics({"loss": 0.5}, step=7)
+    ctx._save_checkpoint_bytes(b"state")
+    assert order == [("report", [7]), "checkpoint"]

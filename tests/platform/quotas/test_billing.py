@@ -295,3 +295,66 @@ def test_strata_usage_prints_allocated_against_used_and_the_csv(cluster, submit,
 def test_a_bad_range_is_a_400_naming_it(cluster, query):
     answer = cluster["client"].get(f"/api/v1/usage/alpha/?{query}")
     assert answer.status_code == 400 and query.split("=")[0] in answer.json(), answer.content
+
+
+def test_lost_work_shows_in_the_report_the_csv_the_page_and_the_metrics(cluster, submit, run_pass, node_protocol,
+                                                                       settings, monkeypatch):
+    """What strata.scheduling.lost_work recorded (tests/platform/scheduling/test_lost_work.py records it from
+    real preemptions) is summed per team in every view of the usage report."""
+    import re
+
+    from django.test import Client
+
+    from strata.quotas import metrics
+    from strata.quotas.metrics import lost_work_families
+    from strata.scheduling.models import LostWork
+
+    monkeypatch.setattr(metrics, "_shown", {})
+    job, attempt, protocol, began = _running(cluster, submit, run_pass, node_protocol)
+    _beat(cluster, protocol, [attempt], _half_idle_samples(attempt.allocations.get().device.index, began,
+                                                           timezone.now()))
+    other, other_attempt, _, _ = _running(cluster, submit, run_pass, node_protocol)
+    now = timezone.now()
+    LostWork.objects.create(job=job, attempt=attempt, team=cluster["alpha"], cause="preempted", time=now, steps=4,
+                            seconds=3600, gpu_seconds=7200, checkpoint=True, checkpoint_step=6)
+    LostWork.objects.create(job=other, attempt=other_attempt, team=cluster["alpha"], cause="node_lost", time=now,
+                            steps=None, seconds=1800, gpu_seconds=1800)
+
+    body = cluster["client"].get("/api/v1/usage/alpha/?since=1h").json()
+    lost = body["lost_work"]
+    assert (lost["preemptions"], lost["shrinks"], lost["node_losses"], lost["steps"]) == (1, 0, 1, 4)
+    assert lost["gpu_hours"] == pytest.approx(2.5)
+    assert [(row["job"], row["gpu_hours"]) for row in lost["jobs"]] == [(str(job.pk), 2.0), (str(other.pk), 0.5)]
+    assert cluster["client"].get("/api/v1/usage/alpha/?since=1h&limit=1").json()["lost_work"]["jobs"][0]["job"] \
+        == str(job.pk)
+    assert cluster["bob_client"].get("/api/v1/usage/beta/?since=1h").json()["lost_work"]["gpu_hours"] == 0
+
+    rows = list(csv.reader(io.StringIO(cluster["client"].get("/api/v1/usage/alpha/?since=1h&format=csv")
+                                       .content.decode())))
+    by_job = {row["job"]: row for row in (dict(zip(CSV_COLUMNS, values, strict=True)) for values in rows[1:])}
+    assert (by_job[str(job.pk)]["preemptions"], by_job[str(job.pk)]["lost_steps"]) == ("1", "4")
+    assert float(by_job[str(job.pk)]["lost_gpu_hours"]) == pytest.approx(2.0)
+    assert (by_job[str(other.pk)]["node_losses"], by_job[str(other.pk)]["lost_steps"]) == ("1", "0")
+
+    browser = Client()
+    assert browser.login(username="alice", password="pw-alice")
+    html = browser.get("/usage/?team=alpha&range=1h").content.decode()
+    assert re.search(r'data-billing="lost-steps">4<', html)
+    assert float(re.search(r'data-billing="lost-gpu-hours">([0-9.]+)<', html).group(1)) == pytest.approx(2.5)
+    assert f'<tr data-lost-job="{job.pk}">' in html and "1 preempted, 0 shrunk, 1 lost with their node" in html
+
+    settings.STRATA_METRICS_TOKEN = None
+    families = {family.name: family for family in lost_work_families(now + timedelta(seconds=1))}
+    assert set(families) == {"strata_gpu_seconds_lost", "strata_attempts_interrupted"}
+    settings.STRATA_METRICS_TOKEN = "secret"
+    values = {(sample.name, sample.labels.get("cause") or sample.labels.get("team")): sample.value
+              for family in lost_work_families(now + timedelta(seconds=1)) for sample in family.samples
+              if sample.name.endswith("_total")}
+    if began >= budget_period(None, now)[0]:  # this month's counters (unless the month began a moment ago)
+        assert values[("strata_gpu_seconds_lost_total", "preempted")] == pytest.approx(7200)
+        assert values[("strata_gpu_seconds_lost_total", "node_lost")] == pytest.approx(1800)
+        assert values[("strata_attempts_interrupted_total", "shrunk")] == 0
+        assert values[("strata_team_gpu_seconds_lost_total", "alpha")] == pytest.approx(9000)
+    assert values[("strata_team_gpu_seconds_lost_total", "beta")] == 0
+    scraped = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer secret").content.decode()
+    assert 'strata_team_gpu_seconds_lost_total{team="alpha"}' in scraped
