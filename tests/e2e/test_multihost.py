@@ -251,7 +251,9 @@ def test_a_host_cut_off_loses_its_jobs_to_the_other_and_comes_back_fenced(multih
 def test_a_host_whose_processes_die_is_replaced_by_the_other(multihost):
     cluster, hosts = multihost, multihost.hosts
     cluster.wait(lambda: up_nodes(cluster) == {"host-n1", "host-n2"}, 60, "both hosts up")
-    long = cluster.api("POST", "jobs/", json=long_job("mh-killed"))["id"]
+    # 20 epochs (1800 steps, seconds of training after the child's start-up): the host dies as soon as the attempt
+    # has started, so the job is mid-way whatever its length; fewer steps only shorten the retry's training.
+    long = cluster.api("POST", "jobs/", json=long_job("mh-killed", epochs=20))["id"]
     record = cluster.wait(lambda: (r := job(cluster, long))["state"] == "RUNNING" and r["attempts"]
                           and r["attempts"][-1]["started_at"] and r, 120, "the job to run")
     node = record["attempts"][-1]["node"]

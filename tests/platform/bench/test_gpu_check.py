@@ -95,9 +95,10 @@ def fake_parts(tmp_path, monkeypatch):
 
 def test_a_failing_or_hanging_part_keeps_what_it_measured_and_the_run_goes_on(tmp_path, fake_parts):
     output = tmp_path / "out"
-    catalogue = (fake_parts("crash", "crash", 30), fake_parts("hang", "hang", 3), fake_parts("fine", "fine", 30))
+    # The hanging part's budget leaves its child time to start and say what it kept on a loaded machine.
+    catalogue = (fake_parts("crash", "crash", 30), fake_parts("hang", "hang", 12), fake_parts("fine", "fine", 30))
     archive = tmp_path / "gpu-check.tgz"
-    summary = run_all(dry=True, device="cpu", output=output, deadline_s=60, catalogue=catalogue, archive=archive)
+    summary = run_all(dry=True, device="cpu", output=output, deadline_s=180, catalogue=catalogue, archive=archive)
     assert summary["statuses"] == {"crash": "failed", "hang": "timeout", "fine": "ok"}
     with tarfile.open(archive) as tar:
         assert sorted(tar.getnames()) == ["crash.json", "fine.json", "gpu-check.json", "hang.json"]
@@ -107,8 +108,8 @@ def test_a_failing_or_hanging_part_keeps_what_it_measured_and_the_run_goes_on(tm
     assert "ZeroDivisionError" in crashed["errors"]["raises"] and crashed["errors"]["exit"] == "exit code 3"
     hung = json.loads((output / "hang.json").read_text())
     assert set(hung["figures"]) == {"kept"} and hung["figures"]["kept"]["ratio"] == 2.0
-    assert "killed at its budget of 3 s" in hung["errors"]["part"] and "hanging now" in hung["output_tail"]
-    assert 3 <= hung["seconds"] < 30
+    assert "killed at its budget of 12 s" in hung["errors"]["part"] and "hanging now" in hung["output_tail"]
+    assert 12 <= hung["seconds"] < 60
     assert set(summary["figures"]) == {"crash.before", "crash.after", "hang.kept", "fine.one"}
     assert summary["figures"]["crash.before"]["ratio"] == 2.0  # lower is better kept: 6 / 3
 
