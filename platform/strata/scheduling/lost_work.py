@@ -38,12 +38,14 @@ from strata.scheduling.models import LostWork
 log = logging.getLogger(__name__)
 
 Cause = LostWork.Cause
+PREEMPTED_PREFIX = "preempted by"  # the scheduler's own stops: "preempted by higher-priority job <id>"
 SHRUNK_PREFIX = "shrunk"
 TOP_JOBS = 10
 
 
 def cause_of(attempt: Attempt) -> str | None:
-    """Why ``attempt`` (ended) lost work: preempted, shrunk, node_lost; None for any other end."""
+    """Why ``attempt`` (ended) lost work: preempted (by the scheduler), shrunk, node_lost; None for any other end
+    (finished, failed, cancelled, or stopped because its owner or parent held or resized it)."""
     if attempt.outcome == Attempt.Outcome.NODE_LOST:
         return Cause.NODE_LOST
     if attempt.outcome != Attempt.Outcome.PREEMPTED:
@@ -57,7 +59,13 @@ def cause_of(attempt: Attempt) -> str | None:
         stops = stops.filter(time__lte=attempt.ended_at)
     message = stops.order_by("-time", "-id").values_list("message", flat=True).first() or ""
     reason = message.split(":", 1)[1].strip() if ":" in message else ""
-    return Cause.SHRUNK if reason.startswith(SHRUNK_PREFIX) else Cause.PREEMPTED
+    if reason.startswith(SHRUNK_PREFIX):
+        return Cause.SHRUNK
+    # A stop the job's owner or parent asked for (a hold, a sweep pausing a trial between rungs or resizing it) is
+    # not work lost to the scheduler: only its own preemptions count (and a stop whose reason was not kept).
+    if reason.startswith(PREEMPTED_PREFIX) or not reason:
+        return Cause.PREEMPTED
+    return None
 
 
 def measure(attempt: Attempt) -> dict:

@@ -293,3 +293,21 @@ def test_the_teams_usage_sums_its_lost_work(cluster, submit, run_pass, node_prot
     out = capsys.readouterr().out
     assert "lost work: 1 preempted, 0 shrunk, 1 node lost; 7 steps" in out
     assert "LOST WORK: JOB" in out and str(job.pk) in out and str(lost.pk) in out
+
+
+def test_a_stop_its_owner_or_parent_asked_for_is_not_lost_to_preemption(cluster, submit, run_pass, node_protocol,
+                                                                        django_capture_on_commit_callbacks):
+    from strata.jobs.services import job_hold, job_resize
+
+    for name, stop in (("held", lambda job: job_hold(job, "paused between rungs")),
+                       ("resized", lambda job: job_resize(job, {"gpus": 1.0, "gpu_memory": None, "workers": 1},
+                                                          "water-filled: 1 GPU"))):
+        job, attempt, protocol, began = _running(cluster, submit, run_pass, node_protocol, name=name)
+        _steps(protocol, attempt, began, range(1, 4))
+        stop(job)
+        assert Job.objects.get(pk=job.pk).state == JobState.PREEMPTED
+        with django_capture_on_commit_callbacks(execute=True):
+            assert protocol.finish("failed", reason="SIGTERM").status_code == 200
+        assert Attempt.objects.get(pk=attempt.pk).outcome == Attempt.Outcome.PREEMPTED
+        assert not LostWork.objects.filter(attempt=attempt).exists(), name
+        Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)  # out of the way of the next one
