@@ -41,6 +41,8 @@ class SMSStrategy(Strategy):
     options: ClassVar[frozenset[str]] = frozenset(SMS_DEFAULTS)
     runtime: ClassVar[str] = "components.straggler.sms:SMSRuntime"
     min_workers: ClassVar[int] = 2
+    # An SMS gang gives up workers rather than stopping (down to two): rank 0's checkpoint resumes at any size.
+    elastic: ClassVar[bool] = True
 
     def validate(self, options: dict[str, Any]) -> dict[str, str]:
         errors: dict[str, str] = {}

@@ -7,7 +7,12 @@ import re
 from typing import Any, ClassVar
 
 from components.runtime.contract.data import option_errors
-from components.runtime.contract.distributed import distributed_errors, normalize, workers_problems
+from components.runtime.contract.distributed import (
+    distributed_errors,
+    elastic_default,
+    normalize,
+    workers_problems,
+)
 from components.runtime.contract.project import (
     command_errors,
     environment_errors,
@@ -195,6 +200,10 @@ class TrainSpec(KindSpec):
 
     def resource_problems(self, spec: dict[str, Any], resources: dict[str, Any]) -> dict[str, str]:
         return workers_problems(spec.get("distributed"), int(resources.get("workers", 1)))
+
+    def elastic_for(self, spec: dict[str, Any]) -> dict[str, float] | None:
+        """A gang of an elastic strategy (SMS, say) may give up workers down to the strategy's minimum."""
+        return elastic_default(spec.get("distributed"))
 
     def entrypoint_spec(self, entrypoint: str) -> dict[str, Any]:
         return self.validate({"entrypoint": entrypoint})

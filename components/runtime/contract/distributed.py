@@ -75,6 +75,10 @@ class Strategy:
     options: ClassVar[frozenset[str]] = frozenset()
     runtime: ClassVar[str] = ""
     min_workers: ClassVar[int] = 1
+    # Whether a gang of this strategy may give up workers (down to min_workers) instead of being preempted when a
+    # higher-priority job needs room: it must resume from rank 0's checkpoint at any world size down to that.
+    # A kind that trains with strategies offers it as its jobs' elastic default (elastic_default below).
+    elastic: ClassVar[bool] = False
 
     def validate(self, options: dict[str, Any]) -> dict[str, str]:
         """Problems with this strategy's own options (``options`` holds only those): ``{option: message}``."""
@@ -162,6 +166,17 @@ def workers_problems(value: dict[str, Any] | None, workers: int, prefix: str = "
                                      f"resources: {{workers: {strategy.min_workers}}} or more"}
     problem = strategy.check_workers({k: v for k, v in value.items() if k in strategy.options}, workers)
     return {"resources.workers": problem} if problem else {}
+
+
+def elastic_default(value: dict[str, Any] | None) -> dict[str, float] | None:
+    """The elastic default of a gang trained with the normalized ``distributed`` value: ``{"min_workers": the
+    strategy's min_workers}`` when its strategy is :attr:`Strategy.elastic`, else None."""
+    if not value:
+        return None
+    strategy = strategies().get(value.get("strategy", DEFAULT_STRATEGY))
+    if strategy is None or not strategy.elastic:
+        return None
+    return {"min_workers": strategy.min_workers}
 
 
 def slow_errors(value: Any, prefix: str) -> dict[str, str]:

@@ -86,6 +86,12 @@ class KindSpec(abc.ABC):
     def json_schema(self) -> dict[str, Any]:
         """A JSON Schema of the spec, used for docs and generated forms."""
 
+    def elastic_for(self, spec: dict[str, Any]) -> dict[str, float] | None:
+        """The elastic default of a job of this kind with the normalized ``spec`` (:attr:`elastic` unless the kind
+        decides per spec): filled into ``resources.elastic`` at submit when the job states none and the kind
+        could run at that floor (:meth:`resource_problems` of the smaller request)."""
+        return self.elastic
+
     def resource_problems(self, spec: dict[str, Any], resources: dict[str, Any]) -> dict[str, str]:
         """What is wrong with the normalized ``resources`` (gpus, gpu_memory, workers, node_labels) for this
         normalized ``spec``, as ``{"resources.<field>" or "spec.<field>": message}`` (nothing by default). Checked

@@ -33,6 +33,7 @@ from strata.cluster.capacity import (
 )
 from strata.cluster.models import LIVE_STATES, Device, Node, gpu_devices
 from strata.jobs import history
+from strata.jobs.elastic import elastic_floor
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.node_work import release_node_attempts
 from strata.jobs.participants import participants_expire
@@ -680,28 +681,6 @@ class Cut:
         return self.resources is not None
 
 
-def elastic_floor(resources: dict, kind: str) -> dict | None:
-    """The smallest request an elastic job may be shrunk to, or None when it is not elastic (or already there):
-    ``resources.elastic`` (``min_share``: GPUs per worker; ``min_workers``), else its kind's default
-    (``KindSpec.elastic``). ``min_workers`` wins where both could apply to a job of several workers."""
-    declared = resources.get("elastic")
-    if declared is None:
-        from components.runtime.contract.registry import UnknownKind, get_kind
-
-        try:
-            declared = getattr(get_kind(kind), "elastic", None)
-        except UnknownKind:
-            declared = None
-    if not declared:
-        return None
-    gpus, workers = float(resources.get("gpus", 0)), int(resources.get("workers", 1))
-    if declared.get("min_workers") is not None and int(declared["min_workers"]) < workers:
-        return {**resources, "workers": int(declared["min_workers"])}
-    if declared.get("min_share") is not None and 0 < float(declared["min_share"]) < gpus:
-        return {**resources, "gpus": float(declared["min_share"])}
-    return None
-
-
 def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list[Cut]:
     """Make room on one node for ``job_id`` (:func:`choose_victims` over the active allocations): shrink elastic
     lower-priority jobs (each restarts from a checkpoint at its smaller size) and preempt others (each stops at a
@@ -835,7 +814,7 @@ def _node_steps(candidates: dict) -> list[tuple]:
     for attempt_id, candidate in ordered:
         if candidate["stopping"]:
             continue
-        floor = elastic_floor(candidate["resources"], candidate["kind"])
+        floor = elastic_floor(candidate["resources"])
         if floor is None:
             continue
         for number, gives in enumerate(_shrink_gives(candidate["resources"], floor, candidate["allocs"]), 1):
@@ -869,7 +848,7 @@ def _plan(taken: list, candidates: dict) -> tuple[tuple, list[Cut]]:
         if job in stops:
             continue
         candidate = candidates[job]
-        floor = elastic_floor(candidate["resources"], candidate["kind"]) or {}
+        floor = elastic_floor(candidate["resources"]) or {}
         resources = dict(floor)
         if int(floor.get("workers", 1)) < int(candidate["resources"].get("workers", 1)):
             resources["workers"] = int(candidate["resources"].get("workers", 1)) - steps

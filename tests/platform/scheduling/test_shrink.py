@@ -9,9 +9,10 @@ from rest_framework import serializers
 
 from strata.cluster.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot
 from strata.jobs.api.serializers import normalize_resources
+from strata.jobs.elastic import elastic_floor
 from strata.jobs.models import Allocation, Attempt, Job, JobEvent, JobState
 from strata.jobs.services import attempt_claim, attempt_finish
-from strata.scheduling.services import Cut, choose_victims, elastic_floor
+from strata.scheduling.services import Cut, choose_victims
 
 GiB = 2**30
 STARTED = datetime(2026, 12, 1, tzinfo=UTC)
@@ -94,9 +95,10 @@ def test_equal_or_higher_priority_elastic_jobs_are_left_alone():
 
 
 def test_the_floor_comes_from_the_request_and_never_grows():
-    assert elastic_floor({"gpus": 1.0, "workers": 1}, "train") is None
-    assert elastic_floor({"gpus": 0.5, "workers": 1, "elastic": {"min_share": 0.5}}, "train") is None
-    assert elastic_floor({"gpus": 4.0, "workers": 1, "elastic": {"min_share": 2}}, "train")["gpus"] == 2.0
+    assert elastic_floor({"gpus": 1.0, "workers": 1}) is None
+    assert elastic_floor({"gpus": 0.5, "workers": 1, "elastic": {"min_share": 0.5}}) is None
+    assert elastic_floor({"gpus": 1.0, "workers": 1, "elastic": {}}) is None  # hidden (as the simulator's baseline)
+    assert elastic_floor({"gpus": 4.0, "workers": 1, "elastic": {"min_share": 2}})["gpus"] == 2.0
 
 
 def test_bad_elastic_requests_name_every_field():
@@ -194,3 +196,23 @@ def test_the_elastic_example_is_accepted(make_team, make_user, make_token, make_
     answer = client.post("/api/v1/jobs/", body, format="json")
     assert answer.status_code == 201, answer.content
     assert answer.json()["resources"]["elastic"] == {"min_share": 0.25}
+
+
+def test_an_sms_gang_is_elastic_by_default_and_a_floor_the_strategy_cannot_run_at_is_a_400(
+        make_team, make_user, make_token, make_node, api, job_body):
+    team = make_team("alpha")
+    make_node("n1", gpus=4)
+    client = api(make_token(make_user("alice", team), team))
+    sms = {"workload": "mlp-digits", "distributed": {"strategy": "sms"}}
+    answer = client.post("/api/v1/jobs/", job_body(spec=sms, resources={"gpus": 0.5, "workers": 4}), format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["resources"]["elastic"] == {"min_workers": 2}  # the strategy's default, filled in
+    answer = client.post("/api/v1/jobs/", job_body(spec=sms, resources={"gpus": 0.5, "workers": 2}), format="json")
+    assert answer.status_code == 201 and "elastic" not in answer.json()["resources"]  # already at its floor
+    answer = client.post("/api/v1/jobs/", job_body(spec={"workload": "mlp-digits", "distributed": {"strategy": "ddp"}},
+                                                   resources={"gpus": 0.5, "workers": 2}), format="json")
+    assert answer.status_code == 201 and "elastic" not in answer.json()["resources"]  # DDP is not elastic
+    answer = client.post("/api/v1/jobs/", job_body(spec=sms, resources={"gpus": 0.5, "workers": 4,
+                                                                        "elastic": {"min_workers": 1}}), format="json")
+    assert answer.status_code == 400, answer.content
+    assert "needs at least 2 workers" in " ".join(answer.json()["resources.elastic.min_workers"])

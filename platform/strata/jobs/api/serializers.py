@@ -10,6 +10,7 @@ from components.runtime.shared.credentials import SUBJECT_PATTERN
 from components.runtime.shared.units import parse_bytes, parse_duration
 from strata.api.values import safe_name, value_problems
 from strata.jobs.data import missing_chunks, upload_deadline
+from strata.jobs.elastic import floor_problems, with_kind_default
 from strata.jobs.keep import KeepInvalid, keep_clean
 from strata.jobs.models import (
     TERMINAL_STATES,
@@ -205,8 +206,12 @@ class JobSubmitSerializer(serializers.Serializer):
                 errors.update({field: [message] for field, message in error.errors.items()})
         if spec is not None and "resources" not in errors and not any(key.startswith("resources.") for key in errors):
             # What the normalized spec needs of the resources (a gang of at least N workers, say).
-            problems = get_kind(data["kind"]).resource_problems(spec, resources)
+            kind_spec = get_kind(data["kind"])
+            problems = kind_spec.resource_problems(spec, resources)
             errors.update({field: [message] for field, message in problems.items()})
+            # An elastic job must be able to run at the size it may be shrunk to; a kind's default fills in.
+            errors.update({field: [message] for field, message in floor_problems(kind_spec, spec, resources).items()})
+            resources = with_kind_default(kind_spec, spec, resources)
         keep = None
         try:
             objective = get_kind(data["kind"]).objective(spec) if spec is not None else False
