@@ -30,7 +30,7 @@ def test_train_compress_and_serve_a_recommendation_model(cluster, tmp_path):
     (tmp_path / "compress.yaml").write_text(
         f"name: e2e-compress\nkind: compress-embeddings\nresources: {{gpus: 0.5}}\nmax_attempts: 1\n"
         f"spec: {{source: {{job: {trained}}}, ratio: 4, finetune: {{steps: 10}}}}\n")
-    submitted = cluster.cli("submit", str(tmp_path / "compress.yaml"), "--wait", "--timeout", "150")
+    submitted = cluster.cli("submit", str(tmp_path / "compress.yaml"), "--wait", "--timeout", "400", timeout=450)
     assert submitted.returncode == 0, (submitted.stdout, submitted.stderr, cluster.output())
     compressed = re.search(r"submitted job (\S+) ", submitted.stdout).group(1)
     assert cluster.job(compressed)["state"] == "SUCCEEDED"
