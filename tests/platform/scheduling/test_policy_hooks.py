@@ -155,12 +155,6 @@ RAISING = Plugin(name="raising", hooks=(f"{__name__}:Raises",))
 FAILING = Plugin(name="failing", hooks=(f"{__name__}:TableFailurePolicy",))
 
 
-@pytest.fixture
-def alpha(make_team, make_user):
-    team = make_team("alpha")
-    return make_user("alice", team), team
-
-
 def _devices(job):
     return list(Allocation.objects.filter(attempt__job=job, active=True).select_related("device__node"))
 

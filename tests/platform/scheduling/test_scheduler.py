@@ -16,12 +16,6 @@ from strata.scheduling.services import reap, reconcile
 GiB = 2**30
 
 
-@pytest.fixture
-def alpha(make_team, make_user):
-    team = make_team("alpha")
-    return make_user("alice", team), team
-
-
 def state(job) -> str:
     return Job.objects.get(pk=job.pk).state
 

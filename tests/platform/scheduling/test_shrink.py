@@ -132,16 +132,6 @@ def test_the_api_refuses_a_bad_elastic_request_with_a_400_and_keeps_a_good_one(m
 
 # -- through the scheduler and the database -----------------------------------------------------------------------
 
-@pytest.fixture
-def alpha(make_team, make_user):
-    team = make_team("alpha")
-    return make_user("alice", team), team
-
-
-def state(job) -> str:
-    return Job.objects.get(pk=job.pk).state
-
-
 def test_the_scheduler_shrinks_an_elastic_job_and_both_run(alpha, submit_resources, make_node, run_pass):
     user, team = alpha
     node = make_node("n1", gpus=1)
@@ -149,7 +139,7 @@ def test_the_scheduler_shrinks_an_elastic_job_and_both_run(alpha, submit_resourc
     run_pass()
     first = Attempt.objects.get(job=elastic)
     attempt_claim(first.pk, first.fencing_token, node)
-    assert state(elastic) == JobState.RUNNING
+    assert Job.objects.get(pk=elastic.pk).state == JobState.RUNNING
 
     high = submit_resources(user, team, {"gpus": 0.5}, name="high", priority=50)
     result = run_pass()
@@ -164,7 +154,7 @@ def test_the_scheduler_shrinks_an_elastic_job_and_both_run(alpha, submit_resourc
     attempt_finish(first.pk, first.fencing_token, node, "failed", "SIGTERM")
     assert Attempt.objects.get(pk=first.pk).outcome == "preempted"
     run_pass()
-    assert state(high) == JobState.SCHEDULED and state(elastic) == JobState.SCHEDULED
+    assert Job.objects.get(pk=high.pk).state == JobState.SCHEDULED and Job.objects.get(pk=elastic.pk).state == JobState.SCHEDULED
     shares = sorted(a.share for a in Allocation.objects.filter(active=True))
     assert shares == [0.5, 0.5]
     assert Job.objects.get(pk=elastic.pk).failures == 0
