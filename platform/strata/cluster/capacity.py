@@ -228,20 +228,20 @@ class CapacityIndex:
         """Whether one worker of ``resources`` fits now (outside the nodes in ``exclude``)."""
         return next(self._options(resources, selector, exclude), None) is not None
 
-    def place(self, resources: dict, selector=None, choose=None):
+    def place(self, resources: dict, selector=None, choose=None, exclude=None):
         """Gang placement: every worker gets devices, or nothing is taken. Returns [(rank, device, milli,
         memory)] or None. A worker's CPU reservation (``resources.cpus``, ``resources.memory``) is one more
         entry, on its node's CPU device (``device.cpu``); a job that holds no GPU has only that one.
 
         ``choose(rank, options)``, when given, picks each worker's place among up to :data:`CHOICES` options
         (lists of (device, milli, memory), best fit first) by returning an index, or None for none of them
-        (plugins' placement-score hooks); without it the best fit is taken."""
+        (plugins' placement-score hooks); without it the best fit is taken. Nodes in ``exclude`` are not used."""
         workers = int(resources.get("workers", 1))
         cpu_milli, cpu_memory = cpu_request(resources)
         alongside = not gpu_free(resources) and bool(cpu_milli or cpu_memory)
         taken: list[tuple[int, DeviceSlot, int, int]] = []
         for rank in range(workers):
-            options = self._options(resources, selector, None)
+            options = self._options(resources, selector, exclude)
             if choose is None:
                 found = next(options, None)
             else:

@@ -167,10 +167,12 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
         "id", "job_id", "job__team_id", "job__kind", "job__spec", "job__resources", "job__time_limit",
         "job__priority", "job__state", "started_at", "created_at", "gpu_share", "job__owner_id"))
     allocs: dict = defaultdict(list)
-    for attempt_id, device_id, share, memory in Allocation.objects.filter(
+    ranks: dict = defaultdict(list)  # the worker rank of each allocation (what a shrink by workers gives back)
+    for attempt_id, device_id, share, memory, rank in Allocation.objects.filter(
             active=True, nested=False, attempt_id__in=[row[0] for row in live]).values_list(
-            "attempt_id", "device_id", "share", "memory"):
+            "attempt_id", "device_id", "share", "memory", "rank"):
         allocs[attempt_id].append((device_id, round(share * 1000), memory))
+        ranks[attempt_id].append(rank)
     progress = _progress([row[0] for row in live if row[9] is not None])
     for (attempt_id, job_id, team_id, kind, spec, resources, limit, priority, state, started, created, share,
          owner) in live:
@@ -180,7 +182,8 @@ def load_state(now: float | None = None, *, model: HistoryModel | None = None) -
         runtime = predicted((job_id, team_id, kind, spec, resources, limit), elapsed,
                             total_steps(spec or {}), progress.get(attempt_id))
         job = SimJob(id=job_id, team_id=team_id, kind=kind, resources=resources or {}, runtime=runtime,
-                     priority=priority, state=RUNNING, started=sim(begun), allocs=allocs[attempt_id], share=share,
+                     priority=priority, state=RUNNING, started=sim(begun), allocs=allocs[attempt_id],
+                     ranks=ranks[attempt_id], share=share,
                      owner_id=owner, attempts=1, stopping=stopping, requeue=state == JobState.PREEMPTED)
         if stopping:
             job.ends = now + STOP_SECONDS

@@ -22,6 +22,7 @@ import random
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from strata.cluster.capacity import FULL, CapacityIndex, DeviceSlot, NodeSlot, host_slot
 
@@ -101,6 +102,17 @@ class SimJob:
     stopping: bool = False  # running, but cancelled or preempted: its devices come back at ``ends``
     requeue: bool = False  # a stopping job that queues again (preempted) rather than ending
     duration: float = 0.0  # the run time drawn for this simulation (set by Simulator)
+    ranks: list = field(default_factory=list)  # the worker rank of each of ``allocs`` (unknown: all rank 0)
+    # Lost work. ``checkpoint_every``: seconds of run between the job's periodic checkpoints (None: whatever it
+    # ran is kept when it stops); ``can_checkpoint`` False: it keeps nothing when it stops (it starts over).
+    checkpoint_every: float | None = None
+    can_checkpoint: bool = True
+    cut_at: float | None = None  # when it was preempted or shrunk: it makes no progress after
+    saves: bool = True  # the stop under way writes a checkpoint first (False: it is killed)
+    resize: dict | None = None  # a shrink: the resources it queues again with
+    lost: float = 0.0  # GPU-seconds of work it lost to preemption (run since its last checkpoint)
+    stops: int = 0  # times it was preempted
+    shrinks: int = 0  # times it was shrunk
 
 
 @dataclass
@@ -109,6 +121,10 @@ class Placement:
     job_id: object
     node_id: object
     devices: tuple  # the device ids it took, in rank order
+
+
+def _total_gpus(resources: dict) -> float:
+    return float(resources.get("gpus", 0) or 0) * int(resources.get("workers", 1) or 1)
 
 
 class _Request:
@@ -190,12 +206,22 @@ class Simulator:
     ``quotas``: team id -> a Quota (unsaved copies are fine: the simulator never writes). ``draw``: how each
     job's run time is taken from its quantiles (a quantile in (0, 1), or a ``random.Random`` to sample).
     ``scorers``/``hook_inputs``: the placement-score hooks and what they read (as ``schedule_pass`` loads them);
-    none by default. ``preempt_delay``: seconds between a preemption and its victims giving their devices back."""
+    none by default. ``preempt_delay``: seconds between a preemption and its victims giving their devices back.
+
+    Preemption goes through :func:`strata.scheduling.services.choose_room`, which shrinks elastic jobs before
+    it stops any. A cut job stops (its devices come back after ``preempt_delay``, plus ``checkpoint_write`` when
+    it writes a checkpoint first) and queues again: a shrunk one with its smaller resources and its remaining
+    run time scaled by its old over its new GPUs. Its lost work (``lost_gpu_seconds``) is what it ran since its
+    last checkpoint: nothing when it checkpoints before it stops, everything since it started when it cannot
+    checkpoint. ``preempt_only``: the baseline without shrinks or checkpoints before a stop: the victims'
+    elastic declarations are hidden from the victim choice, and a stopped job is killed (it keeps what its last
+    periodic checkpoint, ``SimJob.checkpoint_every``, saved)."""
 
     def __init__(self, nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = None, *, now: float = 0.0,
                  draw: float | random.Random = 0.5, scorers: list | None = None, hook_inputs=None,
                  max_preemptions: int = 32, preempt_delay: float = 0.0, gpu_hours_used: dict | None = None,
-                 specs: dict | None = None, quantum: float = 0.0):
+                 specs: dict | None = None, quantum: float = 0.0, preempt_only: bool = False,
+                 checkpoint_write: float = 0.0, arrivals=None):
         self.nodes = nodes
         self.jobs = {job.id: job for job in jobs}
         self.quotas = dict(quotas or {})
@@ -211,12 +237,23 @@ class Simulator:
         self.quantum = quantum
         self.origin = now
         self.placements: list[Placement] = []
-        self.preemptions: list[tuple[float, object, list]] = []
+        self.preemptions: list[tuple[float, object, list]] = []  # (time, job id, the jobs stopped for it)
+        self.shrinks: list[tuple[float, object, list]] = []  # (time, job id, [(job shrunk, its new resources)])
+        self.preempt_only = preempt_only
+        self.checkpoint_write = checkpoint_write
+        self.lost_gpu_seconds = 0.0  # work lost to preemption (run since the victim's last checkpoint)
+        self.checkpoint_gpu_seconds = 0.0  # GPU-seconds held while victims wrote checkpoints before stopping
         self.last_reasons: dict = {}
         self._sequence = 0  # admissions at one time are queued in order, as their real queued_at differ
         self._index: LiveIndex | None = None  # the free-capacity index, kept from pass to pass (capacity())
         self._held: dict = {}  # job id -> the allocations the index has taken for it
-        self._view = None  # admission's ClusterView (the registered nodes do not change in a simulation)
+        self._view: Any = None  # admission's ClusterView (the registered nodes do not change in a simulation)
+        # Later submissions (an iterator of SimJobs in submit order, Arrivals.stream): they enter as pending at
+        # their submit time and leave the simulation when they end.
+        self._draw = draw
+        self._arrivals = arrivals
+        self._next_arrival = next(arrivals, None) if arrivals is not None else None
+        self._arrived: set = set()
         self._node_of = {device_id: node.id for node in nodes for device_id, _, _ in node.devices}
         self._node_of.update({node.host[0]: node.id for node in nodes if node.host is not None})
         for job in self.jobs.values():
@@ -350,7 +387,7 @@ class Simulator:
                 if reason is None:
                     self._sequence += 1
                     job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
-                    load.add(candidate, view.gpus(job.resources))
+                    load.add(candidate, view.gpus(job.resources))  # type: ignore[arg-type]
                     admitted.append(job.id)
                 else:
                     job.reason = f"waiting: {reason}"
@@ -358,7 +395,7 @@ class Simulator:
 
     def step(self):
         """One scheduling pass at ``self.now``: admission, then the decision core; placements start running."""
-        from strata.scheduling.services import choose_victims, decide
+        from strata.scheduling.services import choose_room, decide
 
         self.admit()
         state = self.state()
@@ -369,21 +406,28 @@ class Simulator:
         rows: list = []
 
         def preempt(job_id, priority, resources, selector, capacity):
-            # Exact shortcut: with no running job of lower effective priority, choose_victims finds none.
-            if not any(job.state == RUNNING and not job.stopping and job.priority + self._boost(job.team_id) < priority
+            # Exact shortcut: with no running job that is stopping or of lower effective priority, choose_room
+            # finds no plan.
+            if not any(job.state == RUNNING and (job.stopping or job.priority + self._boost(job.team_id) < priority)
                        for job in self.jobs.values()):
-                return 0
+                return None
             if not rows:
                 rows.extend(self._active())
-            victims = choose_victims(rows, priority, resources, selector, capacity, self.quotas)
-            if victims:
+            room = choose_room(rows, priority, resources, selector, capacity, self.quotas)
+            if room is None:
+                return None
+            cuts = room.cuts
+            if cuts:
                 rows.clear()  # the victims are stopping now
-            for victim in victims:
-                job = self.jobs[victim]
-                job.stopping, job.requeue, job.ends = True, True, self.now + self.preempt_delay
-            if victims:
-                self.preemptions.append((self.now, job_id, list(victims)))
-            return len(victims)
+            for cut in cuts:
+                self._cut(cut)
+            stopped = [cut.job_id for cut in cuts if not cut.shrink]
+            if stopped:
+                self.preemptions.append((self.now, job_id, stopped))
+            shrunk = [(cut.job_id, dict(cut.resources)) for cut in cuts if cut.shrink]
+            if shrunk:
+                self.shrinks.append((self.now, job_id, shrunk))
+            return room
 
         decisions = decide(state, preempt, self.max_preemptions)
         for job_id, taken, share in decisions.placements:
@@ -391,6 +435,7 @@ class Simulator:
             job.state, job.started, job.share, job.attempts = RUNNING, self.now, share, job.attempts + 1
             job.ends = self.now + job.duration
             job.allocs = [(slot.id, milli, memory) for _, slot, milli, memory in taken]
+            job.ranks = [rank for rank, _, _, _ in taken]
             self._held[job_id] = list(job.allocs)  # the pass took them from the index already
             self.placements.append(Placement(self.now, job_id, taken[0][1].node_id,
                                              tuple(slot.id for _, slot, _, _ in taken)))
@@ -400,19 +445,68 @@ class Simulator:
         return decisions
 
     def _active(self) -> list[tuple]:
+        """The running jobs' allocations as ``choose_victims`` reads the active allocations (in the preempt-only
+        baseline, with each job's elastic declaration hidden: nobody is shrunk)."""
         rows = []
         for job in self.jobs.values():
             if job.state == RUNNING:
                 state = "preempted" if job.stopping else "running"
-                for device_id, milli, memory in job.allocs:
+                resources = {**job.resources, "elastic": {}} if self.preempt_only else job.resources
+                ranks = job.ranks if len(job.ranks) == len(job.allocs) else [0] * len(job.allocs)
+                for (device_id, milli, memory), rank in zip(job.allocs, ranks, strict=True):
                     rows.append((f"{job.id}#{job.attempts}", job.id, job.priority, job.team_id, state,
-                                 _when(job.started or 0.0), device_id, milli / FULL, memory, job.kind, job.share))
+                                 _when(job.started or 0.0), device_id, milli / FULL, memory, job.kind, job.share,
+                                 resources, rank))
         return rows
+
+    def _cut(self, cut) -> None:
+        """A job the victim choice stops or shrinks (a ``services.Cut``): it stops now, after writing a checkpoint
+        when it can (not in the preempt-only baseline: it is killed), and queues again when its devices are back."""
+        job = self.jobs[cut.job_id]
+        saves = job.can_checkpoint and not self.preempt_only
+        writing = self.checkpoint_write if saves else 0.0
+        job.stopping = job.requeue = True
+        job.cut_at, job.saves, job.ends = self.now, saves, self.now + self.preempt_delay + writing
+        job.resize = dict(cut.resources) if cut.shrink else None
+        if cut.shrink:
+            job.shrinks += 1
+        else:
+            job.stops += 1
+        self.checkpoint_gpu_seconds += writing * job.share
+
+    def _requeue(self, job: SimJob) -> None:
+        """A stopped job queues again: with the run time it has left after what it kept (all of it when it wrote
+        a checkpoint as it stopped; up to its last periodic checkpoint when killed; nothing when it cannot
+        checkpoint), scaled to its new GPUs when it was shrunk. What it did not keep is lost work."""
+        started = job.started if job.started is not None else self.now
+        ran = max((job.cut_at if job.cut_at is not None else self.now) - started, 0.0)
+        if not job.can_checkpoint:
+            kept = 0.0
+        elif job.saves or not job.checkpoint_every:
+            kept = ran
+        else:
+            kept = math.floor(ran / job.checkpoint_every + 1e-9) * job.checkpoint_every
+        lost = (ran - kept) * job.share
+        job.lost += lost
+        self.lost_gpu_seconds += lost
+        left = max(job.duration - kept, 0.0)
+        if job.resize is not None:
+            before, after = _total_gpus(job.resources), _total_gpus(job.resize)
+            if before > 0 and after > 0:
+                left *= before / after  # a smaller share runs proportionally slower
+            job.resources = job.resize
+        job.duration = left
+        self._sequence += 1
+        job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
+        job.stopping = job.requeue = False
+        job.cut_at, job.saves, job.resize = None, True, None
 
     # -- time ------------------------------------------------------------------------------------------------------
     def next_event(self) -> float | None:
         times = [job.ends for job in self.jobs.values() if job.state == RUNNING and job.ends is not None]
         times += [job.submit for job in self.jobs.values() if job.state == "future" and job.submit is not None]
+        if self._next_arrival is not None:
+            times.append(self._next_arrival.submit)
         if not times:
             return None
         upcoming = min(times)
@@ -426,16 +520,25 @@ class Simulator:
         self.now = max(self.now, when)
         for job in self.jobs.values():
             if job.state == RUNNING and job.ends is not None and job.ends <= self.now:
-                if job.requeue:  # preempted: it queues again and resumes from where it stopped (a checkpoint)
-                    job.duration = max(job.duration - (self.now - (job.started or self.now)), 0.0)
-                    self._sequence += 1
-                    job.state, job.queued_at, job.reason = QUEUED, self.now + self._sequence * 1e-6, ""
-                    job.stopping = job.requeue = False
+                if job.requeue:  # preempted or shrunk: it queues again, from its checkpoint if it has one
+                    self._requeue(job)
                 else:
                     job.state, job.ended = DONE, self.now
-                job.allocs, job.share, job.ends = [], 0.0, None
+                job.allocs, job.ranks, job.share, job.ends = [], [], 0.0, None
             elif job.state == "future" and job.submit is not None and job.submit <= self.now:
                 job.state, job.created = PENDING, job.submit
+        if self._arrived:
+            for job_id in [job_id for job_id in self._arrived if self.jobs[job_id].state == DONE]:
+                self._arrived.discard(job_id)
+                del self.jobs[job_id]
+        while self._next_arrival is not None and self._next_arrival.submit <= self.now:
+            job = self._next_arrival
+            job.state, job.created = PENDING, job.submit or self.now
+            job.duration = (quantile_at(job.runtime, self._draw) if isinstance(self._draw, float)
+                            else job.runtime.sample(self._draw))
+            self.jobs[job.id] = job
+            self._arrived.add(job.id)
+            self._next_arrival = next(self._arrivals, None) if self._arrivals is not None else None
 
     def run(self, *, until: float | None = None, watch: set | None = None, max_passes: int = 100_000) -> dict:
         """Pass, advance, pass... until nothing is left to happen, ``until`` (simulated seconds), or every job
@@ -456,6 +559,88 @@ class Simulator:
                 break
             self.advance(upcoming)
         return starts
+
+
+# --- later arrivals ------------------------------------------------------------------------------------------
+
+@dataclass
+class Arrivals:
+    """Jobs submitted after an estimate is made, as its simulations sample them: per team, a Poisson process of
+    ``rates[team]`` jobs per second (one rate, or a list of rates, one per equal slice of ``period`` seconds from
+    the epoch: a daily profile), each job a copy of one of ``mix[team]``, the team's recent jobs as
+    ``(kind, resources, priority, RunTime)``, drawn at random. :meth:`learn` takes both from recent submissions."""
+
+    rates: dict
+    mix: dict
+    period: float = 86400.0
+
+    def rate_at(self, team, moment: float) -> float:
+        rate = self.rates.get(team, 0.0)
+        if isinstance(rate, list | tuple):
+            return float(rate[int(moment // (self.period / len(rate))) % len(rate)]) if rate else 0.0
+        return float(rate)
+
+    def stream(self, rng: random.Random, start: float, prefix: str = "+"):
+        """The arrivals after ``start``, in submit order, without end (the simulation stops pulling them): SimJobs
+        with ids ``prefix`` + a number, ``submit`` set, the state "future"."""
+        teams = sorted((team for team in self.rates if self.mix.get(team)), key=str)
+        profiles = [len(rate) for team in teams if isinstance(rate := self.rates[team], list | tuple) and rate]
+        slice_ = self.period / math.lcm(*profiles) if profiles else math.inf  # the rates change at its bounds
+
+        def positive(rate) -> bool:
+            return any(value > 0 for value in rate) if isinstance(rate, list | tuple) else rate > 0
+
+        if not any(positive(self.rates[team]) for team in teams):
+            return
+        moment, number = start, 0
+        while True:
+            end = (math.floor(moment / slice_) + 1) * slice_ if profiles else math.inf
+            if end <= moment:
+                end += slice_
+            rates = [self.rate_at(team, moment) for team in teams]
+            total = sum(rates)
+            if total <= 0:
+                moment = end
+                continue
+            following = moment + rng.expovariate(total)
+            if following >= end:  # the rates change at ``end``: the process starts afresh there (memoryless)
+                moment = end
+                continue
+            moment = following
+            team = rng.choices(teams, weights=rates)[0]
+            kind, resources, priority, runtime = rng.choice(self.mix[team])
+            number += 1
+            yield SimJob(id=f"{prefix}{number}", team_id=team, kind=kind, resources=dict(resources), runtime=runtime,
+                         priority=priority, state="future", submit=moment, created=moment)
+
+    @classmethod
+    def learn(cls, rows: list[tuple], since: float, until: float, *, bins: int = 0, period: float = 86400.0,
+              smooth: int = 1) -> Arrivals:
+        """From the jobs submitted in ``[since, until)`` (rows ``(team id, submit seconds, kind, resources,
+        priority, RunTime)``): each team's rate (its jobs over the window), and its jobs as its mix. ``bins`` > 0:
+        the rate follows the time of day, the share of all teams' submissions in each of ``bins`` slices of
+        ``period`` (averaged over ``smooth`` slices either side), for a window of whole periods."""
+        span = max(until - since, 1.0)
+        counts: dict = defaultdict(int)
+        mix: dict = defaultdict(list)
+        slices = [0.0] * bins
+        for team, submit, kind, resources, priority, runtime in rows:
+            if not since <= submit < until:
+                continue
+            counts[team] += 1
+            mix[team].append((kind, dict(resources), priority, runtime))
+            if bins:
+                slices[int(submit // (period / bins)) % bins] += 1
+        profile: list[float] | None = None
+        if bins and sum(slices) > 0:
+            smoothed = [sum(slices[(i + k) % bins] for k in range(-smooth, smooth + 1)) / (2 * smooth + 1)
+                        for i in range(bins)]
+            mean = sum(smoothed) / bins
+            profile = [value / mean for value in smoothed]
+        rates: dict = {}
+        for team, count in counts.items():
+            rates[team] = [count / span * weight for weight in profile] if profile else count / span
+        return cls(rates=rates, mix=dict(mix), period=period)
 
 
 # --- run-time predictions --------------------------------------------------------------------------------------
@@ -585,16 +770,19 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _copy_jobs(jobs: list[SimJob]) -> list[SimJob]:
-    return [replace(job, allocs=list(job.allocs), resources=dict(job.resources)) for job in jobs]
+    return [replace(job, allocs=list(job.allocs), resources=dict(job.resources), ranks=list(job.ranks))
+            for job in jobs]
 
 
 def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = None, *, now: float = 0.0,
              targets: set | None = None, samples: int = 32, seed: int = 0, horizon: float = 7 * 86400.0,
-             **options) -> dict:
+             arrivals: Arrivals | None = None, **options) -> dict:
     """Start-time estimates of the waiting jobs (``targets``: of those only): one simulation with every run time
-    at its median (the ``waits_for`` of each job, and its start when every run time is exact), then ``samples``
-    simulations with run times drawn from their quantiles; the median and the 10th and 90th percentiles of each
-    job's simulated starts. A job that does not start within ``horizon`` seconds has None."""
+    at its median (the ``waits_for`` of each job, and its start when every run time is exact and nothing else
+    arrives), then ``samples`` simulations with run times drawn from their quantiles and, with ``arrivals``, later
+    submissions drawn from each team's recent rate and jobs (a job of an under-served team submitted later may
+    start first); the median and the 10th and 90th percentiles of each job's simulated starts. A job that does not
+    start within ``horizon`` seconds has None."""
     waiting = {job.id for job in jobs if job.state in (PENDING, QUEUED)}
     targets = waiting if targets is None else targets & waiting
     if not targets:
@@ -608,7 +796,7 @@ def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = Non
                      if other.id not in waiting and other.ended is not None and other.ended <= starts[job_id]]
             ended.sort(key=lambda other: -(median.jobs[other].ended or 0.0))
             ends_before[job_id] = ended[:3]
-    exact = all(job.runtime.p10 == job.runtime.p90 for job in jobs)
+    exact = arrivals is None and all(job.runtime.p10 == job.runtime.p90 for job in jobs)
     draws: dict = defaultdict(list)
     if exact:
         for job_id in targets:
@@ -616,7 +804,9 @@ def estimate(nodes: list[SimNode], jobs: list[SimJob], quotas: dict | None = Non
     else:
         rng = random.Random(seed)
         for _ in range(samples):
-            run = Simulator(nodes, _copy_jobs(jobs), quotas, now=now, draw=random.Random(rng.random()), **options)
+            draw = random.Random(rng.random())
+            later = arrivals.stream(random.Random(rng.random()), now) if arrivals is not None else None
+            run = Simulator(nodes, _copy_jobs(jobs), quotas, now=now, draw=draw, arrivals=later, **options)
             found = run.run(until=now + horizon, watch=targets)
             for job_id in targets:
                 draws[job_id].append(found.get(job_id, math.inf))

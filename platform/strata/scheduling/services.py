@@ -368,8 +368,9 @@ class Decisions:
 def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisions:
     """The decision core of a scheduling pass, with no database access: teams take turns (highest head priority
     first, then the lowest held share per unit of weight), each placing its next job through the placement
-    hooks; a job that does not fit may ``preempt(job_id, priority, resources, selector, capacity) -> cuts``
-    (the :class:`Cut` s made: shrinks and stops; a count is taken as that many stops)
+    hooks; a job that does not fit may ``preempt(job_id, priority, resources, selector, capacity) -> Room | None``
+    (the node where room is made and the :class:`Cut` s made there: shrinks and stops); that node is kept from
+    the jobs placed after it in the pass
     (at most ``max_preemptions`` tries per pass). ``state.capacity`` and ``state.held`` are consumed."""
     queues, notes, capacity, held, weight = state.queues, state.notes, state.capacity, state.held, state.weight
     scorers, hook_inputs = state.scorers, state.hook_inputs
@@ -379,6 +380,7 @@ def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisio
     heapq.heapify(heap)
     failed_shapes: list[tuple[float, int, int, int, int, str]] = []
     preemption_budget = max_preemptions
+    reserved: set = set()  # nodes where room is being made for a job that waits: not for later jobs of this pass
     while heap:
         _, _, team = heapq.heappop(heap)
         queue = queues[team]
@@ -396,7 +398,7 @@ def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisio
         doomed = any(gpus >= g and memory >= m and workers >= w and cpus >= c and host_memory >= h and key == k
                      for g, m, w, c, h, k in failed_shapes)
         choose = _chooser(team, item, scorers, capacity, hook_inputs) if scorers and not doomed else None
-        taken = None if doomed else capacity.place(resources, selector, choose)
+        taken = None if doomed else capacity.place(resources, selector, choose, reserved)
         if taken:
             share = sum(milli for _, slot, milli, _ in taken if not slot.cpu) / FULL
             decisions.placements.append((job_id, taken, share))
@@ -410,11 +412,13 @@ def decide(state: PassState, preempt=None, max_preemptions: int = 32) -> Decisio
                 why += f" ({notes[job_id]})"
             if preempt is not None and preemption_budget > 0 and workers == 1:
                 preemption_budget -= 1
-                cuts = preempt(job_id, -neg_priority, resources, selector, capacity)
-                victims = cuts if isinstance(cuts, int) else len(cuts)
-                if victims:
+                room = preempt(job_id, -neg_priority, resources, selector, capacity)
+                if room is not None:
+                    reserved.add(room.node)
+                victims = len(room.cuts) if room is not None else 0
+                if victims and room is not None:
                     decisions.preemptions.append((job_id, victims))
-                    shrunk = 0 if isinstance(cuts, int) else sum(1 for cut in cuts if cut.shrink)
+                    shrunk = sum(1 for cut in room.cuts if cut.shrink)
                     why = f"waiting: preempting {victims - shrunk} lower-priority job(s)" if not shrunk else (
                         f"waiting: shrinking {shrunk} and preempting {victims - shrunk} lower-priority job(s)")
             decisions.reasons[job_id] = why
@@ -681,7 +685,17 @@ class Cut:
         return self.resources is not None
 
 
-def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list[Cut]:
+@dataclass
+class Room:
+    """Where room is being made for a job: the node (``choose_room``'s plan) and the cuts made there (none when
+    jobs already stopping there will free enough). :func:`decide` keeps that node for the job for the rest of
+    the pass, so lower-priority jobs placed after it cannot take the room back."""
+
+    node: object
+    cuts: list[Cut] = field(default_factory=list)
+
+
+def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> Room | None:
     """Make room on one node for ``job_id`` (:func:`choose_victims` over the active allocations): shrink elastic
     lower-priority jobs (each restarts from a checkpoint at its smaller size) and preempt others (each stops at a
     checkpoint and queues again). Returns the cuts made."""
@@ -692,9 +706,11 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
               .values_list("attempt_id", "attempt__job_id", "attempt__job__priority", "attempt__job__team_id",
                            "attempt__job__state", "attempt__started_at", "device_id", "share", "memory",
                            "attempt__job__kind", "attempt__gpu_share", "attempt__job__resources", "rank"))
-    cuts = choose_victims(active, priority, resources, selector, capacity, quotas)
+    room = choose_room(active, priority, resources, selector, capacity, quotas)
+    if room is None:
+        return None
     made = []
-    for cut in cuts:
+    for cut in room.cuts:
         try:
             if cut.shrink:
                 victim = Job.objects.get(pk=cut.job_id)
@@ -707,7 +723,7 @@ def _preempt_for(job_id, priority: int, resources: dict, selector, capacity: Cap
             made.append(cut)
         except (InvalidTransition, Job.DoesNotExist):
             continue
-    return made
+    return Room(room.node, made)
 
 
 def _shrink_gives(resources: dict, floor: dict, allocs: list) -> list[list]:
@@ -740,6 +756,12 @@ def _shrink_gives(resources: dict, floor: dict, allocs: list) -> list[list]:
 
 
 def choose_victims(active, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> list[Cut]:
+    """The cuts of :func:`choose_room`'s plan (none without one)."""
+    room = choose_room(active, priority, resources, selector, capacity, quotas)
+    return room.cuts if room is not None else []
+
+
+def choose_room(active, priority: int, resources: dict, selector, capacity: CapacityIndex, quotas) -> Room | None:
     """How to make room for a job of ``priority`` needing ``resources`` on one node: the :class:`Cut` s (shrinks
     and stops) on the node where they cost least. Elastic lower-priority jobs (:func:`elastic_floor`) are shrunk
     before anything is stopped: a plan that stops a job only wins when no plan of shrinks alone fits. Each stop
@@ -791,15 +813,13 @@ def choose_victims(active, priority: int, resources: dict, selector, capacity: C
                 freed.append((device_id, milli, memory))
             taken.append((job, action))
             if resources_fit(capacity, resources, selector, set(capacity.nodes) - {node_id}):
-                plan = _plan(taken, candidates)
-                if best is None or plan[0] < best[0]:
-                    best = plan
+                cost, cuts = _plan(taken, candidates)
+                if best is None or cost < best[0]:
+                    best = (cost, Room(node_id, cuts))
                 break
         for device_id, milli, memory in freed:
             capacity.take(device_id, milli, memory)
-    if not best:
-        return []
-    return best[1]
+    return best[1] if best else None
 
 
 def _node_steps(candidates: dict) -> list[tuple]:

@@ -32,6 +32,10 @@ from strata.scheduling.foresight import (
 MAX_DAYS = 90.0
 MAX_NODES = 1000  # nodes one change may add
 PASS_QUANTUM = 30.0  # simulated passes run on this grid of seconds (as the scheduler's beat runs them)
+# Seconds a preempted job takes to give its devices back. Never 0: with no delay a victim queues again in the very
+# pass its preemptor still waits in, lower-priority jobs refill the room it was preempted for, and a replay with
+# priorities can preempt the same jobs over and over without simulated time moving on.
+PREEMPT_DELAY = 10.0
 NODE_FIELDS = ("count", "gpus", "gpu_memory", "labels")
 WHATIF_FIELDS = ("max_gpus", "max_gpu_memory", "max_cpus", "max_memory", "max_concurrent_jobs", "gpu_hours",
                  "window_hours", "priority", "weight")  # the quota fields a replay uses (not roots, keep, budgets)
@@ -59,6 +63,8 @@ class Past:
     runtime: float
     wait: float
     jct: float | None = None
+    checkpoint_every: float | None = None  # seconds between its periodic checkpoints (None: it loses nothing)
+    can_checkpoint: bool = True
 
 
 @dataclass
@@ -73,6 +79,9 @@ class Replay:
     timeline: list = field(default_factory=list)
     span: float = 0.0
     gpus: float = 0.0
+    shrunk: list = field(default_factory=list)  # the jobs shrunk (one entry per shrink)
+    lost_gpu_seconds: float = 0.0  # work lost to preemption (Simulator.lost_gpu_seconds)
+    checkpoint_gpu_seconds: float = 0.0  # GPU-seconds victims held while writing a checkpoint before they stopped
 
 
 def _gpus(resources: dict) -> float:
@@ -80,13 +89,16 @@ def _gpus(resources: dict) -> float:
 
 
 def replay(nodes: list[SimNode], history: list[Past], quotas: dict, *, quantum: float = PASS_QUANTUM,
-           timeline: bool = False, observe=None) -> Replay:
+           timeline: bool = False, observe=None, **options) -> Replay:
     """Submit ``history`` again at its submit times and run it to the end through the simulator. Finished jobs
     leave the simulation and future ones enter it only when submitted, so a pass sees what a real one would.
-    ``observe(sim)``, if given, is called after every pass (a benchmark takes snapshots of the queue there)."""
+    ``observe(sim)``, if given, is called after every pass (a benchmark takes snapshots of the queue there).
+    ``options``: the Simulator's (``preempt_delay``, PREEMPT_DELAY by default; ``preempt_only``,
+    ``checkpoint_write``)."""
     future = sorted(history, key=lambda past: (past.submit, str(past.id)))
     start = future[0].submit if future else 0.0
-    sim = Simulator(nodes, [], quotas, now=start, quantum=quantum)
+    options = {"preempt_delay": PREEMPT_DELAY, **options}
+    sim = Simulator(nodes, [], quotas, now=start, quantum=quantum, **options)
     result = Replay(gpus=float(sum(len(node.devices) for node in nodes)))
     upcoming = 0
     placed = 0
@@ -95,11 +107,12 @@ def replay(nodes: list[SimNode], history: list[Past], quotas: dict, *, quantum: 
             past = future[upcoming]
             job = SimJob(id=past.id, team_id=past.team_id, kind=past.kind, resources=dict(past.resources),
                          runtime=RunTime.exact(past.runtime), priority=past.priority, state=PENDING,
-                         created=past.submit)
+                         created=past.submit, checkpoint_every=past.checkpoint_every,
+                         can_checkpoint=past.can_checkpoint)
             job.duration = past.runtime
             sim.jobs[job.id] = job
             upcoming += 1
-        before = len(sim.preemptions)
+        before, shrinks_before = len(sim.preemptions), len(sim.shrinks)
         if any(job.state in (PENDING, QUEUED) for job in sim.jobs.values()):
             sim.step()  # (a pass with nothing waiting decides nothing)
         for placement in sim.placements[placed:]:
@@ -107,6 +120,8 @@ def replay(nodes: list[SimNode], history: list[Past], quotas: dict, *, quantum: 
         placed = len(sim.placements)
         for _, _, victims in sim.preemptions[before:]:
             result.preempted.extend(victims)
+        for _, _, shrunk in sim.shrinks[shrinks_before:]:
+            result.shrunk.extend(victim for victim, _ in shrunk)
         if observe is not None:
             observe(sim)
         if timeline:
@@ -135,6 +150,7 @@ def replay(nodes: list[SimNode], history: list[Past], quotas: dict, *, quantum: 
                 result.gpu_seconds[job.team_id] += job.share * (max(moment, sim.now) - sim.now)
         sim.advance(moment)
     result.span = max([*result.ends.values(), start]) - start
+    result.lost_gpu_seconds, result.checkpoint_gpu_seconds = sim.lost_gpu_seconds, sim.checkpoint_gpu_seconds
     return result
 
 

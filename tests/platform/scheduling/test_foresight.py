@@ -368,3 +368,101 @@ def test_the_beat_task_refreshes_on_the_leader_every_so_often(make_team, make_us
     settings.STRATA_ETA_SECONDS = 30
     assert tasks.eta_task() == 1 and Job.objects.get(pk=waiting.pk).eta is not None
     assert tasks.eta_task() == 0  # not again within 30 s
+
+
+def test_the_kept_capacity_index_places_as_a_fresh_one_each_pass():
+    """A contended replay with priorities, fractions and elastic jobs (preemptions and shrinks): the simulator that
+    keeps its free-capacity index from pass to pass places every job where one that rebuilds it for every pass
+    does, at the same time."""
+    from strata.scheduling import whatif
+
+    class Fresh(Simulator):
+        def capacity(self):
+            return self.fresh_capacity()
+
+    rng = random.Random(3)
+    nodes = [_node(f"n{n}", 4, n * 10) for n in range(3)]
+    history = []
+    for i in range(120):
+        gpus = rng.choice([0.25, 0.5, 1.0, 1.0, 2.0, 4.0])
+        resources = {"gpus": gpus, "workers": 1}
+        if rng.random() < 0.4:
+            resources["elastic"] = {"min_share": gpus / 2}
+        history.append(whatif.Past(id=i, team_id=rng.choice([1, 2, 3]), kind="k", resources=resources,
+                                   priority=rng.choice([0, 0, 5]), submit=rng.uniform(0, 20000),
+                                   runtime=rng.uniform(300, 4000), wait=0.0))
+    live = whatif.replay(nodes, history, {})
+    original = whatif.Simulator
+    try:
+        whatif.Simulator = Fresh
+        fresh = whatif.replay(nodes, history, {})
+    finally:
+        whatif.Simulator = original
+    assert live.preempted and live.shrunk  # the index was given back and taken again many times
+    assert (live.starts, live.ends, live.preempted, live.shrunk) == (fresh.starts, fresh.ends, fresh.preempted,
+                                                                    fresh.shrunk)
+
+
+def _contended(**options):
+    nodes = [_node("n1", 1, 1)]
+    low = SimJob(id="low", team_id=1, kind="k", resources={"gpus": 1.0, "elastic": {"min_share": 0.5}},
+                 runtime=RunTime.exact(4000), state=foresight.RUNNING, started=0.0, allocs=[(1, 1000, 16 * GiB)],
+                 share=1.0, checkpoint_every=1000.0)
+    high = SimJob(id="high", team_id=2, kind="k", resources={"gpus": 0.5}, runtime=RunTime.exact(100), priority=5,
+                  state=foresight.PENDING, submit=2500.0)
+    sim = Simulator(nodes, [low, high], now=0.0, preempt_delay=10.0, checkpoint_write=20.0, **options)
+    return sim, sim.run()
+
+
+def test_an_elastic_job_is_shrunk_rather_than_stopped_and_loses_nothing():
+    """At 2,500 s an urgent half-GPU job needs the GPU an elastic job holds: the elastic job is shrunk to half a
+    GPU (it writes a checkpoint, 10 + 20 s, and queues again with its 1,500 s left at half the share: 3,000 s),
+    and loses nothing."""
+    sim, starts = _contended()
+    assert sim.shrinks == [(2500.0, "high", [("low", {"gpus": 0.5, "elastic": {"min_share": 0.5}})])]
+    assert sim.preemptions == []
+    assert starts["high"] == 2530.0
+    low = sim.jobs["low"]
+    assert low.resources["gpus"] == 0.5 and low.shrinks == 1 and low.lost == 0.0
+    assert low.ended == 2530.0 + 3000.0
+    assert sim.lost_gpu_seconds == 0.0 and sim.checkpoint_gpu_seconds == 20.0
+
+
+def test_preempt_only_kills_the_job_and_it_loses_the_work_since_its_last_checkpoint():
+    """The same queue preempt-only: the elastic job is stopped, not shrunk, and killed (10 s): it keeps the
+    2,000 s of its last periodic checkpoint and loses the 500 s since, at one GPU."""
+    sim, starts = _contended(preempt_only=True)
+    assert sim.shrinks == [] and sim.preemptions == [(2500.0, "high", ["low"])]
+    assert starts["high"] == 2510.0
+    low = sim.jobs["low"]
+    assert low.stops == 1 and low.lost == 500.0 and sim.lost_gpu_seconds == 500.0
+    assert low.resources["gpus"] == 1.0 and low.ended == 2610.0 + 2000.0  # after the high job, 2,000 s left
+
+
+def test_a_job_that_cannot_checkpoint_loses_all_it_ran():
+    """Even checkpoint-before-stop keeps nothing of a job that cannot checkpoint: it starts over."""
+    nodes = [_node("n1", 1, 1)]
+    low = SimJob(id="low", team_id=1, kind="k", resources={"gpus": 1.0}, runtime=RunTime.exact(4000),
+                 state=foresight.RUNNING, started=0.0, allocs=[(1, 1000, 16 * GiB)], share=1.0, can_checkpoint=False)
+    high = SimJob(id="high", team_id=2, kind="k", resources={"gpus": 1.0}, runtime=RunTime.exact(100), priority=5,
+                  state=foresight.PENDING, submit=2500.0)
+    sim = Simulator(nodes, [low, high], now=0.0, preempt_delay=10.0, checkpoint_write=20.0)
+    sim.run()
+    assert sim.jobs["low"].lost == 2500.0 and sim.checkpoint_gpu_seconds == 0.0
+    assert sim.jobs["low"].ended == 2610.0 + 4000.0  # it starts over
+
+
+def test_arrivals_follow_the_learned_rate_and_mix():
+    rows = [(1, float(t), "k", {"gpus": 1.0}, 0, RunTime.exact(60)) for t in range(0, 86400, 864)]  # 100 a day
+    rows += [(2, float(t), "k", {"gpus": 2.0}, 0, RunTime.exact(60)) for t in range(0, 86400, 2880)]  # 30 a day
+    arrivals = foresight.Arrivals.learn(rows, since=0.0, until=86400.0, bins=24)
+    stream = arrivals.stream(random.Random(1), 86400.0)
+    jobs = []
+    for job in stream:
+        if job.submit >= 10 * 86400.0:
+            break
+        jobs.append(job)
+    teams = [job.team_id for job in jobs]
+    assert 900 <= teams.count(1) <= 1100 and 250 <= teams.count(2) <= 350
+    assert all(job.resources == {"gpus": 2.0} for job in jobs if job.team_id == 2)
+    assert [job.submit for job in jobs] == sorted(job.submit for job in jobs)

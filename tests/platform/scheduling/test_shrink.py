@@ -206,3 +206,27 @@ def test_an_sms_gang_is_elastic_by_default_and_a_floor_the_strategy_cannot_run_a
                                                                         "elastic": {"min_workers": 1}}), format="json")
     assert answer.status_code == 400, answer.content
     assert "needs at least 2 workers" in " ".join(answer.json()["resources.elastic.min_workers"])
+
+
+def test_the_room_made_for_a_job_is_not_taken_by_lower_priority_jobs_in_the_meantime(alpha, make_team, make_user,
+                                                                                    submit, make_node, run_pass):
+    user, team = alpha
+    beta = make_team("beta")
+    bob = make_user("bob", beta)
+    node = make_node("n1", gpus=2)
+    low = submit(user, team, gpus=1, name="low")
+    run_pass()
+    attempt = Attempt.objects.get(job=low)
+    attempt_claim(attempt.pk, attempt.fencing_token, node)
+    urgent = submit(user, team, gpus=2, priority=50, name="urgent")
+    filler = submit(bob, beta, gpus=1, name="filler")  # fits the free device now: it must leave it to urgent
+    assert run_pass().preempted == 1
+    assert Job.objects.get(pk=low.pk).state == JobState.PREEMPTED
+    assert Job.objects.get(pk=filler.pk).state == JobState.QUEUED
+    run_pass()  # the victim has not stopped yet: the room stays kept
+    assert Job.objects.get(pk=filler.pk).state == JobState.QUEUED
+    assert run_pass().preempted == 0  # and nobody else is preempted for it
+    attempt_finish(attempt.pk, attempt.fencing_token, node, "failed", "SIGTERM")
+    run_pass()
+    assert Job.objects.get(pk=urgent.pk).state == JobState.SCHEDULED
+    assert Job.objects.get(pk=filler.pk).state == JobState.QUEUED  # both devices went to the urgent job
