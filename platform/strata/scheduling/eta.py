@@ -29,6 +29,7 @@ from strata.scheduling.foresight import (
     RunTime,
     SimJob,
     SimNode,
+    WaitCalibration,
     estimate,
     run_now_options,
     runtime_for,
@@ -40,6 +41,7 @@ HISTORY_WINDOW = 5000  # the most recent successful attempts the run-time model 
 HISTORY_SECONDS = 600.0  # the model is learned again this often (per process)
 STOP_SECONDS = 10.0  # how long a cancelled or preempted attempt is taken to need to give its devices back
 PASS_QUANTUM = 30.0  # simulated passes run on a grid of this many seconds (starts are late by under it)
+CALIBRATION_DAYS = 7  # the interval is recalibrated from the estimates of the jobs that started in these days
 OPTIONS_JOBS = 10  # waiting jobs (the first in queue order) told what would make them run now, per refresh
 QUEUE_BUCKETS = ((0, 0, "0"), (1, 4, "1-4"), (5, 19, "5-19"), (20, 99, "20-99"), (100, None, "100+"))
 
@@ -254,6 +256,7 @@ def refresh(limit: int | None = None, samples: int | None = None) -> int:
         return 0
     answers = estimate(state.nodes, state.jobs, state.quotas, now=state.now, targets=set(targets), samples=samples,
                        quantum=PASS_QUANTUM, **state.options)
+    calibration = wait_calibration(state.at - timedelta(days=CALIBRATION_DAYS))
     by_id = {job.id: job for job in state.jobs}
     first = set(Job.objects.filter(pk__in=targets, eta_first__isnull=True).values_list("id", flat=True))
     waiting = len(state.order)
@@ -269,8 +272,11 @@ def refresh(limit: int | None = None, samples: int | None = None) -> int:
                                           **state.options)
             except Exception:  # what-ifs are advice: never let one stop the estimates
                 log.exception("what would make job %s run now", job_id)
+        if calibration is not None and answer.start is not None:  # recalibrated from how earlier estimates held
+            answer.low, answer.high = calibration.interval(state.now, answer.start)
         eta = {
             "start": _iso(state, answer.start), "low": _iso(state, answer.low), "high": _iso(state, answer.high),
+            "calibrated_from": calibration.pairs if calibration is not None else None,
             "in_seconds": None if answer.start is None else round(max(answer.start - state.now, 0.0), 1),
             "low_seconds": None if answer.low is None else round(max(answer.low - state.now, 0.0), 1),
             "high_seconds": None if answer.high is None else round(max(answer.high - state.now, 0.0), 1),
@@ -285,6 +291,21 @@ def refresh(limit: int | None = None, samples: int | None = None) -> int:
                                    "waiting": waiting, "position": position, "at": state.at.isoformat()}
         Job.objects.filter(pk=job_id).update(**fields)
     return len(answers)
+
+
+def wait_calibration(since: datetime) -> WaitCalibration | None:
+    """The interval's recalibration (:class:`~strata.scheduling.foresight.WaitCalibration`) from the jobs that
+    started since ``since`` with a first estimate: its estimated wait against the one they had. None with too few."""
+    from strata.jobs.models import Job
+
+    pairs = []
+    rows = Job.objects.filter(eta_first__isnull=False, started_at__gte=since)
+    for first, started in rows.values_list("eta_first", "started_at").iterator():
+        if not first or not first.get("start") or not first.get("at"):
+            continue
+        at = datetime.fromisoformat(first["at"])
+        pairs.append(((datetime.fromisoformat(first["start"]) - at).total_seconds(), (started - at).total_seconds()))
+    return WaitCalibration.learn(pairs)
 
 
 _last_refresh = 0.0

@@ -756,6 +756,35 @@ class Estimate:
     waits_for: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class WaitCalibration:
+    """The 80 % interval recalibrated from how earlier estimates held (split conformal, on waits): for recorded
+    pairs (estimated wait, actual wait), the ratios (actual + OFFSET) / (estimated + OFFSET); the interval of a new
+    estimate is its estimated wait (plus OFFSET) times their 10th and 90th percentiles (less OFFSET). Where the
+    queue's later arrivals or run-time noise make the simulated spread too narrow, the recorded ratios widen it;
+    the median start stays the simulator's. ``OFFSET`` keeps waits near zero from dominating."""
+
+    low: float
+    high: float
+    pairs: int
+
+    OFFSET = 300.0
+    MIN_PAIRS = 30
+
+    @classmethod
+    def learn(cls, pairs: list[tuple[float, float]]) -> WaitCalibration | None:
+        """From ``(estimated wait, actual wait)`` seconds; None with fewer than :attr:`MIN_PAIRS`."""
+        ratios = [(max(actual, 0.0) + cls.OFFSET) / (max(estimated, 0.0) + cls.OFFSET) for estimated, actual in pairs]
+        if len(ratios) < cls.MIN_PAIRS:
+            return None
+        return cls(_percentile(ratios, 0.1), _percentile(ratios, 0.9), len(ratios))
+
+    def interval(self, now: float, start: float) -> tuple[float, float]:
+        """The recalibrated ``(low, high)`` of an estimated ``start`` made at ``now`` (simulated seconds)."""
+        wait = max(start - now, 0.0) + self.OFFSET
+        return now + max(wait * self.low - self.OFFSET, 0.0), now + max(wait * self.high - self.OFFSET, 0.0)
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = q * (len(ordered) - 1)

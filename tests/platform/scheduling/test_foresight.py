@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 from typing import ClassVar
 
 import pytest
@@ -466,3 +468,66 @@ def test_arrivals_follow_the_learned_rate_and_mix():
     assert 900 <= teams.count(1) <= 1100 and 250 <= teams.count(2) <= 350
     assert all(job.resources == {"gpus": 2.0} for job in jobs if job.team_id == 2)
     assert [job.submit for job in jobs] == sorted(job.submit for job in jobs)
+
+
+def test_the_recalibrated_interval_covers_about_80_percent_where_the_simulated_one_is_too_narrow():
+    """Estimates that are right on average but noisy (their spread unknown to the simulator): an interval learned
+    from earlier pairs covers 70-90 % of later actual waits, over many seeds."""
+    import random
+
+    from strata.scheduling.foresight import WaitCalibration
+
+    assert WaitCalibration.learn([(100.0, 100.0)] * (WaitCalibration.MIN_PAIRS - 1)) is None
+    coverages = []
+    for seed in range(20):
+        rng = random.Random(seed)
+
+        def pair(rng=rng):
+            estimated = rng.uniform(0, 7200)
+            return estimated, (estimated + 300) * math.exp(rng.gauss(0.0, 0.6)) - 300
+
+        calibration = WaitCalibration.learn([pair() for _ in range(200)])
+        inside = 0
+        for _ in range(200):
+            estimated, actual = pair()
+            low, high = calibration.interval(1000.0, 1000.0 + estimated)
+            inside += low <= 1000.0 + actual <= high
+        coverages.append(inside / 200)
+    assert 0.70 <= statistics.median(coverages) <= 0.90, coverages
+    exact = WaitCalibration.learn([(600.0, 600.0)] * 40)
+    assert exact.interval(0.0, 600.0) == (600.0, 600.0)  # estimates that held keep an exact interval
+
+
+def test_refresh_recalibrates_the_interval_from_the_starts_it_recorded(make_team, make_user, submit, make_node,
+                                                                      run_pass):
+    """With enough recorded first estimates that came true late (actual wait twice the estimate), a new estimate's
+    interval covers the later start; the median start stays the simulator's."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from strata.scheduling import eta
+
+    team = make_team("alpha")
+    alice = make_user("alice", team)
+    node = make_node("n1", gpus=1)
+    now = timezone.now()
+    for index in range(40):  # history: estimated waits of 10 min that were 20-30 min
+        at = now - timedelta(hours=2, minutes=index)
+        done = submit(alice, team, name=f"past-{index}")
+        Job.objects.filter(pk=done.pk).update(
+            state=JobState.SUCCEEDED, started_at=at + timedelta(minutes=20 + index % 10),
+            eta_first={"start": (at + timedelta(minutes=10)).isoformat(), "low": None, "high": None,
+                       "waiting": 1, "position": 0, "at": at.isoformat()})
+    first = submit(alice, team, name="first")
+    run_pass()
+    attempt = Attempt.objects.get(job=first)
+    attempt_claim(attempt.pk, attempt.fencing_token, node)
+    second = submit(alice, team, name="second")
+    run_pass()
+    assert eta.refresh() == 1
+    stored = Job.objects.get(pk=second.pk).eta
+    assert stored["calibrated_from"] == 40
+    assert 3590 <= stored["in_seconds"] <= 3600  # the simulator's median: the first job's hour
+    assert stored["low_seconds"] > stored["in_seconds"]  # the recorded starts all came later than estimated
+    assert stored["high_seconds"] >= 2 * stored["in_seconds"]
